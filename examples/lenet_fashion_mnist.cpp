@@ -1,0 +1,66 @@
+// The main job: LeNet on Fashion-MNIST, data-parallel on every device auto_parallel finds (every GPU,
+// or the CPU), or on the devices you name.
+//
+//   lenet_fashion_mnist --epochs 8
+//   lenet_fashion_mnist --devices cpu:0,cpu:1 --dispatch threaded --scaling weak
+
+#include <cstdio>
+#include <exception>
+
+#include "replica/data/fashion_mnist.hpp"
+#include "replica/replica.hpp"
+#include "replica/train/trainer.hpp"
+#include "support/args.hpp"
+
+using namespace replica;
+
+int main(int argc, char** argv)
+try {
+    examples::Args args("lenet_fashion_mnist", "train LeNet on Fashion-MNIST, data-parallel over the given devices");
+    args.option("epochs", "8", "passes over the 60,000 training images")
+        .option("batch-size", "64", "batch size (global with --scaling strong, per device with weak)")
+        .option("lr", "0.01", "learning rate")
+        .option("momentum", "0.9", "SGD momentum")
+        .option("weight-decay", "0", "SGD weight decay")
+        .option("seed", "1", "seed for initialisation, shuffling and dropout")
+        .option("data", data::default_fashion_mnist_dir().string(), "folder with the Fashion-MNIST IDX files")
+        .option("validate-every", "1", "validate every N epochs (0: only at the end)")
+        .option("checkpoint", "", "checkpoint file, written every --checkpoint-every epochs")
+        .option("checkpoint-every", "1", "epochs between checkpoints")
+        .flag("resume", "continue from --checkpoint if it exists")
+        .option("devices", "all", "all (every GPU, or the CPU), or a list such as cpu:0,cpu:1 or cuda:0,cuda:1")
+        .option("dispatch", "single", "single or threaded: how replicas' work is issued")
+        .option("scaling", "strong", "strong: --batch-size is global; weak: --batch-size is per device")
+        .flag("scale-lr", "with --scaling weak, multiply the learning rate by the device count");
+    args.parse(argc, argv);
+
+    const auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
+    const auto train_set = data::load_fashion_mnist(data::Split::train, args.str("data"));
+    const auto test_set = data::load_fashion_mnist(data::Split::test, args.str("data"));
+
+    auto model = auto_parallel(LeNet{devices.front(), /*seed=*/std::uint64_t(args.integer("seed"))}, devices,
+                               {.dispatch = parallel::parse_dispatch(args.str("dispatch"))});
+    SGD opt{{.lr = float(args.real("lr")), .momentum = float(args.real("momentum")),
+             .weight_decay = float(args.real("weight-decay"))}};
+    Trainer trainer{model, opt,
+                    {.batch_size = args.count("batch-size"),
+                     .epochs = args.count("epochs"),
+                     .scaling = parallel::parse_scaling(args.str("scaling")),
+                     .scale_lr = args.on("scale-lr"),
+                     .validate_every = args.count("validate-every"),
+                     .seed = std::uint64_t(args.integer("seed")),
+                     .checkpoint = args.str("checkpoint"),
+                     .checkpoint_every = args.count("checkpoint-every"),
+                     .resume = args.on("resume")}};
+
+    std::printf("LeNet (%zu parameters) on %s; batch %zu (%s scaling: global batch %zu)\n", LeNet::param_count,
+                model.description().c_str(), args.count("batch-size"), args.str("scaling").c_str(),
+                trainer.global_batch());
+    trainer.fit(train_set, test_set);
+    const Metrics test = evaluate(model, test_set);
+    std::printf("test accuracy: %.4f\n", test.accuracy);
+    return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+}

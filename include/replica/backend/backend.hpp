@@ -1,0 +1,42 @@
+#pragma once
+// The one place that knows which backends exist. A model holds an AnyContext and visits it once per
+// call; layer code below is written once against the context type it is given.
+
+#include <variant>
+
+#include "replica/backend/cpu/cpu.hpp"
+#include "replica/core/config.hpp"
+#if defined(REPLICA_CUDA)
+#include "replica/backend/cuda/cuda.hpp"
+#endif
+
+namespace replica::backend {
+
+#if defined(REPLICA_CUDA)
+using AnyContext = std::variant<cpu::Context, cuda::Context>;
+#else
+using AnyContext = std::variant<cpu::Context>;
+#endif
+
+inline AnyContext make_context(const Device& device)
+{
+#if defined(REPLICA_CUDA)
+    if (device.is_cuda()) return AnyContext(std::in_place_type<cuda::Context>, device);
+#endif
+    core::require(device.is_cpu(), "device " + device.name() +
+                                       " needs the CUDA backend: build with -Dcuda=enabled on a machine with "
+                                       "nvcc, cuDNN and NCCL, or use cpu:N");
+    return AnyContext(std::in_place_type<cpu::Context>, device);
+}
+
+// Every device a default run uses: all visible GPUs, or the CPU.
+inline std::vector<Device> default_devices()
+{
+#if defined(REPLICA_CUDA)
+    auto gpus = cuda::visible_devices();
+    if (!gpus.empty()) return gpus;
+#endif
+    return {Device::cpu(0)};
+}
+
+} // namespace replica::backend

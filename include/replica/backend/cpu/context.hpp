@@ -1,0 +1,49 @@
+#pragma once
+// The CPU context: everything a replica on the host needs to run layers. Cheap to create.
+
+#include <cblas.h>
+
+#include <cstring>
+
+#include "replica/core/device.hpp"
+#include "replica/core/tensor.hpp"
+
+namespace replica::backend::cpu {
+
+class Context {
+public:
+    explicit Context(Device device = Device::cpu()) : device_(device)
+    {
+        core::require(device.is_cpu(), "cpu::Context made for " + device.name());
+    }
+
+    // Host pointers are valid in this context: inputs are read where they are, never copied.
+    static constexpr bool host_visible = true;
+
+    const Device& device() const { return device_; }
+
+    // A pointer to `n` host values usable by kernels in this context. Here: the host pointer itself.
+    template <class T>
+    const T* stage(const T* host, T* /*staging*/, std::size_t /*n*/) const { return host; }
+
+    template <class T>
+    core::Buffer<T> allocate(std::size_t n) const { return core::Buffer<T>::host(n); }
+
+    // Host <-> this context's memory. On the CPU both are plain copies.
+    template <class T>
+    void upload(T* dst, const T* src, std::size_t n) const { if (n) std::memcpy(dst, src, n * sizeof(T)); }
+    template <class T>
+    void download(T* dst, const T* src, std::size_t n) const { if (n) std::memcpy(dst, src, n * sizeof(T)); }
+
+    void synchronize() const {}
+
+private:
+    Device device_;
+};
+
+// Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
+// DataParallel over several CPU replicas sets it to 1, so that replicas, not BLAS, use the cores.
+inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
+inline int blas_threads() { return openblas_get_num_threads(); }
+
+} // namespace replica::backend::cpu

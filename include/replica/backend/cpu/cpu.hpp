@@ -1,0 +1,11 @@
+#pragma once
+// The CPU backend: a Context and the kernels that overload on it.
+
+#include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/conv.hpp"
+#include "replica/backend/cpu/elementwise.hpp"
+#include "replica/backend/cpu/linear.hpp"
+#include "replica/backend/cpu/loss.hpp"
+#include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/optim.hpp"
+#include "replica/backend/cpu/pool.hpp"

@@ -1,0 +1,70 @@
+#pragma once
+// Elementwise and layout kernels on the CPU: activations, dropout, copies, channel slices.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "replica/backend/cpu/context.hpp"
+#include "replica/core/rng.hpp"
+
+namespace replica::backend::cpu {
+
+inline void relu_forward(const Context&, const float* x, float* y, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+inline void relu_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+// Inverted dropout over n samples of `size` elements: element e of global sample first_sample + s is
+// kept when its random number (seed, dropout, layer, sample, e) is >= p, and scaled by 1 / (1 - p).
+// `dx = mask * dy` uses the same rule, so nothing is stored between forward and backward.
+inline void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer,
+                          std::uint64_t first_sample, const float* x, float* y, std::size_t n, std::size_t size)
+{
+    const float scale = 1.0f / (1.0f - p);
+    for (std::size_t s = 0; s < n; ++s)
+        for (std::size_t e = 0; e < size; ++e) {
+            const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
+                                                 std::uint32_t(e));
+            y[s * size + e] = u >= p ? x[s * size + e] * scale : 0.0f;
+        }
+}
+
+inline void copy(const Context&, const float* src, float* dst, std::size_t count)
+{
+    if (count != 0 && src != dst) std::memcpy(dst, src, count * sizeof(float));
+}
+
+inline void fill(const Context&, float* dst, float value, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) dst[i] = value;
+}
+
+// dst += src
+inline void add(const Context&, const float* src, float* dst, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+// Channel slices of (n, channels, pixels) tensors, for Concat: dst[:, offset:offset+c] = src (n, c, pixels)
+inline void copy_channels_in(const Context&, const float* src, std::size_t n, std::size_t c,
+                             std::size_t pixels, float* dst, std::size_t channels, std::size_t offset)
+{
+    for (std::size_t s = 0; s < n; ++s)
+        std::memcpy(dst + (s * channels + offset) * pixels, src + s * c * pixels, sizeof(float) * c * pixels);
+}
+
+// dst (n, c, pixels) = src[:, offset:offset+c]
+inline void copy_channels_out(const Context&, const float* src, std::size_t channels, std::size_t offset,
+                              std::size_t n, std::size_t c, std::size_t pixels, float* dst)
+{
+    for (std::size_t s = 0; s < n; ++s)
+        std::memcpy(dst + s * c * pixels, src + (s * channels + offset) * pixels, sizeof(float) * c * pixels);
+}
+
+} // namespace replica::backend::cpu

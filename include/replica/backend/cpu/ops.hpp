@@ -1,0 +1,134 @@
+#pragma once
+// CPU kernels the layers are built from: GEMM through BLAS, im2col/col2im, layout changes.
+// All arrays are row-major float. Nothing here allocates.
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "replica/core/window.hpp"
+
+namespace replica::backend::cpu {
+
+// C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, row-major, leading dims as stored.
+inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m,
+                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+using core::Window;
+
+// col (c*kh*kw, m*oh*ow) <- patches of samples x[0..m) (m, c, h, w). Row r = (ci, ki, kj),
+// column s*oh*ow + p holds input pixel under kernel tap r for output pixel p of sample s.
+inline void im2col(const Window& g, const float* x, int m, float* col)
+{
+    const int pixels = g.out_pixels();
+    const std::size_t ld = std::size_t(m) * pixels;
+    for (int s = 0; s < m; ++s) {
+        const float* xs = x + std::size_t(s) * g.in_size();
+        for (int ci = 0; ci < g.c; ++ci)
+            for (int ki = 0; ki < g.kh; ++ki)
+                for (int kj = 0; kj < g.kw; ++kj) {
+                    const int row = (ci * g.kh + ki) * g.kw + kj;
+                    float* dst = col + row * ld + std::size_t(s) * pixels;
+                    const float* plane = xs + std::size_t(ci) * g.h * g.w;
+                    for (int oy = 0; oy < g.oh; ++oy) {
+                        const int iy = oy * g.sh - g.ph + ki;
+                        float* d = dst + oy * g.ow;
+                        if (iy < 0 || iy >= g.h) {
+                            std::fill(d, d + g.ow, 0.0f);
+                            continue;
+                        }
+                        const float* src = plane + iy * g.w;
+                        if (g.sw == 1) {
+                            // ix = ox - pw + kj is in range for ox in [lo, hi)
+                            const int lo = std::clamp(g.pw - kj, 0, g.ow);
+                            const int hi = std::clamp(g.w + g.pw - kj, lo, g.ow);
+                            std::fill(d, d + lo, 0.0f);
+                            std::memcpy(d + lo, src + lo - g.pw + kj, sizeof(float) * (hi - lo));
+                            std::fill(d + hi, d + g.ow, 0.0f);
+                        } else {
+                            for (int ox = 0; ox < g.ow; ++ox) {
+                                const int ix = ox * g.sw - g.pw + kj;
+                                d[ox] = (ix >= 0 && ix < g.w) ? src[ix] : 0.0f;
+                            }
+                        }
+                    }
+                }
+    }
+}
+
+// dx[0..m) += the patches in col: the adjoint of im2col. dx must be zeroed (or hold what to add to).
+inline void col2im(const Window& g, const float* col, int m, float* dx)
+{
+    const int pixels = g.out_pixels();
+    const std::size_t ld = std::size_t(m) * pixels;
+    for (int s = 0; s < m; ++s) {
+        float* xs = dx + std::size_t(s) * g.in_size();
+        for (int ci = 0; ci < g.c; ++ci)
+            for (int ki = 0; ki < g.kh; ++ki)
+                for (int kj = 0; kj < g.kw; ++kj) {
+                    const int row = (ci * g.kh + ki) * g.kw + kj;
+                    const float* srcrow = col + row * ld + std::size_t(s) * pixels;
+                    float* plane = xs + std::size_t(ci) * g.h * g.w;
+                    for (int oy = 0; oy < g.oh; ++oy) {
+                        const int iy = oy * g.sh - g.ph + ki;
+                        if (iy < 0 || iy >= g.h) continue;
+                        const float* s_ = srcrow + oy * g.ow;
+                        float* d = plane + iy * g.w;
+                        for (int ox = 0; ox < g.ow; ++ox) {
+                            const int ix = ox * g.sw - g.pw + kj;
+                            if (ix >= 0 && ix < g.w) d[ix] += s_[ox];
+                        }
+                    }
+                }
+    }
+}
+
+// (m, c, p) sample-major -> (c, m*p) channel-major, and back. For batched GEMMs over samples.
+inline void to_channel_major(const float* src, int m, int c, int p, float* dst)
+{
+    for (int s = 0; s < m; ++s)
+        for (int ci = 0; ci < c; ++ci)
+            std::memcpy(dst + (std::size_t(ci) * m + s) * p, src + (std::size_t(s) * c + ci) * p,
+                        sizeof(float) * p);
+}
+
+// dst (m, c, p) = src (c, m*p) + bias[c] (bias may be null).
+inline void to_sample_major(const float* src, int m, int c, int p, const float* bias, float* dst)
+{
+    for (int s = 0; s < m; ++s)
+        for (int ci = 0; ci < c; ++ci) {
+            const float* a = src + (std::size_t(ci) * m + s) * p;
+            float* d = dst + (std::size_t(s) * c + ci) * p;
+            const float b = bias ? bias[ci] : 0.0f;
+            for (int i = 0; i < p; ++i) d[i] = a[i] + b;
+        }
+}
+
+// out[j] (+)= sum over rows of a (rows, cols).
+inline void sum_rows(const float* a, int rows, int cols, float* out, bool accumulate)
+{
+    if (!accumulate) std::fill(out, out + cols, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+        const float* row = a + std::size_t(r) * cols;
+        for (int j = 0; j < cols; ++j) out[j] += row[j];
+    }
+}
+
+// out[i] (+)= sum of a's row i (rows, cols).
+inline void sum_cols(const float* a, int rows, int cols, float* out, bool accumulate)
+{
+    for (int r = 0; r < rows; ++r) {
+        const float* row = a + std::size_t(r) * cols;
+        float s = 0.0f;
+        for (int j = 0; j < cols; ++j) s += row[j];
+        out[r] = accumulate ? out[r] + s : s;
+    }
+}
+
+} // namespace replica::backend::cpu

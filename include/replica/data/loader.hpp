@@ -1,0 +1,215 @@
+#pragma once
+// Loader: a Dataset in batches, in an order that is a pure function of (seed, epoch), with the next
+// batch gathered on a background thread while the caller trains on this one.
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "replica/core/error.hpp"
+#include "replica/core/rng.hpp"
+#include "replica/data/dataset.hpp"
+
+namespace replica::data {
+
+// Fills `order` with the permutation of [0, order.size()) that epoch `epoch` visits under `seed`:
+// a Fisher-Yates shuffle whose step i draws random_bits(seed, Stream::shuffle, 0, epoch, i).
+// Needs order.size() <= 2^32.
+inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::size_t> order)
+{
+    core::require(order.size() <= (std::uint64_t{1} << 32), "epoch_order: at most 2^32 samples, not " +
+                                                                std::to_string(order.size()));
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    for (std::size_t i = order.size(); i-- > 1;) {
+        std::uint64_t bits = core::random_bits(seed, core::Stream::shuffle, 0, epoch, std::uint32_t(i));
+        std::size_t j = std::size_t((bits * (i + 1)) >> 32); // uniform in [0, i]
+        std::swap(order[i], order[j]);
+    }
+}
+
+// Usage: for each epoch, start_epoch(epoch), then next() until it returns nullopt.
+//
+// Batch k of epoch e holds samples order[k * batch_size, ...) of epoch_order(seed, e) (or 0, 1, ...
+// without shuffle); its first_sample is e * set.count + k * batch_size and its seed the loader's.
+// The Batch returned by next() stays valid until the following next(), start_epoch() or the
+// destructor. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
+// `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
+class Loader {
+public:
+    Loader(const Dataset& set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
+           bool drop_last = false)
+        : set_(set), batch_size_(batch_size), seed_(seed), shuffle_(shuffle)
+    {
+        core::require(batch_size > 0, "Loader needs a batch size > 0");
+        core::require(set.count > 0, "Loader needs a data set with samples; this one is empty");
+        core::require(set.inputs.size() == set.count * set.input_size &&
+                          set.labels.size() == set.count * set.label_size,
+                      "Loader: the data set holds " + std::to_string(set.inputs.size()) + " inputs and " +
+                          std::to_string(set.labels.size()) + " labels, not count * input_size and count * label_size");
+        core::require(set.count <= (std::uint64_t{1} << 32), "Loader: at most 2^32 samples, not " +
+                                                                 std::to_string(set.count));
+        core::require(!drop_last || batch_size <= set.count,
+                      "Loader with drop_last and batch size " + std::to_string(batch_size) + " over " +
+                          std::to_string(set.count) + " samples gives no batch: use a smaller batch size");
+        batches_ = drop_last ? set.count / batch_size : (set.count + batch_size - 1) / batch_size;
+        order_.resize(set.count);
+        for (Slot& slot : slots_) {
+            slot.inputs.resize(batch_size * set.input_size);
+            slot.labels.resize(batch_size * set.label_size);
+        }
+        worker_ = std::thread([this] { work(); });
+    }
+
+    ~Loader()
+    {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        wake_.notify_one();
+        worker_.join();
+    }
+
+    Loader(const Loader&) = delete;
+    Loader& operator=(const Loader&) = delete;
+
+    std::size_t batches_per_epoch() const { return batches_; }
+    std::size_t batch_size() const { return batch_size_; }
+
+    // Starts epoch `epoch` (any order of epochs; an unfinished epoch is abandoned) and begins
+    // gathering its first batch.
+    void start_epoch(std::uint64_t epoch)
+    {
+        wait_idle(); // a batch gathered for the abandoned epoch, and any error it raised, are dropped
+        epoch_ = epoch;
+        next_batch_ = 0;
+        started_ = true;
+        if (shuffle_) {
+            epoch_order(seed_, epoch, order_);
+        } else {
+            std::iota(order_.begin(), order_.end(), std::size_t{0});
+        }
+        request(0);
+    }
+
+    // The next batch of the epoch, or nullopt after its last. Rethrows an exception raised while
+    // gathering the batch; calling next() again retries it.
+    std::optional<Batch> next()
+    {
+        core::require(started_, "Loader::next() called before start_epoch(): call start_epoch(epoch) first");
+        if (next_batch_ >= batches_) return std::nullopt;
+        std::size_t k = next_batch_;
+        if (std::exception_ptr error = wait_idle()) {
+            request(k);
+            std::rethrow_exception(error);
+        }
+        ++next_batch_;
+        // The other slot held the batch returned by the previous call: the caller is done with it.
+        if (next_batch_ < batches_) request(next_batch_);
+        const Slot& slot = slots_[k % 2];
+        return Batch{slot.inputs.data(), slot.labels.data(), batch_samples(k),
+                     epoch_ * set_.count + k * batch_size_, seed_};
+    }
+
+private:
+    struct Slot {
+        std::vector<float> inputs;        // (batch_size, input_size)
+        std::vector<std::int32_t> labels; // (batch_size, label_size)
+    };
+
+    std::size_t batch_samples(std::size_t k) const { return std::min(batch_size_, set_.count - k * batch_size_); }
+
+    // Waits until no batch is being gathered; returns (and clears) the error the last one raised.
+    std::exception_ptr wait_idle()
+    {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [this] { return !pending_; });
+        return std::exchange(error_, nullptr);
+    }
+
+    // Asks the worker to gather batch k into slot k % 2. Only when idle.
+    void request(std::size_t k)
+    {
+        {
+            std::lock_guard lock(mutex_);
+            job_ = k;
+            pending_ = true;
+        }
+        wake_.notify_one();
+    }
+
+    void gather(std::size_t k)
+    {
+        Slot& slot = slots_[k % 2];
+        const std::size_t in = set_.input_size, out = set_.label_size;
+        const std::size_t* samples = order_.data() + k * batch_size_;
+        for (std::size_t i = 0, n = batch_samples(k); i < n; ++i) {
+            const std::size_t s = samples[i];
+            if (in) std::memcpy(slot.inputs.data() + i * in, set_.inputs.data() + s * in, in * sizeof(float));
+            if (out) std::memcpy(slot.labels.data() + i * out, set_.labels.data() + s * out, out * sizeof(std::int32_t));
+        }
+    }
+
+    void work()
+    {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            wake_.wait(lock, [this] { return stop_ || pending_; });
+            if (stop_) return;
+            const std::size_t k = job_;
+            lock.unlock();
+            std::exception_ptr error;
+            try {
+                gather(k);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            lock.lock();
+            error_ = error;
+            pending_ = false;
+            done_.notify_one();
+        }
+    }
+
+    const Dataset& set_;
+    std::size_t batch_size_;
+    std::uint64_t seed_;
+    bool shuffle_;
+    std::size_t batches_ = 0;
+    std::vector<std::size_t> order_; // this epoch's samples in visiting order; written only while idle
+    Slot slots_[2];                  // batch k is gathered into slots_[k % 2]
+
+    // Caller thread only.
+    std::uint64_t epoch_ = 0;
+    std::size_t next_batch_ = 0;
+    bool started_ = false;
+
+    // Shared with the worker, under mutex_.
+    std::mutex mutex_;
+    std::condition_variable wake_; // a job or stop for the worker
+    std::condition_variable done_; // the job is done
+    std::size_t job_ = 0;
+    bool pending_ = false;
+    bool stop_ = false;
+    std::exception_ptr error_;
+
+    std::thread worker_;
+};
+
+} // namespace replica::data
+
+namespace replica {
+using data::epoch_order;
+using data::Loader;
+} // namespace replica

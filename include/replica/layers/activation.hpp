@@ -1,0 +1,94 @@
+#pragma once
+// Parameter-free elementwise layers.
+//   ReLU         y = max(x, 0)
+//   Dropout<P>   in training, each element is zeroed with probability P and the rest scaled by
+//                1 / (1 - P); the identity in evaluation. The mask is keyed on (seed, layer, global
+//                sample index, element): the same on 1 or N replicas.
+
+#include <cstddef>
+
+#include "replica/model/concepts.hpp"
+
+namespace replica::layers {
+
+struct ReLU {
+    template <class In>
+    struct op : model::LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            relu_forward(ctx, a.x, a.y, a.n * In::size);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        {
+            if (a.dx) relu_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+template <double P>
+struct Dropout {
+    static_assert(P >= 0.0 && P < 1.0, "Dropout probability must be in [0, 1)");
+
+    template <class In>
+    struct op : model::LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a) const
+        {
+            if (pass.training && P > 0.0)
+                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.x, a.y, a.n, In::size);
+            else
+                copy(ctx, a.x, a.y, a.n * In::size);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs& a) const
+        {
+            if (!a.dx) return;
+            if (pass.training && P > 0.0)
+                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.dy, a.dx, a.n, In::size);
+            else
+                copy(ctx, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+// Flatten: (dims...) -> (product of dims). The data does not move.
+struct Flatten {
+    template <class In>
+    struct op : model::LeafOp {
+        using input_shape = In;
+        using output_shape = Shape<In::size>;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            copy(ctx, a.x, a.y, a.n * In::size);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        {
+            if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+} // namespace replica::layers
+
+namespace replica {
+using layers::Dropout;
+using layers::Flatten;
+using layers::ReLU;
+} // namespace replica

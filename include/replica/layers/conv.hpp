@@ -1,0 +1,145 @@
+#pragma once
+// Convolutions.
+//   Conv1d<Out, K, Stride = 1, Pad = 0>          (c, l)    -> (Out, (l + 2 Pad - K) / Stride + 1)
+//   Conv2d<Out, K, Stride = 1, Pad = 0>          (c, h, w) -> (Out, oh, ow), square kernel
+//   ConvTranspose2d<Out, K, Stride = 1, Pad = 0> (c, h, w) -> (Out, (h - 1) Stride - 2 Pad + K, ...)
+// Parameters: weights then one bias per output channel. Weight layout as PyTorch: (Out, c, K[, K]) for a
+// convolution, (c, Out, K, K) for a transposed one. Initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+#include <cmath>
+#include <cstddef>
+
+#include "replica/core/window.hpp"
+#include "replica/model/concepts.hpp"
+
+namespace replica::layers {
+
+using core::Window;
+
+namespace detail {
+inline void conv_init(float* params, std::uint64_t seed, std::uint32_t id, std::size_t weights, std::size_t biases,
+               std::size_t fan_in)
+{
+    const float bound = 1.0f / std::sqrt(float(fan_in));
+    model::init_uniform(params, weights + biases, bound, seed, id);
+}
+} // namespace detail
+
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+struct Conv2d {
+    static_assert(Out > 0 && K > 0 && Stride > 0, "Conv2d needs at least one output channel, a kernel and a stride");
+
+    template <class In>
+    struct op : model::LeafOp {
+        static_assert(In::rank == 3,
+                      "Conv2d needs a (channels, height, width) input; use Conv1d for (channels, length), "
+                      "and put Flatten after convolutions, not before");
+        static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
+        static_assert(K <= H + 2 * Pad && K <= W + 2 * Pad,
+                      "Conv2d kernel is larger than its (padded) input: use a smaller kernel, more padding, "
+                      "or fewer pooling layers before it");
+        static constexpr std::size_t OH = (H + 2 * Pad - K) / Stride + 1, OW = (W + 2 * Pad - K) / Stride + 1;
+        using input_shape = In;
+        using output_shape = Shape<Out, OH, OW>;
+        static constexpr std::size_t weight_count = Out * C * K * K;
+        static constexpr std::size_t param_count = weight_count + Out;
+        static constexpr Window window{int(C), int(H), int(W), int(K), int(K), int(Stride), int(Stride),
+                                       int(Pad), int(Pad), int(OH), int(OW)};
+
+        using LeafOp::LeafOp;
+        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K * K); }
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size(ctx, window, Out, n); }
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            conv_forward(ctx, window, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        {
+            conv_backward(ctx, window, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        }
+    };
+};
+
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+struct Conv1d {
+    static_assert(Out > 0 && K > 0 && Stride > 0, "Conv1d needs at least one output channel, a kernel and a stride");
+
+    template <class In>
+    struct op : model::LeafOp {
+        static_assert(In::rank == 2,
+                      "Conv1d needs a (channels, length) input; use Conv2d for images");
+        static constexpr std::size_t C = In::dims[0], L = In::dims[1];
+        static_assert(K <= L + 2 * Pad,
+                      "Conv1d kernel is longer than its (padded) input: use a smaller kernel, more padding, "
+                      "or fewer pooling layers before it");
+        static constexpr std::size_t OL = (L + 2 * Pad - K) / Stride + 1;
+        using input_shape = In;
+        using output_shape = Shape<Out, OL>;
+        static constexpr std::size_t weight_count = Out * C * K;
+        static constexpr std::size_t param_count = weight_count + Out;
+        static constexpr Window window{int(C), 1, int(L), 1, int(K), 1, int(Stride), 0, int(Pad), 1, int(OL)};
+
+        using LeafOp::LeafOp;
+        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K); }
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size(ctx, window, Out, n); }
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            conv_forward(ctx, window, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        {
+            conv_backward(ctx, window, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        }
+    };
+};
+
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+struct ConvTranspose2d {
+    static_assert(Out > 0 && K > 0 && Stride > 0,
+                  "ConvTranspose2d needs at least one output channel, a kernel and a stride");
+
+    template <class In>
+    struct op : model::LeafOp {
+        static_assert(In::rank == 3, "ConvTranspose2d needs a (channels, height, width) input");
+        static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
+        static_assert((H - 1) * Stride + K > 2 * Pad && (W - 1) * Stride + K > 2 * Pad,
+                      "ConvTranspose2d padding removes the whole output: use less padding or a larger kernel");
+        static constexpr std::size_t OH = (H - 1) * Stride + K - 2 * Pad, OW = (W - 1) * Stride + K - 2 * Pad;
+        using input_shape = In;
+        using output_shape = Shape<Out, OH, OW>;
+        static constexpr std::size_t weight_count = C * Out * K * K;
+        static constexpr std::size_t param_count = weight_count + Out;
+        // The convolution whose adjoint this is: from the output (Out, OH, OW) to the input (C, H, W).
+        static constexpr Window window{int(Out), int(OH), int(OW), int(K), int(K), int(Stride), int(Stride),
+                                       int(Pad), int(Pad), int(H), int(W)};
+
+        using LeafOp::LeafOp;
+        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, Out * K * K); }
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size(ctx, window, C, n); }
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            conv_transpose_forward(ctx, window, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        {
+            conv_transpose_backward(ctx, window, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        }
+    };
+};
+
+} // namespace replica::layers
+
+namespace replica {
+using layers::Conv1d;
+using layers::Conv2d;
+using layers::ConvTranspose2d;
+} // namespace replica

@@ -1,0 +1,189 @@
+#pragma once
+// Chain<In, Layers...>: the op of layers applied one after the other, starting from shape In.
+// It is what Sequential runs, as a model and as a layer nested in another model.
+//
+// Layout (per sample, compile time): parameters of layer i at param_offset[i]; the outputs of every
+// layer but the last, then every layer's own saved state, in `saved`. Backward walks the layers in
+// reverse with two ping-pong gradient buffers in scratch, and calls hook(param_offset[i]) once layer
+// i's parameter gradients are final, so that DataParallel can reduce them while the rest runs.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <tuple>
+
+#include "replica/core/meta.hpp"
+#include "replica/model/concepts.hpp"
+
+namespace replica::model {
+
+namespace detail {
+template <class In, class... Ls>
+struct bind_all {
+    using type = std::tuple<>;
+    using output_shape = In;
+};
+template <class In, class L, class... Rest>
+struct bind_all<In, L, Rest...> {
+    static_assert(Layer<L>, "every entry of a model after Input must be a layer, such as Conv2d<20, 5>, "
+                            "ReLU or a nested Sequential<...>");
+    using first = typename L::template op<In>;
+    using rest = bind_all<typename first::output_shape, Rest...>;
+    using type = decltype(std::tuple_cat(std::declval<std::tuple<first>>(), std::declval<typename rest::type>()));
+    using output_shape = typename rest::output_shape;
+};
+
+struct NoHook {
+    void operator()(std::size_t) const {}
+};
+
+// Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or children
+// that might (Chain, Concat) define update(); a plain layer is one contiguous slice.
+template <class O, class Ctx, class Opt>
+void update_op(O& op, Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+{
+    if constexpr (requires { op.update(ctx, opt, w, g, state); }) op.update(ctx, opt, w, g, state);
+    else opt.apply(ctx, w, g, state, O::param_count);
+}
+
+// Tells an op its parameters were set from outside (initialised, loaded): replicas copy them.
+template <class O, class Ctx>
+void sync_op(O& op, Ctx& ctx, const float* w)
+{
+    if constexpr (requires { op.sync(ctx, w); }) op.sync(ctx, w);
+}
+} // namespace detail
+
+template <class In, class... Layers>
+class Chain {
+    using ops_tuple = typename detail::bind_all<In, Layers...>::type;
+    static constexpr std::size_t N = sizeof...(Layers);
+    template <std::size_t I>
+    using op_t = std::tuple_element_t<I, ops_tuple>;
+
+    template <std::size_t... I>
+    static constexpr auto param_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::param_count...>; }
+    template <std::size_t... I>
+    static constexpr auto id_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::layer_count...>; }
+    // Outputs of layers 0 .. N-2 are kept (the last one is the caller's y).
+    template <std::size_t... I>
+    static constexpr auto act_offsets_(std::index_sequence<I...>)
+    {
+        return core::prefix_sums<(I + 1 < N ? op_t<I>::output_shape::size : 0)...>;
+    }
+    template <std::size_t... I>
+    static constexpr auto saved_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::saved_size...>; }
+    using seq = std::make_index_sequence<N>;
+
+public:
+    using input_shape = In;
+    using output_shape = typename detail::bind_all<In, Layers...>::output_shape;
+
+    static constexpr std::array<std::size_t, N + 1> param_offset = param_offsets_(seq{});
+    static constexpr std::array<std::size_t, N + 1> id_offset = id_offsets_(seq{});
+    static constexpr std::array<std::size_t, N + 1> act_offset = act_offsets_(seq{});
+    static constexpr std::array<std::size_t, N + 1> saved_offset = saved_offsets_(seq{});
+
+    static constexpr std::size_t param_count = param_offset[N];
+    static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
+    static constexpr std::size_t saved_size = act_offset[N] + saved_offset[N];
+    static constexpr bool has_data_parallel = []<std::size_t... I>(std::index_sequence<I...>) {
+        return (false || ... || op_t<I>::has_data_parallel);
+    }(seq{});
+    // The largest activation that flows backward between two layers (ping-pong buffer size).
+    static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
+        return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});
+    }(seq{});
+
+    explicit Chain(const Build& b) : ops_(make_ops(b, seq{})) {}
+
+    template <std::size_t I>
+    auto& layer() { return std::get<I>(ops_); }
+    static constexpr std::size_t size() { return N; }
+
+    template <class Ctx>
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
+    {
+        std::size_t inner = 0;
+        core::static_for<N>([&](auto i) { inner = std::max(inner, std::get<i>(ops_).scratch_size(ctx, n)); });
+        return 2 * max_inner * n + inner;
+    }
+
+    void init(float* params, std::uint64_t seed) const
+    {
+        core::static_for<N>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
+    }
+
+    template <class Ctx>
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
+    {
+        core::static_for<N>([&](auto i) {
+            std::get<i>(ops_).forward(ctx, pass, ForwardArgs{
+                .params = a.params + param_offset[i],
+                .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
+                .y = i + 1 == N ? a.y : activation(a.saved, a.n, i),
+                .n = a.n,
+                .saved = op_saved(a.saved, a.n, i),
+                .scratch = a.scratch + 2 * max_inner * a.n});
+        });
+    }
+
+    template <class Ctx, class Hook = detail::NoHook>
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
+    {
+        float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
+        const float* dy = a.dy;
+        core::static_for_reverse<N>([&](auto i) {
+            float* dx = i == 0 ? a.dx : ping[(N - 1 - i) % 2];
+            std::get<i>(ops_).backward(ctx, pass, BackwardArgs{
+                .params = a.params + param_offset[i],
+                .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
+                .y = i + 1 == N ? a.y : activation(a.saved, a.n, i),
+                .dy = dy,
+                .dx = dx,
+                .dparams = a.dparams + param_offset[i],
+                .n = a.n,
+                .saved = op_saved(a.saved, a.n, i),
+                .scratch = a.scratch + 2 * max_inner * a.n});
+            dy = dx;
+            hook(param_offset[i]);
+        });
+    }
+
+    template <class Ctx, class Opt>
+    void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+    {
+        if constexpr (!has_data_parallel) {
+            opt.apply(ctx, w, g, state, param_count);   // one pass over the whole buffer
+        } else {
+            const std::size_t per = Opt::state_per_param;
+            core::static_for<N>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * per);
+            });
+        }
+    }
+
+    template <class Ctx>
+    void sync(Ctx& ctx, const float* w)
+    {
+        if constexpr (has_data_parallel)
+            core::static_for<N>([&](auto i) { detail::sync_op(std::get<i>(ops_), ctx, w + param_offset[i]); });
+    }
+
+private:
+    template <std::size_t... I>
+    static ops_tuple make_ops(const Build& b, std::index_sequence<I...>)
+    {
+        return ops_tuple{op_t<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
+    }
+    static float* activation(float* saved, std::size_t n, std::size_t i) { return saved + act_offset[i] * n; }
+    static float* op_saved(float* saved, std::size_t n, std::size_t i)
+    {
+        return saved + (act_offset[N] + saved_offset[i]) * n;
+    }
+
+    ops_tuple ops_;
+};
+
+} // namespace replica::model

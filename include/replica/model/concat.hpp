@@ -1,0 +1,155 @@
+#pragma once
+// Concat<Branches...>: every branch reads the same input; their outputs are concatenated on channels.
+//   Concat<Sequential<Conv2d<64, 1>, ReLU>, Sequential<MaxPool2d<3, 1, 1>, Conv2d<32, 1>, ReLU>>
+// Branches must agree on every dimension but the first (channels). The input gradient is the sum of
+// the branches' input gradients.
+
+#include <algorithm>
+#include <cstddef>
+#include <tuple>
+
+#include "replica/core/meta.hpp"
+#include "replica/model/chain.hpp"
+
+namespace replica::model {
+
+namespace detail {
+template <class A, class B>
+constexpr bool same_trailing_dims()
+{
+    if constexpr (A::rank != B::rank) return false;
+    else {
+        for (std::size_t i = 1; i < A::rank; ++i)
+            if (A::dims[i] != B::dims[i]) return false;
+        return true;
+    }
+}
+
+template <std::size_t C, class S>
+struct with_channels;
+template <std::size_t C, std::size_t D0, std::size_t... D>
+struct with_channels<C, Shape<D0, D...>> {
+    using type = Shape<C, D...>;
+};
+} // namespace detail
+
+template <class... Branches>
+struct Concat {
+    static_assert(sizeof...(Branches) >= 1, "Concat needs at least one branch");
+    static_assert((Layer<Branches> && ...), "every Concat branch must be a layer or a Sequential<...> of layers");
+
+    template <class In>
+    class op {
+        using ops_tuple = std::tuple<typename Branches::template op<In>...>;
+        static constexpr std::size_t B = sizeof...(Branches);
+        template <std::size_t I>
+        using op_t = std::tuple_element_t<I, ops_tuple>;
+        using first_out = typename op_t<0>::output_shape;
+        static_assert((detail::same_trailing_dims<first_out, typename Branches::template op<In>::output_shape>() && ...),
+                      "Concat branches must produce outputs of the same rank and spatial size (only the channel "
+                      "counts may differ): adjust the branches' padding, strides or pooling");
+
+        static constexpr std::size_t pixels = first_out::size / first_out::dims[0];
+        static constexpr std::array<std::size_t, B + 1> channel_offset =
+            core::prefix_sums<Branches::template op<In>::output_shape::dims[0]...>;
+        static constexpr std::array<std::size_t, B + 1> param_offset =
+            core::prefix_sums<Branches::template op<In>::param_count...>;
+        static constexpr std::array<std::size_t, B + 1> id_offset =
+            core::prefix_sums<Branches::template op<In>::layer_count...>;
+        static constexpr std::array<std::size_t, B + 1> out_offset =
+            core::prefix_sums<Branches::template op<In>::output_shape::size...>;
+        static constexpr std::array<std::size_t, B + 1> saved_offset =
+            core::prefix_sums<Branches::template op<In>::saved_size...>;
+        static constexpr std::size_t max_out = std::max({Branches::template op<In>::output_shape::size...});
+
+    public:
+        using input_shape = In;
+        using output_shape = typename detail::with_channels<channel_offset[B], first_out>::type;
+        static constexpr std::size_t param_count = param_offset[B];
+        static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[B]);
+        // Each branch's output, then each branch's own saved state.
+        static constexpr std::size_t saved_size = out_offset[B] + saved_offset[B];
+        static constexpr bool has_data_parallel = (false || ... || Branches::template op<In>::has_data_parallel);
+
+        explicit op(const Build& b) : ops_(make(b, std::make_index_sequence<B>{})) {}
+
+        // [branch dy (max_out) | input-gradient accumulator (In) | branch scratch]
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
+        {
+            std::size_t inner = 0;
+            core::static_for<B>([&](auto i) { inner = std::max(inner, std::get<i>(ops_).scratch_size(ctx, n)); });
+            return (max_out + In::size) * n + inner;
+        }
+
+        void init(float* params, std::uint64_t seed) const
+        {
+            core::static_for<B>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
+        }
+
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
+        {
+            core::static_for<B>([&](auto i) {
+                using Out = typename op_t<i>::output_shape;
+                float* out = a.saved + out_offset[i] * a.n;
+                std::get<i>(ops_).forward(ctx, pass, ForwardArgs{
+                    .params = a.params + param_offset[i], .x = a.x, .y = out, .n = a.n,
+                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
+                copy_channels_in(ctx, out, a.n, Out::dims[0], pixels, a.y, output_shape::dims[0], channel_offset[i]);
+            });
+        }
+
+        template <class Ctx>
+        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a)
+        {
+            float* dy_branch = a.scratch;
+            float* dx_branch = a.scratch + max_out * a.n;
+            core::static_for<B>([&](auto i) {
+                using Out = typename op_t<i>::output_shape;
+                copy_channels_out(ctx, a.dy, output_shape::dims[0], channel_offset[i], a.n, Out::dims[0], pixels, dy_branch);
+                float* dx = a.dx == nullptr ? nullptr : (i == 0 ? a.dx : dx_branch);
+                std::get<i>(ops_).backward(ctx, pass, BackwardArgs{
+                    .params = a.params + param_offset[i], .x = a.x, .y = a.saved + out_offset[i] * a.n,
+                    .dy = dy_branch, .dx = dx, .dparams = a.dparams + param_offset[i], .n = a.n,
+                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
+                if (i != 0 && a.dx != nullptr) add(ctx, dx_branch, a.dx, a.n * In::size);
+            });
+        }
+
+        template <class Ctx, class Opt>
+        void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+        {
+            core::static_for<B>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * Opt::state_per_param);
+            });
+        }
+
+        template <class Ctx>
+        void sync(Ctx& ctx, const float* w)
+        {
+            core::static_for<B>([&](auto i) { detail::sync_op(std::get<i>(ops_), ctx, w + param_offset[i]); });
+        }
+
+    private:
+        template <std::size_t... I>
+        static ops_tuple make(const Build& b, std::index_sequence<I...>)
+        {
+            return ops_tuple{op_t<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
+        }
+        static float* branch_saved(float* saved, std::size_t n, std::size_t i)
+        {
+            return saved + (out_offset[B] + saved_offset[i]) * n;
+        }
+        static float* inner_scratch(float* scratch, std::size_t n) { return scratch + (max_out + In::size) * n; }
+
+        ops_tuple ops_;
+    };
+};
+
+} // namespace replica::model
+
+namespace replica {
+using model::Concat;
+} // namespace replica

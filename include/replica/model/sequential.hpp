@@ -1,0 +1,267 @@
+#pragma once
+// Sequential<Input<...>, Layers...>: a model. Layers run one after the other; shapes, parameter
+// count and the parameter layout are fixed at compile time.
+//
+//   using LeNet = Sequential<Input<1, 28, 28>, Conv2d<20, 5>, MaxPool2d<2>, ..., Linear<10>>;
+//   LeNet net{Device::cpu()};         // parameters initialised from seed 0
+//
+// A Sequential is also a layer: nested in another model (as a Concat branch, or a classifier after a
+// DataParallel) it needs no Input; if it has one, it must match the shape that reaches it.
+//
+// As a model it owns, on its device: one flat parameter buffer, one flat gradient buffer, the
+// optimizer's state, and one activation arena that grows to the largest batch seen and is reused
+// from then on, so a warm training step allocates nothing.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "replica/backend/backend.hpp"
+#include "replica/core/error.hpp"
+#include "replica/layers/loss.hpp"
+#include "replica/model/chain.hpp"
+#include "replica/model/input.hpp"
+
+namespace replica::model {
+
+namespace detail {
+// What a Sequential without Input has in place of a graph: it is a layer only, never a model.
+struct NotAModel {
+    using input_shape = Shape<1>;
+    using output_shape = Shape<1>;
+    static constexpr std::size_t param_count = 0, saved_size = 0;
+    explicit NotAModel(const Build&) {}
+};
+
+template <class... Es>
+struct entries {
+    static constexpr bool has_input = false;
+    template <class In>
+    using chain = Chain<In, Es...>;
+    using graph = NotAModel;
+};
+template <class I, class... Es>
+    requires is_input<I>::value
+struct entries<I, Es...> {
+    static constexpr bool has_input = true;
+    using input_shape = typename I::shape;
+    template <class In>
+    using chain = Chain<In, Es...>;
+    using graph = Chain<input_shape, Es...>;
+};
+} // namespace detail
+
+template <class... Entries>
+class Sequential {
+    using entries = detail::entries<Entries...>;
+
+public:
+    // ---- as a layer ----
+    template <class In>
+    struct op : entries::template chain<In> {
+        static_assert(!entries::has_input || std::is_same_v<typename entries::input_shape, In>,
+                      "a nested model's Input<...> does not match the shape that reaches it: fix the Input "
+                      "or the layers before it");
+        using entries::template chain<In>::chain;
+    };
+
+    // ---- as a model ----
+    using graph = typename entries::graph;
+    using input_shape = typename graph::input_shape;
+    using output_shape = typename graph::output_shape;
+    using loss = layers::SoftmaxCrossEntropy;
+    static constexpr std::size_t param_count = graph::param_count;
+    static constexpr std::size_t label_size = loss::template label_size<output_shape>;
+
+    // On the default device (the first GPU, or the CPU); nested DataParallels use every default device.
+    Sequential() : Sequential(backend::default_devices()) {}
+    explicit Sequential(Device device, std::uint64_t seed = 0) : Sequential(std::vector<Device>{device}, seed) {}
+    // devices[0] holds the model; a nested DataParallel replicates over all of them.
+    explicit Sequential(std::vector<Device> devices, std::uint64_t seed = 0)
+        : devices_(check_devices(std::move(devices))),
+          ctx_(backend::make_context(devices_.front())),
+          graph_(Build{0, devices_})
+    {
+        visit([&](auto& ctx) {
+            params_ = ctx.template allocate<float>(param_count);
+            grads_ = ctx.template allocate<float>(param_count);
+        });
+        std::vector<float> host(param_count);
+        graph_.init(host.data(), seed);
+        set_parameters(host);
+    }
+
+    Sequential(Sequential&&) = default;
+    Sequential& operator=(Sequential&&) = default;
+
+    const Device& device() const { return devices_.front(); }
+    std::span<const Device> devices() const { return devices_; }
+    std::size_t replica_count() const { return 1; }
+
+    // Host copies of the flat parameter and gradient vectors.
+    std::vector<float> parameters() const { return download(params_, param_count); }
+    std::vector<float> gradients() const { return download(grads_, param_count); }
+
+    void set_parameters(std::span<const float> w)
+    {
+        core::require(w.size() == param_count, "set_parameters: got " + std::to_string(w.size()) +
+                                                   " values, the model has " + std::to_string(param_count));
+        visit([&](auto& ctx) {
+            ctx.upload(params_.data(), w.data(), param_count);
+            graph_.sync(ctx, params_.data());
+        });
+    }
+
+    // Optimizer state (momentum...), host copy; empty before the first update.
+    std::vector<float> optimizer_state() const { return download(state_, state_.size()); }
+    void set_optimizer_state(std::span<const float> s)
+    {
+        visit([&](auto& ctx) {
+            if (state_.size() != s.size()) state_ = ctx.template allocate<float>(s.size());
+            ctx.upload(state_.data(), s.data(), s.size());
+        });
+    }
+
+    // ---- the training interface (train_step, Trainer and DataParallel use it) ----
+
+    // Forward, loss and backward over n samples (host memory). Gradients are ASSIGNED, scaled so that
+    // they are the gradient of loss_scale * (sum of the n losses). hook(offset) is called as soon as
+    // gradients from `offset` to the end of the buffer are final. Returns the sum of the losses.
+    template <class Hook = detail::NoHook>
+    double forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                            float loss_scale, Hook&& hook = {})
+    {
+        return visit([&](auto& ctx) {
+            if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
+                fill(ctx, grads_.data(), 0.0f, param_count);
+                hook(std::size_t{0});
+                return 0.0;
+            }
+            reserve(ctx, n);
+            const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
+            const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
+            graph_.forward(ctx, pass, forward_args(xd, n));
+            double loss_sum = loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n));
+            graph_.backward(ctx, pass,
+                            BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
+                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
+                            hook);
+            return loss_sum;
+        });
+    }
+
+    // Applies the optimizer to this model's parameters with its gradients.
+    template <class Opt>
+    void update(const Opt& opt)
+    {
+        visit([&](auto& ctx) {
+            const std::size_t need = param_count * Opt::state_per_param;
+            if (state_.size() != need) state_ = ctx.template allocate<float>(need);
+            graph_.update(ctx, opt, params_.data(), grads_.data(), state_.data());
+        });
+    }
+
+    // Loss sum and number of correct predictions over n samples, without training (dropout off).
+    struct Evaluation {
+        double loss_sum = 0.0;
+        std::size_t correct = 0;
+    };
+    Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
+    {
+        if (n == 0) return {};
+        return visit([&](auto& ctx) {
+            reserve(ctx, n);
+            const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
+            const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
+            graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
+            return Evaluation{loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr),
+                              loss::template correct<output_shape>(ctx, y(n), ld, n)};
+        });
+    }
+
+    // Model outputs (logits) for n samples, into host memory out (n * output_shape::size).
+    void predict(const float* x, std::size_t n, float* out)
+    {
+        if (n == 0) return;
+        visit([&](auto& ctx) {
+            reserve(ctx, n);
+            const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
+            graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
+            ctx.download(out, y(n), n * output_shape::size);
+            ctx.synchronize();
+        });
+    }
+
+    graph& layers() { return graph_; }
+    float* parameter_data() { return params_.data(); }
+    float* gradient_data() { return grads_.data(); }
+
+    template <class F>
+    decltype(auto) visit(F&& f) { return std::visit(std::forward<F>(f), ctx_); }
+    template <class F>
+    decltype(auto) visit(F&& f) const { return std::visit(std::forward<F>(f), ctx_); }
+
+private:
+    static std::vector<Device> check_devices(std::vector<Device> d)
+    {
+        static_assert(entries::has_input,
+                      "a model needs Input<...> as its first entry, as in Sequential<Input<1, 28, 28>, ...>");
+        core::require(!d.empty(), "a model needs a device: pass Device::cpu() or Device::cuda(i)");
+        return d;
+    }
+
+    template <class Ctx>
+    void reserve(Ctx& ctx, std::size_t n)
+    {
+        if (n <= capacity_) return;
+        const std::size_t out = output_shape::size;
+        arena_ = ctx.template allocate<float>(n * (graph::saved_size + 2 * out) + graph_.scratch_size(ctx, n));
+        if constexpr (!Ctx::host_visible) {
+            input_stage_ = ctx.template allocate<float>(n * input_shape::size);
+            label_stage_ = ctx.template allocate<std::int32_t>(n * label_size);
+        }
+        capacity_ = n;
+    }
+
+    ForwardArgs forward_args(const float* x, std::size_t n)
+    {
+        return ForwardArgs{.params = params_.data(), .x = x, .y = y(n), .n = n, .saved = saved(), .scratch = scratch(n)};
+    }
+    float* saved() { return arena_.data(); }
+    float* y(std::size_t) { return arena_.data() + capacity_ * graph::saved_size; }
+    float* dy(std::size_t) { return y(0) + capacity_ * output_shape::size; }
+    float* scratch(std::size_t) { return dy(0) + capacity_ * output_shape::size; }
+
+    std::vector<float> download(const core::Buffer<float>& b, std::size_t n) const
+    {
+        std::vector<float> out(n);
+        visit([&](auto& ctx) {
+            ctx.download(out.data(), b.data(), n);
+            ctx.synchronize();
+        });
+        return out;
+    }
+
+    std::vector<Device> devices_;
+    backend::AnyContext ctx_;
+    graph graph_;
+    core::Buffer<float> params_, grads_, state_;
+    core::Buffer<float> arena_;
+    core::Buffer<float> input_stage_;
+    core::Buffer<std::int32_t> label_stage_;
+    std::size_t capacity_ = 0;
+};
+
+template <class T>
+struct is_sequential : std::false_type {};
+template <class... E>
+struct is_sequential<Sequential<E...>> : std::true_type {};
+
+} // namespace replica::model
+
+namespace replica {
+using model::Sequential;
+} // namespace replica

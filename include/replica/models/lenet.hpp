@@ -1,0 +1,20 @@
+#pragma once
+// LeNet for 1x28x28 images, 10 classes (431,080 parameters). Default batch 64.
+
+#include "replica/layers/activation.hpp"
+#include "replica/layers/conv.hpp"
+#include "replica/layers/linear.hpp"
+#include "replica/layers/pool.hpp"
+#include "replica/model/sequential.hpp"
+
+namespace replica::models {
+
+using LeNet = Sequential<Input<1, 28, 28>,
+                         Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>,
+                         Flatten, Linear<500>, ReLU, Linear<10>>;
+
+} // namespace replica::models
+
+namespace replica {
+using models::LeNet;
+} // namespace replica

@@ -1,0 +1,95 @@
+#pragma once
+// Communicators: sum gradient buffers across the replicas of a DataParallel.
+//
+// The interface is NCCL's, in its two single-process forms:
+//   group_all_reduce(buffers, count)  one thread calls for all ranks (ncclGroupStart/End style)
+//   all_reduce(rank, buffer, count)   every rank calls from its own thread; returns when all have
+// After either, every rank's buffer holds the element-wise sum. The host communicator sums in rank
+// order, ((b0 + b1) + b2) + ..., in both forms, so SingleThread and Threaded dispatch agree bit for bit.
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "replica/core/error.hpp"
+
+namespace replica::parallel {
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual std::size_t size() const = 0;
+    virtual void group_all_reduce(std::span<float* const> buffers, std::size_t count) = 0;
+    virtual void all_reduce(std::size_t rank, float* buffer, std::size_t count) = 0;
+    // Releases every rank blocked in all_reduce with an Error (a peer failed and will not arrive).
+    virtual void abort() = 0;
+};
+
+// Replicas in one process sharing host memory (CPU replicas).
+class HostCommunicator final : public Communicator {
+public:
+    explicit HostCommunicator(std::size_t ranks) : buffers_(ranks) {}
+
+    std::size_t size() const override { return buffers_.size(); }
+
+    void group_all_reduce(std::span<float* const> buffers, std::size_t count) override
+    {
+        core::require(buffers.size() == size(), "group_all_reduce: one buffer per rank expected");
+        sum_range(buffers, 0, count);
+    }
+
+    // Each rank sums its own 1/size slice of the elements (in rank order), then all wait.
+    void all_reduce(std::size_t rank, float* buffer, std::size_t count) override
+    {
+        buffers_[rank] = buffer;
+        arrive();
+        const std::size_t per = (count + size() - 1) / size();
+        const std::size_t begin = std::min(count, rank * per), end = std::min(count, begin + per);
+        sum_range(buffers_, begin, end);
+        arrive();
+    }
+
+    void abort() override
+    {
+        std::lock_guard lock(mutex_);
+        aborted_ = true;
+        cv_.notify_all();
+    }
+
+private:
+    static void sum_range(std::span<float* const> b, std::size_t begin, std::size_t end)
+    {
+        float* acc = b[0];
+        for (std::size_t r = 1; r < b.size(); ++r)
+            for (std::size_t i = begin; i < end; ++i) acc[i] += b[r][i];
+        for (std::size_t r = 1; r < b.size(); ++r)
+            std::copy(acc + begin, acc + end, b[r] + begin);
+    }
+
+    // A reusable barrier that an abort can break.
+    void arrive()
+    {
+        std::unique_lock lock(mutex_);
+        if (aborted_) throw Error("all_reduce aborted: another replica failed (see its error)");
+        const std::size_t phase = phase_;
+        if (++arrived_ == size()) {
+            arrived_ = 0;
+            ++phase_;
+            cv_.notify_all();
+            return;
+        }
+        cv_.wait(lock, [&] { return phase_ != phase || aborted_; });
+        if (phase_ == phase) throw Error("all_reduce aborted: another replica failed (see its error)");
+    }
+
+    std::vector<float*> buffers_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::size_t arrived_ = 0, phase_ = 0;
+    bool aborted_ = false;
+};
+
+} // namespace replica::parallel

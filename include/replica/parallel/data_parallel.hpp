@@ -1,0 +1,252 @@
+#pragma once
+// DataParallel<M, Dispatch>: model M replicated on several devices, trained as one model.
+//
+//   DataParallel<LeNet, Threaded> dp{{Device::cpu(0), Device::cpu(1), Device::cpu(2)}};
+//   float loss = train_step(dp, opt, batch);     // same API as a single model
+//
+// Every replica starts from the same parameters. Each step: the global batch is split over the
+// replicas (uneven splits allowed; a replica with no samples contributes a zero gradient); each replica
+// runs forward, its share of the loss (scaled by 1 / global batch, so the replica gradients SUM to the
+// gradient of the global mean loss), and backward; gradients are all-reduced bucket by bucket as
+// backward produces them (Threaded) or right after it (SingleThread); every replica applies the same
+// update to its own copy. Parameters are never copied or broadcast per step.
+//
+// Random choices are keyed on the global sample index, so a model with dropout trains the same on 1
+// or N replicas; results equal the single model's up to float summation order.
+//
+// Nested in a larger model it is a layer: see DataParallel::op.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "replica/backend/backend.hpp"
+#include "replica/model/sequential.hpp"
+#include "replica/parallel/communicator.hpp"
+#include "replica/parallel/dispatch.hpp"
+#include "replica/parallel/scaling.hpp"
+#include "replica/parallel/worker_pool.hpp"
+
+namespace replica::parallel {
+
+struct DataParallelOptions {
+    // Gradients are all-reduced in buckets of about this many floats, from the last layer's back.
+    std::size_t bucket_floats = std::size_t{1} << 20;
+};
+
+namespace detail {
+// [begin, end) ranges of the gradient buffer, last layers first, each at least `floats` long
+// (but the first layers') and cut at layer boundaries.
+template <class Graph>
+std::vector<std::pair<std::size_t, std::size_t>> make_buckets(std::size_t floats)
+{
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    const auto& off = Graph::param_offset;
+    std::size_t end = off.back();
+    for (std::size_t i = off.size() - 1; i-- > 0;) {
+        if (end - off[i] >= floats || (i == 0 && end > off[i])) {
+            out.emplace_back(off[i], end);
+            end = off[i];
+        }
+    }
+    return out;
+}
+
+inline std::unique_ptr<Communicator> make_communicator(std::span<const Device> devices)
+{
+    for (const auto& d : devices)
+        core::require(d.kind() == devices.front().kind(),
+                      "DataParallel replicas must all be CPU or all CUDA devices; got " + devices.front().name() +
+                          " and " + d.name());
+    core::require(devices.front().is_cpu(),
+                  "DataParallel over " + devices.front().name() + " needs the CUDA backend with NCCL");
+    return std::make_unique<HostCommunicator>(devices.size());
+}
+
+inline std::vector<Device> check_replica_devices(std::vector<Device> devices)
+{
+    core::require(!devices.empty(), "DataParallel needs at least one device");
+    for (std::size_t i = 0; i < devices.size(); ++i)
+        for (std::size_t j = 0; j < i; ++j)
+            core::require(!(devices[i] == devices[j]),
+                          "device " + devices[i].name() + " appears twice in the DataParallel device list");
+    return devices;
+}
+} // namespace detail
+
+template <class M, DispatchPolicy Dispatch = SingleThread>
+class DataParallel {
+    static_assert(model::is_sequential<M>::value,
+                  "DataParallel<M>: M must be a model, a Sequential<Input<...>, ...>");
+
+public:
+    using replica_type = M;
+    using dispatch = Dispatch;
+    using input_shape = typename M::input_shape;
+    using output_shape = typename M::output_shape;
+    using loss = typename M::loss;
+    static constexpr std::size_t param_count = M::param_count;
+    static constexpr std::size_t label_size = M::label_size;
+
+    // One replica of M on each device, all initialised from `seed`.
+    explicit DataParallel(std::vector<Device> devices = backend::default_devices(), std::uint64_t seed = 0,
+                          DataParallelOptions options = {})
+        : devices_(detail::check_replica_devices(std::move(devices))), options_(options)
+    {
+        replicas_.reserve(devices_.size());
+        for (const auto& d : devices_) replicas_.emplace_back(std::vector<Device>{d}, seed);
+        start();
+    }
+
+    // Replicates an existing model (its parameters and optimizer state) over `devices`.
+    DataParallel(M&& model, std::vector<Device> devices, DataParallelOptions options = {})
+        : devices_(detail::check_replica_devices(std::move(devices))), options_(options)
+    {
+        const auto w = model.parameters();
+        const auto state = model.optimizer_state();
+        replicas_.reserve(devices_.size());
+        for (const auto& d : devices_) {
+            if (replicas_.empty() && model.device() == d) replicas_.push_back(std::move(model));
+            else {
+                replicas_.emplace_back(std::vector<Device>{d});
+                replicas_.back().set_parameters(w);
+                if (!state.empty()) replicas_.back().set_optimizer_state(state);
+            }
+        }
+        start();
+    }
+
+    std::size_t replica_count() const { return replicas_.size(); }
+    std::span<const Device> devices() const { return devices_; }
+    const Device& device() const { return devices_.front(); }
+    M& replica(std::size_t r) { return replicas_[r]; }
+    const DataParallelOptions& options() const { return options_; }
+    std::size_t bucket_count() const { return buckets_.size(); }
+
+    std::vector<float> parameters() const { return replicas_.front().parameters(); }
+    std::vector<float> gradients() const { return replicas_.front().gradients(); }
+    std::vector<float> optimizer_state() const { return replicas_.front().optimizer_state(); }
+    void set_parameters(std::span<const float> w)
+    {
+        for (auto& r : replicas_) r.set_parameters(w);
+    }
+    void set_optimizer_state(std::span<const float> s)
+    {
+        for (auto& r : replicas_) r.set_optimizer_state(s);
+    }
+
+    // ---- the training interface (as Sequential's) ----
+
+    template <class Hook = model::detail::NoHook>
+    double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                            float loss_scale, Hook&& = {})
+    {
+        const std::size_t R = replicas_.size();
+        each([&](std::size_t r) {
+            const Share s = share(n, R, r);
+            model::Pass mine = pass;
+            mine.first_sample = pass.first_sample + s.offset;
+            std::size_t next = 0;
+            auto reduce_ready = [&](std::size_t ready_from) {
+                if constexpr (std::same_as<Dispatch, Threaded>) {
+                    float* g = replicas_[r].gradient_data();
+                    for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next)
+                        comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first);
+                }
+            };
+            try {
+                losses_[r] = replicas_[r].forward_backward(mine, x + s.offset * input_shape::size,
+                                                           labels + s.offset * label_size, s.count, loss_scale,
+                                                           reduce_ready);
+            } catch (...) {
+                comm_->abort();
+                throw;
+            }
+        });
+        if constexpr (std::same_as<Dispatch, SingleThread>)
+            for (const auto& [begin, end] : buckets_) {
+                for (std::size_t r = 0; r < R; ++r) grad_ptrs_[r] = replicas_[r].gradient_data() + begin;
+                comm_->group_all_reduce(grad_ptrs_, end - begin);
+            }
+        double total = 0.0;
+        for (double l : losses_) total += l;
+        return total;
+    }
+
+    template <class Opt>
+    void update(const Opt& opt)
+    {
+        each([&](std::size_t r) { replicas_[r].update(opt); });
+    }
+
+    typename M::Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
+    {
+        std::vector<typename M::Evaluation> parts(replicas_.size());
+        each([&](std::size_t r) {
+            const Share s = share(n, replicas_.size(), r);
+            parts[r] = replicas_[r].evaluate(x + s.offset * input_shape::size, labels + s.offset * label_size, s.count);
+        });
+        typename M::Evaluation total;
+        for (const auto& p : parts) {
+            total.loss_sum += p.loss_sum;
+            total.correct += p.correct;
+        }
+        return total;
+    }
+
+    void predict(const float* x, std::size_t n, float* out)
+    {
+        each([&](std::size_t r) {
+            const Share s = share(n, replicas_.size(), r);
+            replicas_[r].predict(x + s.offset * input_shape::size, s.count, out + s.offset * output_shape::size);
+        });
+    }
+
+private:
+    void start()
+    {
+        comm_ = detail::make_communicator(devices_);
+        buckets_ = detail::make_buckets<typename M::graph>(options_.bucket_floats);
+        losses_.assign(replicas_.size(), 0.0);
+        grad_ptrs_.assign(replicas_.size(), nullptr);
+        if constexpr (std::same_as<Dispatch, Threaded>) {
+            // Replicas, not BLAS, use the cores.
+            if (devices_.front().is_cpu() && replicas_.size() > 1) backend::cpu::set_blas_threads(1);
+            pool_.emplace(replicas_.size());
+        }
+    }
+
+    // f(r) for every replica, as the dispatch policy says.
+    template <class F>
+    void each(F&& f)
+    {
+        if constexpr (std::same_as<Dispatch, Threaded>) pool_->run(f);
+        else
+            for (std::size_t r = 0; r < replicas_.size(); ++r) f(r);
+    }
+
+    std::vector<Device> devices_;
+    DataParallelOptions options_;
+    std::vector<M> replicas_;
+    std::unique_ptr<Communicator> comm_;
+    std::vector<std::pair<std::size_t, std::size_t>> buckets_;
+    std::vector<double> losses_;
+    std::vector<float*> grad_ptrs_;
+    std::optional<WorkerPool> pool_;
+};
+
+template <class T>
+struct is_data_parallel : std::false_type {};
+template <class M, class D>
+struct is_data_parallel<DataParallel<M, D>> : std::true_type {};
+
+} // namespace replica::parallel
+
+namespace replica {
+using parallel::DataParallel;
+using parallel::DataParallelOptions;
+} // namespace replica

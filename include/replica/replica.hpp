@@ -1,0 +1,36 @@
+#pragma once
+// replica: compile-time neural networks, trained data-parallel on one or many devices.
+// The umbrella header; each folder below is one layer of the library (docs/design.md).
+
+#include "replica/core/device.hpp"
+#include "replica/core/error.hpp"
+#include "replica/core/rng.hpp"
+#include "replica/core/shape.hpp"
+#include "replica/core/tensor.hpp"
+
+#include "replica/backend/backend.hpp"
+
+#include "replica/layers/activation.hpp"
+#include "replica/layers/conv.hpp"
+#include "replica/layers/linear.hpp"
+#include "replica/layers/loss.hpp"
+#include "replica/layers/pool.hpp"
+
+#include "replica/model/concat.hpp"
+#include "replica/model/concepts.hpp"
+#include "replica/model/input.hpp"
+#include "replica/model/sequential.hpp"
+
+#include "replica/train/schedule.hpp"
+#include "replica/train/sgd.hpp"
+#include "replica/train/step.hpp"
+
+#include "replica/data/dataset.hpp"
+
+#include "replica/parallel/auto_parallel.hpp"
+#include "replica/parallel/communicator.hpp"
+#include "replica/parallel/data_parallel.hpp"
+#include "replica/parallel/dispatch.hpp"
+#include "replica/parallel/scaling.hpp"
+
+#include "replica/models/lenet.hpp"

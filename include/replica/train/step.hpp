@@ -1,0 +1,71 @@
+#pragma once
+// One training step and the small verbs around it. They work on any model: a Sequential, a
+// DataParallel, or whatever auto_parallel returned.
+//
+//   float loss = train_step(model, opt, batch);   // forward, loss, backward, all-reduce, update
+//   std::vector<float> w = parameters(model);     // host copy of the flat parameter vector
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "replica/data/dataset.hpp"
+#include "replica/model/concepts.hpp"
+
+namespace replica::train {
+
+// Mean loss over the batch (every labelled element of it), after the update.
+template <class M, class Opt>
+float train_step(M& model, const Opt& opt, const data::Batch& batch)
+{
+    core::require(batch.size > 0, "train_step: the batch is empty");
+    const double elements = double(batch.size) * double(M::label_size);
+    const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
+    const double loss_sum = model.forward_backward(pass, batch.inputs, batch.labels, batch.size, float(1.0 / elements));
+    model.update(opt);
+    return float(loss_sum / elements);
+}
+
+template <class M>
+std::vector<float> parameters(const M& model) { return model.parameters(); }
+
+// Outputs (logits) for n samples: n * M::output_shape::size floats.
+template <class M>
+std::vector<float> predict(M& model, const float* inputs, std::size_t n)
+{
+    std::vector<float> out(n * M::output_shape::size);
+    model.predict(inputs, n, out.data());
+    return out;
+}
+
+struct Metrics {
+    double loss = 0.0;       // mean over labelled elements
+    double accuracy = 0.0;   // fraction of labelled elements predicted right
+};
+
+// Loss and accuracy over a whole data set, in chunks of batch_size, dropout off.
+template <class M>
+Metrics evaluate(M& model, const data::Dataset& set, std::size_t batch_size = 1000)
+{
+    core::require(set.count > 0, "evaluate: the data set is empty");
+    double loss = 0.0;
+    std::size_t correct = 0;
+    for (std::size_t begin = 0; begin < set.count; begin += batch_size) {
+        const std::size_t n = std::min(batch_size, set.count - begin);
+        auto e = model.evaluate(set.inputs.data() + begin * set.input_size, set.labels.data() + begin * set.label_size, n);
+        loss += e.loss_sum;
+        correct += e.correct;
+    }
+    const double elements = double(set.count) * double(set.label_size);
+    return {loss / elements, double(correct) / elements};
+}
+
+} // namespace replica::train
+
+namespace replica {
+using train::evaluate;
+using train::Metrics;
+using train::parameters;
+using train::predict;
+using train::train_step;
+} // namespace replica

@@ -1,0 +1,27 @@
+# Shared by scripts/demo, scripts/test and scripts/bench: install what is missing, configure, build.
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="${REPLICA_BUILD_DIR:-$root/build}"
+
+# Installs the Debian packages named that are not installed yet.
+ensure_packages() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing ${missing[*]}" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-dev)
+
+# Configures the build folder once (again if meson.build changed: ninja does that itself).
+configure() {
+    if [ ! -f "$build/build.ninja" ]; then
+        meson setup "$build" "$root" --buildtype=release "$@" >&2
+    fi
+}
