@@ -38,7 +38,7 @@ try {
     const auto train_set = data::load_fashion_mnist(data::Split::train, args.str("data"));
     const auto test_set = data::load_fashion_mnist(data::Split::test, args.str("data"));
 
-    auto model = auto_parallel(LeNet{devices.front(), /*seed=*/std::uint64_t(args.integer("seed"))}, devices,
+    auto model = auto_parallel(LeNet{devices, /*seed=*/std::uint64_t(args.integer("seed"))}, devices,
                                {.dispatch = parallel::parse_dispatch(args.str("dispatch"))});
     SGD opt{{.lr = float(args.real("lr")), .momentum = float(args.real("momentum")),
              .weight_decay = float(args.real("weight-decay"))}};

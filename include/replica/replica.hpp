@@ -33,4 +33,4 @@
 #include "replica/parallel/dispatch.hpp"
 #include "replica/parallel/scaling.hpp"
 
-#include "replica/models/lenet.hpp"
+#include "replica/models/models.hpp"

@@ -46,11 +46,12 @@ void update_op(O& op, Ctx& ctx, const Opt& opt, float* w, const float* g, float*
     else opt.apply(ctx, w, g, state, O::param_count);
 }
 
-// Tells an op its parameters were set from outside (initialised, loaded): replicas copy them.
+// Tells an op its parameters (and optimizer state, when not null: `per` floats a parameter) were set
+// from outside (initialised, loaded): replicas copy them.
 template <class O, class Ctx>
-void sync_op(O& op, Ctx& ctx, const float* w)
+void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t per)
 {
-    if constexpr (requires { op.sync(ctx, w); }) op.sync(ctx, w);
+    if constexpr (requires { op.sync(ctx, w, state, per); }) op.sync(ctx, w, state, per);
 }
 } // namespace detail
 
@@ -165,10 +166,13 @@ public:
     }
 
     template <class Ctx>
-    void sync(Ctx& ctx, const float* w)
+    void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
     {
         if constexpr (has_data_parallel)
-            core::static_for<N>([&](auto i) { detail::sync_op(std::get<i>(ops_), ctx, w + param_offset[i]); });
+            core::static_for<N>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
+            });
     }
 
 private:

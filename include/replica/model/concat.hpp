@@ -127,9 +127,12 @@ struct Concat {
         }
 
         template <class Ctx>
-        void sync(Ctx& ctx, const float* w)
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
         {
-            core::static_for<B>([&](auto i) { detail::sync_op(std::get<i>(ops_), ctx, w + param_offset[i]); });
+            core::static_for<B>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
+            });
         }
 
     private:

@@ -61,8 +61,15 @@ class Sequential {
 public:
     // ---- as a layer ----
     template <class In>
+    static constexpr bool input_matches()
+    {
+        if constexpr (entries::has_input) return std::is_same_v<typename entries::input_shape, In>;
+        else return true;
+    }
+
+    template <class In>
     struct op : entries::template chain<In> {
-        static_assert(!entries::has_input || std::is_same_v<typename entries::input_shape, In>,
+        static_assert(input_matches<In>(),
                       "a nested model's Input<...> does not match the shape that reaches it: fix the Input "
                       "or the layers before it");
         using entries::template chain<In>::chain;
@@ -79,11 +86,12 @@ public:
     // On the default device (the first GPU, or the CPU); nested DataParallels use every default device.
     Sequential() : Sequential(backend::default_devices()) {}
     explicit Sequential(Device device, std::uint64_t seed = 0) : Sequential(std::vector<Device>{device}, seed) {}
-    // devices[0] holds the model; a nested DataParallel replicates over all of them.
-    explicit Sequential(std::vector<Device> devices, std::uint64_t seed = 0)
+    // devices[0] holds the model; a nested DataParallel replicates over all of them. first_layer_id
+    // numbers the layers (for random streams) when the model is a replica nested in a larger one.
+    explicit Sequential(std::vector<Device> devices, std::uint64_t seed = 0, std::uint32_t first_layer_id = 0)
         : devices_(check_devices(std::move(devices))),
           ctx_(backend::make_context(devices_.front())),
-          graph_(Build{0, devices_})
+          graph_(Build{first_layer_id, devices_})
     {
         visit([&](auto& ctx) {
             params_ = ctx.template allocate<float>(param_count);
@@ -99,7 +107,18 @@ public:
 
     const Device& device() const { return devices_.front(); }
     std::span<const Device> devices() const { return devices_; }
-    std::size_t replica_count() const { return 1; }
+    // Devices that hold a replica of (part of) the model: all of them with a nested DataParallel.
+    std::size_t replica_count() const { return graph::has_data_parallel ? devices_.size() : 1; }
+    std::string description() const
+    {
+        std::string s = device().name();
+        if constexpr (graph::has_data_parallel) {
+            s += " (nested DataParallel over ";
+            for (std::size_t i = 0; i < devices_.size(); ++i) s += (i ? "," : "") + devices_[i].name();
+            s += ")";
+        }
+        return s;
+    }
 
     // Host copies of the flat parameter and gradient vectors.
     std::vector<float> parameters() const { return download(params_, param_count); }
@@ -111,7 +130,7 @@ public:
                                                    " values, the model has " + std::to_string(param_count));
         visit([&](auto& ctx) {
             ctx.upload(params_.data(), w.data(), param_count);
-            graph_.sync(ctx, params_.data());
+            graph_.sync(ctx, params_.data(), nullptr, 0);
         });
     }
 
@@ -120,8 +139,11 @@ public:
     void set_optimizer_state(std::span<const float> s)
     {
         visit([&](auto& ctx) {
+            core::require(s.size() % param_count == 0, "set_optimizer_state: " + std::to_string(s.size()) +
+                                                              " values is not a whole number per parameter");
             if (state_.size() != s.size()) state_ = ctx.template allocate<float>(s.size());
             ctx.upload(state_.data(), s.data(), s.size());
+            graph_.sync(ctx, params_.data(), state_.data(), s.size() / param_count);
         });
     }
 
@@ -150,6 +172,34 @@ public:
                                          .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
                             hook);
             return loss_sum;
+        });
+    }
+
+    // The two halves of forward_backward, for a replica nested in a larger model (DataParallel::op):
+    // forward_train keeps its activations for backward_from, which ASSIGNS the gradients and writes
+    // the input gradient to dx (host-visible memory; may be null).
+    const float* forward_train(const Pass& pass, const float* x, std::size_t n)
+    {
+        return visit([&](auto& ctx) -> const float* {
+            reserve(ctx, n);
+            last_x_ = ctx.stage(x, input_stage_.data(), n * input_shape::size);
+            last_n_ = n;
+            if (n) graph_.forward(ctx, pass, forward_args(last_x_, n));
+            return y(n);
+        });
+    }
+    void backward_from(const Pass& pass, const float* dy_in, float* dx)
+    {
+        visit([&](auto& ctx) {
+            const std::size_t n = last_n_;
+            if (n == 0) {
+                fill(ctx, grads_.data(), 0.0f, param_count);
+                return;
+            }
+            const float* dyd = ctx.stage(dy_in, dy(n), n * output_shape::size);
+            graph_.backward(ctx, pass,
+                            BackwardArgs{.params = params_.data(), .x = last_x_, .y = y(n), .dy = dyd, .dx = dx,
+                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)});
         });
     }
 
@@ -253,6 +303,8 @@ private:
     core::Buffer<float> input_stage_;
     core::Buffer<std::int32_t> label_stage_;
     std::size_t capacity_ = 0;
+    const float* last_x_ = nullptr;
+    std::size_t last_n_ = 0;
 };
 
 template <class T>

@@ -6,12 +6,16 @@
 #include "replica/layers/linear.hpp"
 #include "replica/layers/pool.hpp"
 #include "replica/model/sequential.hpp"
+#include "replica/models/default_batch.hpp"
 
 namespace replica::models {
 
 using LeNet = Sequential<Input<1, 28, 28>,
                          Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>,
                          Flatten, Linear<500>, ReLU, Linear<10>>;
+
+template <>
+inline constexpr std::size_t default_batch_size<LeNet> = 64;
 
 } // namespace replica::models
 

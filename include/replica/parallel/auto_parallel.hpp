@@ -73,7 +73,7 @@ public:
         return std::visit(
             [](const auto& m) -> std::string {
                 using T = std::decay_t<decltype(m)>;
-                if constexpr (std::same_as<T, M>) return m.device().name();
+                if constexpr (std::same_as<T, M>) return m.description();
                 else {
                     std::string s = std::string("DataParallel<") + T::dispatch::name + "> over ";
                     for (std::size_t i = 0; i < m.devices().size(); ++i) s += (i ? "," : "") + m.devices()[i].name();

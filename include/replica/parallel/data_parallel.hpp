@@ -120,6 +120,126 @@ public:
         start();
     }
 
+    // ---- as a layer: Sequential<Input<...>, DataParallel<Features, Threaded>, Classifier> ----
+    // Replica 0 runs in the parent model's context on the parent's memory (its parameters are the
+    // parent's slice); replicas 1.. are models of their own on the other devices of the parent's
+    // list. Forward scatters the input and gathers the outputs into the parent's output; backward
+    // scatters the output gradient, all-reduces the replicas' parameter gradients into the parent's
+    // slice and gathers the input gradient. Each replica applies the update to its own copy.
+    template <class In>
+    class op {
+        static_assert(std::is_same_v<In, typename M::input_shape>,
+                      "DataParallel<M> nested in a model: M's Input<...> must match the shape that reaches it");
+        using graph = typename M::graph;
+
+    public:
+        using input_shape = In;
+        using output_shape = typename M::output_shape;
+        static constexpr std::size_t param_count = M::param_count;
+        static constexpr std::uint32_t layer_count = graph::layer_count;
+        static constexpr std::size_t saved_size = graph::saved_size;
+        static constexpr bool has_data_parallel = true;
+
+        explicit op(const model::Build& b) : graph0_(model::Build{b.layer_id, b.devices.first(1)})
+        {
+            core::require(!b.devices.empty(), "a nested DataParallel needs at least one device");
+            for (std::size_t r = 1; r < b.devices.size(); ++r)
+                others_.emplace_back(std::vector<Device>{b.devices[r]}, 0, b.layer_id);
+            comm_ = detail::make_communicator(b.devices);
+            grad_ptrs_.assign(b.devices.size(), nullptr);
+            if constexpr (std::same_as<Dispatch, Threaded>) {
+                if (b.devices.front().is_cpu() && b.devices.size() > 1) backend::cpu::set_blas_threads(1);
+                pool_ = std::make_unique<WorkerPool>(b.devices.size());
+            }
+        }
+
+        std::size_t replica_count() const { return others_.size() + 1; }
+
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return graph0_.scratch_size(ctx, n); }
+        void init(float* params, std::uint64_t seed) const { graph0_.init(params, seed); }
+
+        template <class Ctx>
+        void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a)
+        {
+            each([&](std::size_t r) {
+                const Share s = share(a.n, replica_count(), r);
+                const model::Pass mine = shifted(pass, s);
+                if (r == 0) {
+                    if (s.count) graph0_.forward(ctx, mine, model::ForwardArgs{a.params, a.x, a.y, s.count, a.saved, a.scratch});
+                    return;
+                }
+                M& m = others_[r - 1];
+                const float* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count);
+                m.visit([&](auto& c) { c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size); });
+            });
+        }
+
+        template <class Ctx>
+        void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs& a)
+        {
+            each([&](std::size_t r) {
+                const Share s = share(a.n, replica_count(), r);
+                const model::Pass mine = shifted(pass, s);
+                float* dx = a.dx ? a.dx + s.offset * input_shape::size : nullptr;
+                if (r == 0) {
+                    if (s.count)
+                        graph0_.backward(ctx, mine, model::BackwardArgs{a.params, a.x, a.y, a.dy, dx, a.dparams,
+                                                                        s.count, a.saved, a.scratch});
+                    else fill(ctx, a.dparams, 0.0f, param_count);
+                    return;
+                }
+                others_[r - 1].backward_from(mine, a.dy + s.offset * output_shape::size, dx);
+            });
+            grad_ptrs_[0] = a.dparams;
+            for (std::size_t r = 1; r < replica_count(); ++r) grad_ptrs_[r] = others_[r - 1].gradient_data();
+            comm_->group_all_reduce(grad_ptrs_, param_count);
+        }
+
+        template <class Ctx, class Opt>
+        void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+        {
+            each([&](std::size_t r) {
+                if (r == 0) opt.apply(ctx, w, g, state, param_count);
+                else others_[r - 1].update(opt);
+            });
+        }
+
+        // The parent set its parameters (and optimizer state): copy replica 0's slice to the others.
+        template <class Ctx>
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
+        {
+            if (others_.empty()) return;
+            std::vector<float> host(param_count * (state ? per : 1));
+            ctx.download(host.data(), state ? state : w, host.size());
+            ctx.synchronize();
+            for (auto& m : others_) {
+                if (state) m.set_optimizer_state(host);
+                else m.set_parameters(host);
+            }
+        }
+
+    private:
+        static model::Pass shifted(model::Pass p, const Share& s)
+        {
+            p.first_sample += s.offset;
+            return p;
+        }
+        template <class F>
+        void each(F&& f)
+        {
+            if constexpr (std::same_as<Dispatch, Threaded>) pool_->run(f);
+            else
+                for (std::size_t r = 0; r < replica_count(); ++r) f(r);
+        }
+
+        graph graph0_;
+        std::vector<M> others_;
+        std::unique_ptr<Communicator> comm_;
+        std::vector<float*> grad_ptrs_;
+        std::unique_ptr<WorkerPool> pool_;
+    };
+
     std::size_t replica_count() const { return replicas_.size(); }
     std::span<const Device> devices() const { return devices_; }
     const Device& device() const { return devices_.front(); }
@@ -216,7 +336,7 @@ private:
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
             if (devices_.front().is_cpu() && replicas_.size() > 1) backend::cpu::set_blas_threads(1);
-            pool_.emplace(replicas_.size());
+            pool_ = std::make_unique<WorkerPool>(replicas_.size());
         }
     }
 
@@ -236,7 +356,7 @@ private:
     std::vector<std::pair<std::size_t, std::size_t>> buckets_;
     std::vector<double> losses_;
     std::vector<float*> grad_ptrs_;
-    std::optional<WorkerPool> pool_;
+    std::unique_ptr<WorkerPool> pool_;
 };
 
 template <class T>

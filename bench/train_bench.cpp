@@ -1,0 +1,102 @@
+// Training-step benchmark: any standard network on synthetic data (uniform in [-1, 1), never all zero),
+// on given devices, dispatch policy and scaling. Warms up, then reports the median step time.
+//
+//   train_bench --model lenet --devices cpu:0 --steps 50
+//   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
+//
+// Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "../examples/support/args.hpp"
+#include "replica/data/synthetic.hpp"
+#include "replica/replica.hpp"
+
+using namespace replica;
+
+namespace {
+
+struct Settings {
+    std::string model;
+    std::size_t batch, steps, warmup;
+    std::vector<Device> devices;
+    DispatchChoice dispatch;
+    Scaling scaling;
+    bool json;
+    int blas_threads;
+};
+
+template <class M>
+int run(const Settings& s)
+{
+    const std::size_t batch = s.batch ? s.batch : default_batch_size<M>;
+    auto model = auto_parallel(M{s.devices}, s.devices, {.dispatch = s.dispatch});
+    if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
+    const std::size_t global = parallel::global_batch(batch, model.replica_count(), s.scaling);
+    // Two distinct batches, alternated, so no step sees the data of the step before.
+    const auto set = data::synthetic_dataset(2 * global, M::input_shape::size, M::label_size, M::output_shape::dims[0], 1);
+    SGD opt{{.lr = 0.001f, .momentum = 0.9f}};
+
+    std::vector<double> times;
+    float loss = 0.0f;
+    for (std::size_t i = 0; i < s.warmup + s.steps; ++i) {
+        const std::size_t half = i % 2;
+        const Batch b{set.inputs.data() + half * global * set.input_size, set.labels.data() + half * global * set.label_size,
+                      global, i * global, 1};
+        const auto t0 = std::chrono::steady_clock::now();
+        loss = train_step(model, opt, b);   // returns after the step has finished on every device
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    const double rate = double(global) / (median / 1000.0);
+    const char* dispatch = s.dispatch == DispatchChoice::threaded ? "threaded" : "single";
+    if (s.json)
+        std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"device\": \"%s\", \"dispatch\": \"%s\", "
+                    "\"scaling\": \"%s\", \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
+                    "\"min_ms\": %.4f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
+                    s.model.c_str(), model.replica_count(), s.devices.front().name().c_str(), dispatch,
+                    s.scaling == Scaling::weak ? "weak" : "strong", batch, global, s.steps, median, times.front(), rate, loss);
+    else
+        std::printf("%s on %s: batch %zu (global %zu), median step %.3f ms (min %.3f), %.0f samples/s, loss %.4f\n",
+                    s.model.c_str(), model.description().c_str(), batch, global, median, times.front(), rate, loss);
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+try {
+    examples::Args args("train_bench", "median training-step time of a standard network on synthetic data");
+    args.option("model", "lenet", "lenet, alexnet (features replicated), alexnet-plain, googlenet, textcnn or fcn")
+        .option("batch", "0", "batch size (0: the network's default); global with strong scaling, per device with weak")
+        .option("steps", "20", "timed steps")
+        .option("warmup", "3", "untimed steps first")
+        .option("devices", "all", "all, or a list such as cpu:0,cpu:1 or cuda:0,cuda:1")
+        .option("dispatch", "single", "single or threaded")
+        .option("scaling", "strong", "strong or weak")
+        .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
+        .flag("json", "print one JSON object");
+    args.parse(argc, argv);
+    Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"),
+               args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices")),
+               parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
+               args.on("json"), int(args.integer("blas-threads"))};
+    core::require(s.steps > 0, "--steps must be at least 1");
+    if (s.model == "lenet") return run<LeNet>(s);
+    if (s.model == "alexnet") return run<AlexNet>(s);
+    if (s.model == "alexnet-plain") return run<AlexNetPlain>(s);
+    if (s.model == "googlenet") return run<GoogLeNet>(s);
+    if (s.model == "textcnn") return run<TextCNN>(s);
+    if (s.model == "fcn") return run<FCN>(s);
+    throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn or fcn");
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+}

@@ -1,0 +1,69 @@
+#pragma once
+// Small models for the tests: the same kinds of network as the standard ones, sized for a CI machine.
+
+#include "replica/replica.hpp"
+
+namespace replica::testing {
+
+// AlexNet-like: convolutional features, then a classifier with dropout.
+using SmallFeatures = Sequential<Input<3, 32, 32>, Conv2d<8, 5, 1, 2>, ReLU, MaxPool2d<2>,
+                                 Conv2d<16, 3, 1, 1>, ReLU, MaxPool2d<2>>;                 // -> 16x8x8
+using SmallClassifier = Sequential<Input<16, 8, 8>, Flatten, Dropout<0.5>, Linear<32>, ReLU, Linear<10>>;
+// Only the features replicated, as DIGITS' AlexNet; and the same network without the nesting.
+template <class Dispatch>
+using SmallAlexNet = Sequential<Input<3, 32, 32>, DataParallel<SmallFeatures, Dispatch>, SmallClassifier>;
+using SmallAlexNetPlain = Sequential<Input<3, 32, 32>, SmallFeatures, SmallClassifier>;
+
+// Inception-like block and dropout.
+using ConcatDropoutNet = Sequential<Input<3, 12, 12>, Conv2d<8, 3, 1, 1>, ReLU,
+                                    Concat<Sequential<Conv2d<4, 1>, ReLU>,
+                                           Sequential<Conv2d<4, 1>, ReLU, Conv2d<6, 3, 1, 1>, ReLU>,
+                                           Sequential<MaxPool2d<3, 1, 1>, Conv2d<4, 1>, ReLU>>,
+                                    MaxPool2dCeil<3, 2>, Flatten, Dropout<0.3>, Linear<10>>;
+
+// The FCN's layers (two convolutions, a deconvolution, per-pixel loss) on 32x32 images, 5 classes.
+using SmallFCN = Sequential<Input<3, 32, 32>, Conv2d<32, 3, 1, 1>, ReLU, Conv2d<64, 3, 2, 1>, ReLU,
+                            ConvTranspose2d<5, 4, 2, 1>>;
+
+// Deterministic random inputs in [-1, 1) and labels for model M.
+template <class M>
+struct RandomBatches {
+    std::vector<float> inputs;
+    std::vector<std::int32_t> labels;
+    std::size_t size;
+
+    RandomBatches(std::size_t n, std::uint64_t seed) : size(n)
+    {
+        inputs.resize(n * M::input_shape::size);
+        labels.resize(n * M::label_size);
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            inputs[i] = 2.0f * core::random_uniform(seed, core::Stream::synthetic, 0, i / 4096, std::uint32_t(i % 4096)) - 1.0f;
+        const std::uint32_t classes = std::uint32_t(M::output_shape::dims[0]);
+        for (std::size_t i = 0; i < labels.size(); ++i)
+            labels[i] = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 1, i, 0) % classes);
+    }
+    // Samples [begin, begin + n) as a batch whose global indices start at first_sample.
+    Batch batch(std::size_t begin, std::size_t n, std::uint64_t first_sample, std::uint64_t seed = 7) const
+    {
+        return Batch{inputs.data() + begin * M::input_shape::size, labels.data() + begin * M::label_size, n,
+                     first_sample, seed};
+    }
+};
+
+inline std::vector<Device> cpus(std::size_t n)
+{
+    std::vector<Device> d;
+    for (std::size_t i = 0; i < n; ++i) d.push_back(Device::cpu(int(i)));
+    return d;
+}
+
+// Largest |a - b| / (|a| + |b| + floor) over elements: a relative error that stays meaningful near 0.
+inline double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-3)
+{
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (std::abs(double(a[i])) + std::abs(double(b[i])) + floor));
+    return worst;
+}
+
+} // namespace replica::testing

@@ -1,0 +1,835 @@
+// Layers on the CPU backend: numerical gradient checks, forward values against a float64 reference
+// written from each layer's definition, dropout masks, parameter initialisation, and shapes (at
+// compile time).
+//
+// Random tests draw a fresh seed each run from std::random_device and print it on failure; set
+// REPLICA_TEST_SEED=<seed> to rerun one.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <source_location>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "replica/replica.hpp"
+
+#include "catch.hpp"
+
+namespace {
+
+using namespace replica;
+using Ctx = backend::cpu::Context;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// What an op is built with here: layer id `id` on the one CPU device.
+const Device kCpu[] = {Device::cpu()};
+model::Build build(std::uint32_t id) { return model::Build{.layer_id = id, .devices = kCpu}; }
+
+// ---------------------------------------------------------------------------------------------
+// Compile-time facts: output shapes, parameter counts, concepts.
+
+template <class L, class In>
+using op_of = typename L::template op<In>;
+template <class L, class In>
+using out_of = typename op_of<L, In>::output_shape;
+
+static_assert(model::Layer<ReLU>);
+static_assert(!model::Layer<int>);
+static_assert(model::Layer<Conv2d<8, 3>> && model::Layer<Linear<10>> && model::Layer<GlobalAvgPool>);
+static_assert(model::Layer<Sequential<Conv2d<4, 3>, ReLU>>);
+static_assert(model::Layer<Concat<Conv2d<4, 1>, MaxPool2d<3, 1, 1>>>);
+static_assert(model::Op<op_of<Conv2d<4, 3>, Shape<2, 7, 7>>>);
+static_assert(model::Op<op_of<Concat<Conv2d<4, 1>, ReLU>, Shape<2, 7, 7>>>);
+
+// Convolutions: (h + 2 pad - k) / stride + 1; transposed: (h - 1) stride - 2 pad + k.
+static_assert(std::is_same_v<out_of<Conv2d<64, 11, 4, 2>, Shape<3, 224, 224>>, Shape<64, 55, 55>>);
+static_assert(op_of<Conv2d<64, 11, 4, 2>, Shape<3, 224, 224>>::param_count == 64 * 3 * 11 * 11 + 64);
+static_assert(std::is_same_v<out_of<Conv2d<20, 5>, Shape<1, 28, 28>>, Shape<20, 24, 24>>);
+static_assert(std::is_same_v<out_of<Conv2d<4, 3, 2, 1>, Shape<2, 7, 6>>, Shape<4, 4, 3>>);
+static_assert(std::is_same_v<out_of<Conv2d<3, 2, 2>, Shape<2, 7, 7>>, Shape<3, 3, 3>>);
+static_assert(std::is_same_v<out_of<Conv1d<256, 7>, Shape<69, 1014>>, Shape<256, 1008>>);
+static_assert(op_of<Conv1d<256, 7>, Shape<69, 1014>>::param_count == 256 * 69 * 7 + 256);
+static_assert(std::is_same_v<out_of<Conv1d<3, 5, 2, 2>, Shape<3, 13>>, Shape<3, 7>>);
+static_assert(std::is_same_v<out_of<ConvTranspose2d<21, 4, 2, 1>, Shape<64, 128, 128>>, Shape<21, 256, 256>>);
+static_assert(op_of<ConvTranspose2d<21, 4, 2, 1>, Shape<64, 128, 128>>::param_count == 64 * 21 * 4 * 4 + 21);
+static_assert(std::is_same_v<out_of<ConvTranspose2d<2, 3>, Shape<3, 5, 4>>, Shape<2, 7, 6>>);
+static_assert(std::is_same_v<out_of<Linear<10>, Shape<500>>, Shape<10>>);
+static_assert(op_of<Linear<10>, Shape<500>>::param_count == 5010);
+
+// Pooling: floor drops a partial last window; ceil keeps it when it starts inside the (left-padded) input.
+static_assert(std::is_same_v<out_of<MaxPool2dCeil<3, 2>, Shape<64, 112, 112>>, Shape<64, 56, 56>>);
+static_assert(std::is_same_v<out_of<MaxPool2d<3, 2>, Shape<64, 112, 112>>, Shape<64, 55, 55>>);
+static_assert(std::is_same_v<out_of<MaxPool2dCeil<3, 2>, Shape<2, 8, 7>>, Shape<2, 4, 3>>);
+static_assert(std::is_same_v<out_of<MaxPool2dCeil<2, 2, 1>, Shape<1, 5, 5>>, Shape<1, 3, 3>>);   // 4th window would start in the padding
+static_assert(std::is_same_v<out_of<MaxPool2d<2>, Shape<3, 6, 5>>, Shape<3, 3, 2>>);
+static_assert(std::is_same_v<out_of<MaxPool2d<3, 2, 1>, Shape<2, 7, 6>>, Shape<2, 4, 3>>);
+static_assert(std::is_same_v<out_of<MaxPool1d<3>, Shape<256, 1008>>, Shape<256, 336>>);
+static_assert(std::is_same_v<out_of<MaxPool1d<3, 2>, Shape<3, 11>>, Shape<3, 5>>);
+static_assert(std::is_same_v<out_of<AvgPool2d<3, 2, 1>, Shape<2, 7, 6>>, Shape<2, 4, 3>>);
+static_assert(std::is_same_v<out_of<GlobalAvgPool, Shape<512, 7, 7>>, Shape<512>>);
+static_assert(op_of<MaxPool2d<2>, Shape<3, 6, 5>>::param_count == 0);
+
+// Elementwise and reshaping layers.
+static_assert(std::is_same_v<out_of<ReLU, Shape<3, 4, 5>>, Shape<3, 4, 5>>);
+static_assert(std::is_same_v<out_of<Dropout<0.5>, Shape<4096>>, Shape<4096>>);
+static_assert(std::is_same_v<out_of<Flatten, Shape<50, 4, 4>>, Shape<800>>);
+
+// Composites: channels add up in Concat; a nested Sequential sums parameters and layer ids and keeps
+// the inner activations as saved state.
+using Inception = Concat<Conv2d<64, 1>, Sequential<MaxPool2d<3, 1, 1>, Conv2d<32, 1>>>;
+static_assert(std::is_same_v<out_of<Inception, Shape<192, 28, 28>>, Shape<96, 28, 28>>);
+static_assert(op_of<Inception, Shape<192, 28, 28>>::param_count == (64 * 192 + 64) + (32 * 192 + 32));
+static_assert(op_of<Inception, Shape<192, 28, 28>>::layer_count == 3);
+using LeNetBody = Sequential<Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>, Flatten, Linear<500>, ReLU,
+                             Linear<10>>;
+static_assert(std::is_same_v<out_of<LeNetBody, Shape<1, 28, 28>>, Shape<10>>);
+static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::param_count == 431080);
+static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::layer_count == 8);
+static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::saved_size == 2 * 3 * 3);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+std::uint64_t run_seed()
+{
+    if (const char* s = std::getenv("REPLICA_TEST_SEED")) return std::strtoull(s, nullptr, 0);
+    std::random_device rd;
+    return (std::uint64_t(rd()) << 32) ^ rd();
+}
+
+// "Conv2d<4, 3, 2, 1>" from the compiler's name of T.
+template <class T>
+std::string type_name()
+{
+    const std::string_view f = std::source_location::current().function_name();
+    const auto b = f.find("T = ");
+    if (b == std::string_view::npos) return std::string(f);
+    auto e = f.find(';', b);
+    if (e == std::string_view::npos) e = f.rfind(']');
+    std::string s(f.substr(b + 4, e - b - 4));
+    for (std::string_view prefix : {"replica::layers::", "replica::model::", "replica::"})
+        for (auto p = s.find(prefix); p != std::string::npos; p = s.find(prefix)) s.erase(p, prefix.size());
+    return s;
+}
+
+std::vector<float> uniform(std::size_t count, float lo, float hi, std::mt19937_64& rng)
+{
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(count);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// Distinct values 0.005 + 0.01 k, centred on zero and shuffled: no ReLU kink (|x| >= 0.005) and no
+// max-pool tie (gaps of 0.01) lies within a finite-difference step of 1e-3.
+std::vector<float> grid_input(std::size_t count, std::mt19937_64& rng)
+{
+    std::vector<float> v(count);
+    for (std::size_t k = 0; k < count; ++k) v[k] = float(0.005 + 0.01 * (double(k) - double(count / 2)));
+    std::shuffle(v.begin(), v.end(), rng);
+    return v;
+}
+
+// Up to `most` distinct indices in [0, count), in random order.
+std::vector<std::size_t> pick(std::size_t count, std::size_t most, std::mt19937_64& rng)
+{
+    std::vector<std::size_t> idx(count);
+    std::iota(idx.begin(), idx.end(), std::size_t{0});
+    std::shuffle(idx.begin(), idx.end(), rng);
+    idx.resize(std::min(count, most));
+    return idx;
+}
+
+// One op bound to its buffers: parameters, output, saved state, scratch. Output, saved state and
+// scratch are poisoned with NaN before each call, so a kernel that leaves part of its output
+// unwritten, or reads scratch it did not write, shows up as NaN.
+template <class L, class In>
+struct Bound {
+    using O = op_of<L, In>;
+    using Out = typename O::output_shape;
+    Ctx ctx{Device::cpu()};
+    O op;
+    std::size_t n;
+    std::vector<float> params, y, saved, scratch;
+
+    explicit Bound(std::size_t n_, std::uint32_t layer_id = 3)
+        : op(build(layer_id)), n(n_), params(O::param_count), y(n_ * Out::size),
+          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_))
+    {
+    }
+
+    void forward(const model::Pass& pass, const float* x)
+    {
+        std::fill(y.begin(), y.end(), kNaN);
+        std::fill(saved.begin(), saved.end(), kNaN);
+        std::fill(scratch.begin(), scratch.end(), kNaN);
+        op.forward(ctx, pass, model::ForwardArgs{.params = params.data(), .x = x, .y = y.data(), .n = n,
+                                                 .saved = saved.data(), .scratch = scratch.data()});
+    }
+
+    // dx (may be null) and dparams are poisoned first: backward must assign them.
+    void backward(const model::Pass& pass, const float* x, const float* dy, float* dx, float* dparams)
+    {
+        if (dx) std::fill(dx, dx + n * In::size, kNaN);
+        std::fill(dparams, dparams + O::param_count, kNaN);
+        std::fill(scratch.begin(), scratch.end(), kNaN);
+        op.backward(ctx, pass, model::BackwardArgs{.params = params.data(), .x = x, .y = y.data(), .dy = dy,
+                                                   .dx = dx, .dparams = dparams, .n = n, .saved = saved.data(),
+                                                   .scratch = scratch.data()});
+    }
+};
+
+// |got - want| <= rel * max(|want|, 1): relative, with an absolute floor of `rel`.
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double rel, const char* what)
+{
+    REQUIRE(got.size() == want.size());
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const double err = std::abs(double(got[i]) - want[i]);
+        if (!(err <= rel * std::max(std::abs(want[i]), 1.0))) {
+            if (bad++ == 0) first = i;
+        }
+    }
+    INFO(what << ": " << bad << " of " << got.size() << " values off"
+              << (bad ? "; first at " + std::to_string(first) + ": got " + std::to_string(got[first]) +
+                            ", want " + std::to_string(want[first])
+                      : std::string()));
+    CHECK(bad == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numerical gradient check.
+//
+// L = sum_i y_i r_i with random r (so dy = r), accumulated in double. Central differences with step
+// eps = 1e-3 on up to 40 random input elements and 40 random parameters; the step is taken as the
+// difference of the two float values actually fed in.
+//
+// Tolerance: |num - ana| <= 1e-2 * max(|num|, |ana|) + 2e-3. The absolute term covers float rounding
+// of y (about 1e-7 relative on O(1) outputs) divided by the step.
+//
+// `kinks`: set for composites where a ReLU or max pool acts on computed values (which no input grid
+// keeps away from a kink). Each layer here is piecewise linear in any single input or parameter, so
+// the forward and backward one-sided differences agree unless a kink lies within the step; such
+// elements are skipped (at most a quarter of them). Without `kinks`, nothing is skipped.
+
+constexpr double kEps = 1e-3;
+
+bool gradient_close(double num, double ana)
+{
+    return std::abs(num - ana) <= 1e-2 * std::max(std::abs(num), std::abs(ana)) + 2e-3;
+}
+
+struct GradOptions {
+    bool kinks = false;
+};
+
+template <class L, class In>
+void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options = {})
+{
+    using B = Bound<L, In>;
+    using Out = typename B::Out;
+    constexpr std::size_t P = B::O::param_count;
+
+    const std::uint64_t seed = run_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed
+                        << " (REPLICA_TEST_SEED=" << seed << " reruns it)");
+    std::mt19937_64 rng(seed);
+
+    B b(n);
+    std::vector<float> x = grid_input(n * In::size, rng);
+    const std::vector<float> r = uniform(n * Out::size, -1.0f, 1.0f, rng);
+    b.op.init(b.params.data(), seed);
+    for (float& p : b.params) p += std::uniform_real_distribution<float>(-0.05f, 0.05f)(rng);
+
+    auto loss = [&] {
+        b.forward(pass, x.data());
+        double l = 0.0;
+        for (std::size_t i = 0; i < b.y.size(); ++i) l += double(b.y[i]) * double(r[i]);
+        return l;
+    };
+
+    // Analytic gradients.
+    std::vector<float> dx(n * In::size), dparams(P);
+    const double l0 = loss();
+    REQUIRE(std::isfinite(l0));
+    b.backward(pass, x.data(), r.data(), dx.data(), dparams.data());
+    CHECK(std::all_of(dx.begin(), dx.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(std::all_of(dparams.begin(), dparams.end(), [](float v) { return std::isfinite(v); }));
+
+    // Numerical gradients of the same loss at v[i].
+    auto compare = [&](std::vector<float>& v, const std::vector<float>& analytic, const char* what) {
+        std::size_t checked = 0, skipped = 0, bad = 0;
+        std::ostringstream failures;
+        for (std::size_t i : pick(v.size(), 40, rng)) {
+            const float v0 = v[i];
+            auto loss_at = [&](double step) {
+                v[i] = float(double(v0) + step);
+                const double l = loss();
+                return std::pair{double(v[i]), l};
+            };
+            const auto [vm, lm] = loss_at(-kEps);
+            const auto [vp, lp] = loss_at(kEps);
+            v[i] = v0;
+            ++checked;
+            const double num = (lp - lm) / (vp - vm);
+            if (options.kinks) {
+                // The slopes over each half of each side all equal the central difference unless a kink
+                // lies within the step.
+                const auto [vmh, lmh] = loss_at(-kEps / 2);
+                const auto [vph, lph] = loss_at(kEps / 2);
+                v[i] = v0;
+                const double slopes[] = {(lmh - lm) / (vmh - vm), (l0 - lmh) / (double(v0) - vmh),
+                                         (lph - l0) / (vph - double(v0)), (lp - lph) / (vp - vph)};
+                if (!std::all_of(std::begin(slopes), std::end(slopes), [&](double s) { return gradient_close(s, num); })) {
+                    ++skipped;
+                    continue;
+                }
+            }
+            const double ana = analytic[i];
+            if (!gradient_close(num, ana) && bad++ < 8)
+                failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana;
+        }
+        INFO(what << ": " << bad << " of " << checked << " elements off (" << skipped << " skipped at kinks)"
+                  << failures.str());
+        CHECK(bad == 0);
+        CHECK(skipped * 4 <= checked);
+    };
+    compare(x, dx, "dx");
+    if constexpr (P > 0) compare(b.params, dparams, "dparams");
+
+    // dx == nullptr: the same parameter gradients (to float rounding).
+    std::vector<float> dparams_alone(P);
+    loss();
+    b.backward(pass, x.data(), r.data(), nullptr, dparams_alone.data());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < P; ++i)
+        if (!(std::abs(dparams_alone[i] - dparams[i]) <= 1e-6f * std::max(std::abs(dparams[i]), 1.0f))) ++differ;
+    INFO("backward without dx: " << differ << " of " << P << " parameter gradients differ");
+    CHECK(differ == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float64 references, straight from the definitions.
+
+struct ConvGeometry {
+    std::size_t n, c, h, w, out, k, stride, pad, oh, ow;
+};
+
+// y[s][co][oy][ox] = b[co] + sum x[s][ci][oy*S - P + ki][ox*S - P + kj] * w[co][ci][ki][kj] (zero outside).
+std::vector<double> ref_conv2d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
+{
+    std::vector<double> y(g.n * g.out * g.oh * g.ow);
+    for (std::size_t s = 0; s < g.n; ++s)
+        for (std::size_t co = 0; co < g.out; ++co)
+            for (std::size_t oy = 0; oy < g.oh; ++oy)
+                for (std::size_t ox = 0; ox < g.ow; ++ox) {
+                    double acc = bias[co];
+                    for (std::size_t ci = 0; ci < g.c; ++ci)
+                        for (std::size_t ki = 0; ki < g.k; ++ki)
+                            for (std::size_t kj = 0; kj < g.k; ++kj) {
+                                const long iy = long(oy * g.stride + ki) - long(g.pad);
+                                const long ix = long(ox * g.stride + kj) - long(g.pad);
+                                if (iy < 0 || ix < 0 || iy >= long(g.h) || ix >= long(g.w)) continue;
+                                acc += double(x[((s * g.c + ci) * g.h + std::size_t(iy)) * g.w + std::size_t(ix)]) *
+                                       double(w[((co * g.c + ci) * g.k + ki) * g.k + kj]);
+                            }
+                    y[((s * g.out + co) * g.oh + oy) * g.ow + ox] = acc;
+                }
+    return y;
+}
+
+// y[s][co][l] = b[co] + sum x[s][ci][l*S - P + k] * w[co][ci][k].
+std::vector<double> ref_conv1d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
+{
+    std::vector<double> y(g.n * g.out * g.ow);
+    for (std::size_t s = 0; s < g.n; ++s)
+        for (std::size_t co = 0; co < g.out; ++co)
+            for (std::size_t ol = 0; ol < g.ow; ++ol) {
+                double acc = bias[co];
+                for (std::size_t ci = 0; ci < g.c; ++ci)
+                    for (std::size_t kk = 0; kk < g.k; ++kk) {
+                        const long il = long(ol * g.stride + kk) - long(g.pad);
+                        if (il < 0 || il >= long(g.w)) continue;
+                        acc += double(x[(s * g.c + ci) * g.w + std::size_t(il)]) * double(w[(co * g.c + ci) * g.k + kk]);
+                    }
+                y[(s * g.out + co) * g.ow + ol] = acc;
+            }
+    return y;
+}
+
+// Scatter: y[co][i*S - P + ki][j*S - P + kj] += x[ci][i][j] * w[ci][co][ki][kj], plus b[co].
+std::vector<double> ref_conv_transpose2d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
+{
+    std::vector<double> y(g.n * g.out * g.oh * g.ow);
+    for (std::size_t s = 0; s < g.n; ++s) {
+        for (std::size_t co = 0; co < g.out; ++co)
+            for (std::size_t p = 0; p < g.oh * g.ow; ++p) y[(s * g.out + co) * g.oh * g.ow + p] = bias[co];
+        for (std::size_t ci = 0; ci < g.c; ++ci)
+            for (std::size_t i = 0; i < g.h; ++i)
+                for (std::size_t j = 0; j < g.w; ++j)
+                    for (std::size_t co = 0; co < g.out; ++co)
+                        for (std::size_t ki = 0; ki < g.k; ++ki)
+                            for (std::size_t kj = 0; kj < g.k; ++kj) {
+                                const long oy = long(i * g.stride + ki) - long(g.pad);
+                                const long ox = long(j * g.stride + kj) - long(g.pad);
+                                if (oy < 0 || ox < 0 || oy >= long(g.oh) || ox >= long(g.ow)) continue;
+                                y[((s * g.out + co) * g.oh + std::size_t(oy)) * g.ow + std::size_t(ox)] +=
+                                    double(x[((s * g.c + ci) * g.h + i) * g.w + j]) *
+                                    double(w[((ci * g.out + co) * g.k + ki) * g.k + kj]);
+                            }
+    }
+    return y;
+}
+
+// Max or mean over each kh x kw window; taps outside the input are skipped (max) or count as zeros
+// (mean, whose divisor is always kh * kw).
+struct PoolGeometry {
+    std::size_t n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+};
+enum class Pooling { max, mean };
+std::vector<double> ref_pool(Pooling kind, const PoolGeometry& g, const float* x)
+{
+    std::vector<double> y(g.n * g.c * g.oh * g.ow);
+    for (std::size_t plane = 0; plane < g.n * g.c; ++plane)
+        for (std::size_t oy = 0; oy < g.oh; ++oy)
+            for (std::size_t ox = 0; ox < g.ow; ++ox) {
+                double best = -std::numeric_limits<double>::infinity(), sum = 0.0;
+                for (std::size_t ki = 0; ki < g.kh; ++ki)
+                    for (std::size_t kj = 0; kj < g.kw; ++kj) {
+                        const long iy = long(oy * g.sh + ki) - long(g.ph);
+                        const long ix = long(ox * g.sw + kj) - long(g.pw);
+                        if (iy < 0 || ix < 0 || iy >= long(g.h) || ix >= long(g.w)) continue;
+                        const double v = x[(plane * g.h + std::size_t(iy)) * g.w + std::size_t(ix)];
+                        best = std::max(best, v);
+                        sum += v;
+                    }
+                y[(plane * g.oh + oy) * g.ow + ox] = kind == Pooling::max ? best : sum / double(g.kh * g.kw);
+            }
+    return y;
+}
+
+// Runs one forward of layer L on n random samples with perturbed initial parameters.
+template <class L, class In>
+struct ForwardCase {
+    Bound<L, In> b;
+    std::vector<float> x;
+    explicit ForwardCase(std::size_t n, std::mt19937_64& rng) : b(n), x(uniform(n * In::size, -1.0f, 1.0f, rng))
+    {
+        b.op.init(b.params.data(), rng());
+        for (float& p : b.params) p += std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
+        b.forward(model::Pass{}, x.data());
+    }
+    const float* weights() const { return b.params.data(); }
+    const float* biases() const { return b.params.data() + Bound<L, In>::O::weight_count; }
+};
+
+constexpr double kForwardTolerance = 1e-5;   // relative, floored at 1e-5 absolute
+
+} // namespace
+
+// =============================================================================================
+// 1. Numerical gradient checks.
+
+TEST_CASE("Conv2d gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<Conv2d<4, 3, 2, 1>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square, batch 3
+    check_gradients<Conv2d<3, 1>, Shape<4, 5, 5>>(2);
+    check_gradients<Conv2d<5, 3>, Shape<3, 6, 8>>(1);
+    check_gradients<Conv2d<2, 5, 3, 2>, Shape<2, 9, 7>>(2);
+    check_gradients<Conv2d<3, 2, 2>, Shape<2, 7, 7>>(3);      // the last row and column are never read
+}
+
+TEST_CASE("Conv1d gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<Conv1d<4, 3>, Shape<2, 11>>(2);
+    check_gradients<Conv1d<3, 5, 2, 2>, Shape<3, 13>>(3);
+    check_gradients<Conv1d<2, 4, 3, 1>, Shape<2, 12>>(2);
+}
+
+TEST_CASE("ConvTranspose2d gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 4, 5>>(2);
+    check_gradients<ConvTranspose2d<2, 3, 1, 0>, Shape<3, 5, 4>>(3);
+    check_gradients<ConvTranspose2d<2, 3, 2, 1>, Shape<2, 3, 3>>(2);
+}
+
+TEST_CASE("Linear gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<Linear<5>, Shape<12>>(3);
+    check_gradients<Linear<1>, Shape<7>>(4);
+    check_gradients<Linear<9>, Shape<30>>(1);
+}
+
+TEST_CASE("ReLU, Flatten and Dropout gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<ReLU, Shape<3, 4, 5>>(2);
+    check_gradients<ReLU, Shape<17>>(3);
+    check_gradients<Flatten, Shape<2, 3, 4>>(2);
+    // Training mode; the same pass for every evaluation, so the mask is fixed.
+    const model::Pass pass{.seed = run_seed(), .first_sample = 11, .training = true};
+    INFO("dropout pass seed " << pass.seed);
+    check_gradients<Dropout<0.3>, Shape<4, 5, 6>>(3, pass);
+}
+
+TEST_CASE("Pooling gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<MaxPool2d<2>, Shape<3, 6, 5>>(2);                 // floor: last column dropped
+    check_gradients<MaxPool2d<3, 2, 1>, Shape<2, 7, 6>>(2);           // padding
+    check_gradients<MaxPool2dCeil<3, 2>, Shape<2, 8, 7>>(2);          // partial last window
+    check_gradients<MaxPool2dCeil<3, 2, 1>, Shape<2, 6, 7>>(2);       // ceil and padding
+    check_gradients<MaxPool2dCeil<2, 2, 1>, Shape<1, 5, 5>>(3);       // a window in the padding is dropped
+    check_gradients<MaxPool1d<3>, Shape<2, 10>>(2);
+    check_gradients<MaxPool1d<3, 2>, Shape<3, 11>>(2);
+    check_gradients<AvgPool2d<2>, Shape<3, 5, 4>>(2);
+    check_gradients<AvgPool2d<3, 2, 1>, Shape<2, 7, 6>>(2);
+    check_gradients<AvgPool2d<3, 1, 1>, Shape<2, 5, 5>>(2);
+    check_gradients<GlobalAvgPool, Shape<3, 5, 4>>(3);
+}
+
+TEST_CASE("Concat gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<Concat<Conv2d<3, 1>, Conv2d<2, 3, 1, 1>>, Shape<2, 6, 5>>(2);
+    check_gradients<Concat<ReLU, MaxPool2d<3, 1, 1>, Conv2d<2, 3, 1, 1>>, Shape<3, 5, 5>>(2);
+    // Inception-like: 1x1; 1x1 then 3x3; 3x3 max pool then 1x1.
+    using Block = Concat<Sequential<Conv2d<4, 1>, ReLU>,
+                         Sequential<Conv2d<3, 1>, ReLU, Conv2d<4, 3, 1, 1>, ReLU>,
+                         Sequential<MaxPool2d<3, 1, 1>, Conv2d<2, 1>, ReLU>>;
+    static_assert(std::is_same_v<out_of<Block, Shape<4, 6, 6>>, Shape<10, 6, 6>>);
+    check_gradients<Block, Shape<4, 6, 6>>(2, {}, {.kinks = true});
+}
+
+TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][layers][gradient]")
+{
+    using Net = Sequential<Conv2d<4, 3, 1, 1>, ReLU, MaxPool2d<2>, Flatten, Linear<5>>;
+    static_assert(std::is_same_v<out_of<Net, Shape<2, 6, 6>>, Shape<5>>);
+    check_gradients<Net, Shape<2, 6, 6>>(2, {}, {.kinks = true});
+    // Nested twice, with an Input that matches the shape reaching it.
+    check_gradients<Sequential<Input<2, 5, 5>, Sequential<Conv2d<3, 3>, ReLU>, Flatten, Linear<4>>, Shape<2, 5, 5>>(
+        3, {}, {.kinks = true});
+}
+
+// =============================================================================================
+// 2. Forward values against the float64 reference.
+
+TEST_CASE("Conv2d forward matches the definition", "[cpu][layers][forward]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    {
+        ForwardCase<Conv2d<5, 3, 2, 1>, Shape<3, 9, 8>> f(2, rng);
+        const ConvGeometry g{2, 3, 9, 8, 5, 3, 2, 1, 5, 4};
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<5, 5, 4>>);
+        check_close(f.b.y, ref_conv2d(g, f.x.data(), f.weights(), f.biases()), kForwardTolerance, "Conv2d<5,3,2,1>");
+    }
+    {
+        ForwardCase<Conv2d<4, 4, 3, 2>, Shape<2, 10, 11>> f(3, rng);
+        const ConvGeometry g{3, 2, 10, 11, 4, 4, 3, 2, 4, 4};
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<4, 4, 4>>);
+        check_close(f.b.y, ref_conv2d(g, f.x.data(), f.weights(), f.biases()), kForwardTolerance, "Conv2d<4,4,3,2>");
+    }
+}
+
+TEST_CASE("Conv1d forward matches the definition", "[cpu][layers][forward]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    ForwardCase<Conv1d<4, 5, 2, 2>, Shape<3, 17>> f(2, rng);
+    const ConvGeometry g{2, 3, 1, 17, 4, 5, 2, 2, 1, 9};
+    static_assert(std::is_same_v<decltype(f.b)::Out, Shape<4, 9>>);
+    check_close(f.b.y, ref_conv1d(g, f.x.data(), f.weights(), f.biases()), kForwardTolerance, "Conv1d<4,5,2,2>");
+}
+
+TEST_CASE("ConvTranspose2d forward matches the scatter definition", "[cpu][layers][forward]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    {
+        ForwardCase<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 5, 4>> f(2, rng);
+        const ConvGeometry g{2, 2, 5, 4, 3, 4, 2, 1, 10, 8};
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<3, 10, 8>>);
+        check_close(f.b.y, ref_conv_transpose2d(g, f.x.data(), f.weights(), f.biases()), kForwardTolerance,
+                    "ConvTranspose2d<3,4,2,1>");
+    }
+    {
+        ForwardCase<ConvTranspose2d<3, 3, 1, 0>, Shape<4, 5, 6>> f(3, rng);
+        const ConvGeometry g{3, 4, 5, 6, 3, 3, 1, 0, 7, 8};
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<3, 7, 8>>);
+        check_close(f.b.y, ref_conv_transpose2d(g, f.x.data(), f.weights(), f.biases()), kForwardTolerance,
+                    "ConvTranspose2d<3,3,1,0>");
+    }
+}
+
+TEST_CASE("Linear forward matches the definition", "[cpu][layers][forward]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    constexpr std::size_t n = 3, in = 13, out = 6;
+    ForwardCase<Linear<out>, Shape<in>> f(n, rng);
+    std::vector<double> want(n * out);
+    for (std::size_t s = 0; s < n; ++s)
+        for (std::size_t o = 0; o < out; ++o) {
+            double acc = f.biases()[o];
+            for (std::size_t i = 0; i < in; ++i) acc += double(f.weights()[o * in + i]) * double(f.x[s * in + i]);
+            want[s * out + o] = acc;
+        }
+    check_close(f.b.y, want, kForwardTolerance, "Linear<6>");
+}
+
+TEST_CASE("Pooling forward matches the definition", "[cpu][layers][forward]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    {
+        ForwardCase<MaxPool2dCeil<3, 2>, Shape<2, 8, 7>> f(2, rng);   // last window of each row/column partial
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<2, 4, 3>>);
+        check_close(f.b.y, ref_pool(Pooling::max, {2, 2, 8, 7, 3, 3, 2, 2, 0, 0, 4, 3}, f.x.data()),
+                    kForwardTolerance, "MaxPool2dCeil<3,2>");
+    }
+    {
+        ForwardCase<MaxPool2dCeil<3, 2, 1>, Shape<2, 6, 7>> f(2, rng);
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<2, 4, 4>>);
+        check_close(f.b.y, ref_pool(Pooling::max, {2, 2, 6, 7, 3, 3, 2, 2, 1, 1, 4, 4}, f.x.data()),
+                    kForwardTolerance, "MaxPool2dCeil<3,2,1>");
+    }
+    {
+        ForwardCase<MaxPool1d<3, 2>, Shape<3, 11>> f(2, rng);
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<3, 5>>);
+        check_close(f.b.y, ref_pool(Pooling::max, {2, 3, 1, 11, 1, 3, 1, 2, 0, 0, 1, 5}, f.x.data()),
+                    kForwardTolerance, "MaxPool1d<3,2>");
+    }
+    {
+        ForwardCase<AvgPool2d<3, 2, 1>, Shape<2, 7, 6>> f(2, rng);   // padding counted in the divisor 9
+        static_assert(std::is_same_v<decltype(f.b)::Out, Shape<2, 4, 3>>);
+        check_close(f.b.y, ref_pool(Pooling::mean, {2, 2, 7, 6, 3, 3, 2, 2, 1, 1, 4, 3}, f.x.data()),
+                    kForwardTolerance, "AvgPool2d<3,2,1>");
+    }
+    {
+        ForwardCase<GlobalAvgPool, Shape<3, 5, 4>> f(3, rng);
+        check_close(f.b.y, ref_pool(Pooling::mean, {3, 3, 5, 4, 5, 4, 1, 1, 0, 0, 1, 1}, f.x.data()),
+                    kForwardTolerance, "GlobalAvgPool");
+    }
+}
+
+TEST_CASE("Small layers computed by hand", "[cpu][layers][forward]")
+{
+    const model::Pass pass{};
+    SECTION("2x2 convolution of a 1x3x3 input")
+    {
+        Bound<Conv2d<1, 2>, Shape<1, 3, 3>> b(1);
+        b.params = {1, 2, 3, 4, 0.5f};   // w (1, 1, 2, 2), then b
+        const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+        b.forward(pass, x.data());
+        CHECK(b.y == std::vector<float>{37.5f, 47.5f, 67.5f, 77.5f});
+        // dy picks the top-left output: dx is the kernel in the top-left corner, dw the top-left patch.
+        const std::vector<float> dy = {1, 0, 0, 0};
+        std::vector<float> dx(9), dparams(5);
+        b.backward(pass, x.data(), dy.data(), dx.data(), dparams.data());
+        CHECK(dx == std::vector<float>{1, 2, 0, 3, 4, 0, 0, 0, 0});
+        CHECK(dparams == std::vector<float>{1, 2, 4, 5, 1});
+    }
+    SECTION("2x2 max pool of a 4x4 input")
+    {
+        Bound<MaxPool2d<2>, Shape<1, 4, 4>> b(1);
+        const std::vector<float> x = {1, 5, 2, 0,     //
+                                      3, 4, 8, 7,     //
+                                      9, -1, 6, 6.5f, //
+                                      2, 2, 3, 1};
+        b.forward(pass, x.data());
+        CHECK(b.y == std::vector<float>{5, 8, 9, 6.5f});
+        const std::vector<float> dy = {1, 2, 3, 4};
+        std::vector<float> dx(16);
+        b.backward(pass, x.data(), dy.data(), dx.data(), nullptr);
+        CHECK(dx == std::vector<float>{0, 1, 0, 0, 0, 0, 2, 0, 3, 0, 0, 4, 0, 0, 0, 0});
+    }
+    SECTION("2x2 stride-2 transposed convolution of a 1x2x2 input")
+    {
+        Bound<ConvTranspose2d<1, 2, 2>, Shape<1, 2, 2>> b(1);
+        b.params = {1, 2, 3, 4, 1};   // w (1, 1, 2, 2), then b
+        const std::vector<float> x = {1, 2, 3, 4};
+        b.forward(pass, x.data());
+        // Each input pixel stamps x * w into its own 2x2 block, plus the bias.
+        CHECK(b.y == std::vector<float>{2, 3, 3, 5, 4, 5, 7, 9, 4, 7, 5, 9, 10, 13, 13, 17});
+    }
+    SECTION("2x2 average pool with padding 1 counts the padding")
+    {
+        Bound<AvgPool2d<2, 2, 1>, Shape<1, 2, 2>> b(1);
+        const std::vector<float> x = {1, 2, 3, 4};
+        b.forward(pass, x.data());
+        CHECK(b.y == std::vector<float>{0.25f, 0.5f, 0.75f, 1.0f});   // each window holds one pixel of four taps
+    }
+    SECTION("Linear")
+    {
+        Bound<Linear<3>, Shape<2>> b(1);
+        b.params = {1, 2, 3, 4, 5, 6, 0.5f, 0.25f, -0.5f};   // W (3, 2), then b
+        const std::vector<float> x = {1, -1};
+        b.forward(pass, x.data());
+        CHECK(b.y == std::vector<float>{-0.5f, -0.75f, -1.5f});
+    }
+}
+
+// =============================================================================================
+// 3. Dropout.
+
+TEST_CASE("Dropout zeroes about P of the elements and scales the survivors", "[cpu][layers][dropout]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    constexpr std::size_t n = 8, size = 5000;
+    constexpr float p = 0.3f, scale = 1.0f / (1.0f - p);
+    Bound<Dropout<0.3>, Shape<size>> b(n);
+    const std::vector<float> x = uniform(n * size, 0.5f, 1.5f, rng);   // never zero
+    const model::Pass pass{.seed = seed, .first_sample = 0, .training = true};
+    b.forward(pass, x.data());
+
+    std::size_t zeros = 0, misscaled = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        if (b.y[i] == 0.0f) ++zeros;
+        else if (!(std::abs(b.y[i] - x[i] * scale) <= 1e-6f * x[i] * scale)) ++misscaled;
+    }
+    const double dropped = double(zeros) / double(x.size());
+    CAPTURE(dropped);
+    CHECK(std::abs(dropped - 0.3) <= 0.02);
+    CHECK(misscaled == 0);
+
+    // Backward applies the same mask and scale to dy.
+    const std::vector<float> dy = uniform(n * size, -1.0f, 1.0f, rng);
+    std::vector<float> dx(n * size);
+    b.backward(pass, x.data(), dy.data(), dx.data(), nullptr);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        const float want = b.y[i] == 0.0f ? 0.0f : dy[i] * scale;
+        if (!(std::abs(dx[i] - want) <= 1e-6f * std::abs(want))) ++wrong;
+    }
+    CHECK(wrong == 0);
+}
+
+TEST_CASE("Dropout is the identity in evaluation", "[cpu][layers][dropout]")
+{
+    std::mt19937_64 rng(run_seed());
+    constexpr std::size_t n = 4;
+    Bound<Dropout<0.3>, Shape<3, 50>> b(n);
+    const std::vector<float> x = uniform(n * 150, -1.0f, 1.0f, rng);
+    const model::Pass eval{.seed = 7, .first_sample = 0, .training = false};
+    b.forward(eval, x.data());
+    CHECK(b.y == x);
+    const std::vector<float> dy = uniform(n * 150, -1.0f, 1.0f, rng);
+    std::vector<float> dx(n * 150);
+    b.backward(eval, x.data(), dy.data(), dx.data(), nullptr);
+    CHECK(dx == dy);
+}
+
+TEST_CASE("Dropout's mask depends on (seed, layer id, global sample) only", "[cpu][layers][dropout]")
+{
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::mt19937_64 rng(seed);
+    using D = Dropout<0.3>;
+    using In = Shape<4, 16>;
+    const std::vector<float> x = uniform(8 * In::size, 0.5f, 1.5f, rng);
+    auto run = [&](std::size_t n, std::uint32_t layer_id, model::Pass pass, const float* xs) {
+        Bound<D, In> b(n, layer_id);
+        b.forward(pass, xs);
+        return b.y;
+    };
+    const model::Pass pass{.seed = seed, .first_sample = 0, .training = true};
+    const auto whole = run(8, 3, pass, x.data());
+
+    // Samples [0, 3) and [3, 8) in two calls, as two replicas would run them.
+    auto split = run(3, 3, pass, x.data());
+    const auto rest = run(5, 3, model::Pass{.seed = seed, .first_sample = 3, .training = true}, x.data() + 3 * In::size);
+    split.insert(split.end(), rest.begin(), rest.end());
+    CHECK(split == whole);
+
+    auto mask_differs = [&](const std::vector<float>& a) {
+        std::size_t d = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) d += (a[i] == 0.0f) != (whole[i] == 0.0f);
+        return d;
+    };
+    CHECK(mask_differs(run(8, 3, model::Pass{.seed = seed + 1, .first_sample = 0, .training = true}, x.data())) > 0);
+    CHECK(mask_differs(run(8, 4, pass, x.data())) > 0);
+    CHECK(mask_differs(run(8, 3, model::Pass{.seed = seed, .first_sample = 8, .training = true}, x.data())) > 0);
+}
+
+// =============================================================================================
+// 4. Parameter initialisation.
+
+namespace {
+// Deterministic in (seed, layer id), different when either changes, inside +-1/sqrt(fan_in) and
+// spread over that range.
+template <class L, class In>
+void check_init(std::size_t fan_in)
+{
+    using O = op_of<L, In>;
+    constexpr std::size_t P = O::param_count;
+    const std::uint64_t seed = run_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << ", seed " << seed);
+    auto init = [](std::uint32_t layer_id, std::uint64_t s) {
+        std::vector<float> p(P, kNaN);
+        O{build(layer_id)}.init(p.data(), s);
+        return p;
+    };
+    auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+        std::size_t d = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) d += a[i] != b[i];
+        return d;
+    };
+    const auto a = init(5, seed);
+    CHECK(a == init(5, seed));
+    CHECK(differing(a, init(6, seed)) >= P * 99 / 100);
+    CHECK(differing(a, init(5, seed + 1)) >= P * 99 / 100);
+
+    const float bound = 1.0f / std::sqrt(float(fan_in));
+    float largest = 0.0f;
+    bool inside = true;
+    for (float v : a) {
+        inside = inside && std::abs(v) <= bound;   // false for NaN: every parameter written
+        largest = std::max(largest, std::abs(v));
+    }
+    CAPTURE(bound, largest);
+    CHECK(inside);
+    CHECK(largest >= 0.8f * bound);
+}
+} // namespace
+
+TEST_CASE("Parameter init is deterministic and bounded by 1/sqrt(fan_in)", "[cpu][layers][init]")
+{
+    check_init<Conv2d<8, 3>, Shape<4, 9, 9>>(4 * 3 * 3);
+    check_init<Conv2d<16, 5, 2, 2>, Shape<3, 12, 12>>(3 * 5 * 5);
+    check_init<Conv1d<6, 5>, Shape<3, 20>>(3 * 5);
+    check_init<ConvTranspose2d<5, 4, 2, 1>, Shape<3, 4, 4>>(5 * 4 * 4);   // PyTorch: weight.size(1) * k * k
+    check_init<Linear<7>, Shape<50>>(50);
+}
+
+TEST_CASE("A nested Sequential initialises each layer under its own id", "[cpu][layers][init]")
+{
+    using Net = Sequential<Conv2d<3, 3>, ReLU, Flatten, Linear<4>>;
+    using In = Shape<2, 5, 5>;
+    using NetOp = op_of<Net, In>;
+    using ConvOp = op_of<Conv2d<3, 3>, In>;
+    using LinearOp = op_of<Linear<4>, Shape<27>>;
+    static_assert(NetOp::param_count == ConvOp::param_count + LinearOp::param_count);
+    static_assert(NetOp::layer_count == 4);
+
+    const std::uint64_t seed = run_seed();
+    INFO("seed " << seed);
+    std::vector<float> net(NetOp::param_count), conv(ConvOp::param_count), linear(LinearOp::param_count);
+    NetOp{build(3)}.init(net.data(), seed);
+    ConvOp{build(3)}.init(conv.data(), seed);
+    LinearOp{build(6)}.init(linear.data(), seed);
+    CHECK(std::equal(conv.begin(), conv.end(), net.begin()));
+    CHECK(std::equal(linear.begin(), linear.end(), net.begin() + ConvOp::param_count));
+}

@@ -1,0 +1,45 @@
+// The standard networks: shapes and parameter counts at compile time, and one CPU training step each.
+
+#include "catch.hpp"
+#include "models.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+
+static_assert(std::same_as<LeNet::output_shape, Shape<10>> && LeNet::param_count == 431080);
+static_assert(std::same_as<AlexNetFeatures::output_shape, Shape<256, 6, 6>>);
+static_assert(std::same_as<AlexNet::output_shape, Shape<1000>> && AlexNet::param_count == 61100840);
+static_assert(AlexNetPlain::param_count == AlexNet::param_count);
+static_assert(std::same_as<GoogLeNet::output_shape, Shape<1000>>);
+// Inception v1 with biases, 5x5 branches and no auxiliary heads.
+static_assert(GoogLeNet::param_count == 6998552);
+static_assert(std::same_as<TextCNN::output_shape, Shape<14>> && TextCNN::param_count == 11348238);
+static_assert(std::same_as<FCN::output_shape, Shape<21, 256, 256>> && FCN::param_count == 40917);
+static_assert(default_batch_size<LeNet> == 64 && default_batch_size<AlexNet> == 128 &&
+              default_batch_size<GoogLeNet> == 32 && default_batch_size<TextCNN> == 128 &&
+              default_batch_size<FCN> == 16);
+
+// Inception 3a: 64 + 128 + 32 + 32 channels at 28x28.
+static_assert(std::same_as<Inception<64, 96, 128, 16, 32, 32>::op<Shape<192, 28, 28>>::output_shape, Shape<256, 28, 28>>);
+
+namespace {
+template <class M>
+void one_step_lowers_the_loss(float lr)
+{
+    M net{Device::cpu()};
+    SGD opt{{.lr = lr}};
+    const RandomBatches<M> data(2, 1);
+    const auto before = net.evaluate(data.inputs.data(), data.labels.data(), 2).loss_sum;
+    train_step(net, opt, data.batch(0, 2, 0));
+    const auto after = net.evaluate(data.inputs.data(), data.labels.data(), 2).loss_sum;
+    CAPTURE(before, after);
+    CHECK(after < before);
+}
+} // namespace
+
+TEST_CASE("One training step lowers the loss on a repeated batch: LeNet", "[cpu][models]") { one_step_lowers_the_loss<LeNet>(0.01f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: AlexNet", "[cpu][models]") { one_step_lowers_the_loss<AlexNetPlain>(0.01f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: AlexNet, features replicated", "[cpu][models]") { one_step_lowers_the_loss<AlexNet>(0.01f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: GoogLeNet", "[cpu][models]") { one_step_lowers_the_loss<GoogLeNet>(0.01f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: TextCNN", "[cpu][models]") { one_step_lowers_the_loss<TextCNN>(0.01f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: FCN", "[cpu][models]") { one_step_lowers_the_loss<FCN>(0.01f); }

@@ -1,0 +1,212 @@
+// DataParallel over CPU replicas equals the single model; dispatch policies agree bit for bit;
+// auto_parallel picks the right type; strong and weak scaling mean what they say.
+
+#include <cmath>
+
+#include "catch.hpp"
+#include "models.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+
+namespace {
+
+constexpr int kSteps = 3;
+const SGDOptions kSgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
+
+// Parameters after kSteps steps on batches of `batch` samples (the last step's batch is smaller when
+// `batch` does not divide the data), for any model type built by make().
+template <class Model, class Data>
+std::vector<float> train_three_steps(Model& model, const Data& data, std::size_t batch)
+{
+    SGD opt{kSgd};
+    std::size_t first = 0;
+    for (int s = 0; s < kSteps; ++s) {
+        const std::size_t n = s + 1 == kSteps ? std::max<std::size_t>(1, batch - 1) : batch;
+        const float loss = train_step(model, opt, data.batch(first, n, first));
+        REQUIRE(std::isfinite(loss));
+        first += n;
+    }
+    return parameters(model);
+}
+
+template <class M>
+void check_equivalence(std::size_t batch)
+{
+    const RandomBatches<M> data(3 * batch, 11);
+    M single{Device::cpu(), 3};
+    const auto expected = train_three_steps(single, data, batch);
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas, batch);
+        DataParallel<M, SingleThread> one_thread{cpus(replicas), 3};
+        DataParallel<M, Threaded> threaded{cpus(replicas), 3};
+        const auto a = train_three_steps(one_thread, data, batch);
+        const auto b = train_three_steps(threaded, data, batch);
+        CHECK(max_relative_difference(expected, a) < 1e-5);
+        CHECK(a == b);   // bit-identical
+    }
+}
+
+} // namespace
+
+TEST_CASE("DataParallel over 1-4 CPU replicas equals the single model: LeNet", "[cpu][parallel]")
+{
+    check_equivalence<LeNet>(7);   // 7 = uneven over 2, 3 and 4
+    check_equivalence<LeNet>(2);   // fewer samples than replicas: idle replicas contribute nothing
+}
+
+TEST_CASE("DataParallel over 1-4 CPU replicas equals the single model: Concat and Dropout", "[cpu][parallel]")
+{
+    check_equivalence<ConcatDropoutNet>(9);
+}
+
+TEST_CASE("DataParallel over 1-4 CPU replicas equals the single model: FCN layers, per-pixel loss", "[cpu][parallel]")
+{
+    check_equivalence<SmallFCN>(5);
+}
+
+TEST_CASE("DataParallel over 1-4 CPU replicas equals the single model: AlexNet-like, whole", "[cpu][parallel]")
+{
+    check_equivalence<SmallAlexNetPlain>(6);
+}
+
+TEST_CASE("Nested DataParallel (features only) equals the plain model", "[cpu][parallel]")
+{
+    const std::size_t batch = 7;
+    const RandomBatches<SmallAlexNetPlain> data(3 * batch, 5);
+    SmallAlexNetPlain plain{Device::cpu(), 9};
+    const auto expected = train_three_steps(plain, data, batch);
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        SmallAlexNet<SingleThread> one_thread{cpus(replicas), 9};
+        SmallAlexNet<Threaded> threaded{cpus(replicas), 9};
+        static_assert(SmallAlexNet<Threaded>::param_count == SmallAlexNetPlain::param_count);
+        const auto a = train_three_steps(one_thread, data, batch);
+        const auto b = train_three_steps(threaded, data, batch);
+        CHECK(max_relative_difference(expected, a) < 1e-5);
+        CHECK(a == b);
+    }
+    // A batch of 2 on 3 feature replicas.
+    const RandomBatches<SmallAlexNetPlain> tiny(6, 8);
+    SmallAlexNetPlain plain2{Device::cpu(), 9};
+    SmallAlexNet<Threaded> nested{cpus(3), 9};
+    CHECK(max_relative_difference(train_three_steps(plain2, tiny, 2), train_three_steps(nested, tiny, 2)) < 1e-5);
+}
+
+TEST_CASE("DataParallel gradients are the single model's, bucket by bucket", "[cpu][parallel]")
+{
+    // Small buckets: one per layer with parameters, reduced while backward runs (Threaded).
+    const RandomBatches<LeNet> data(9, 3);
+    LeNet single{Device::cpu()};
+    DataParallel<LeNet, Threaded> dp{cpus(3), 0, {.bucket_floats = 1}};
+    CHECK(dp.bucket_count() == 4);
+    const model::Pass pass{.seed = 1, .first_sample = 0, .training = true};
+    single.forward_backward(pass, data.inputs.data(), data.labels.data(), 9, 1.0f / 9);
+    dp.forward_backward(pass, data.inputs.data(), data.labels.data(), 9, 1.0f / 9);
+    CHECK(max_relative_difference(single.gradients(), dp.gradients()) < 1e-5);
+    for (std::size_t r = 1; r < 3; ++r) CHECK(dp.replica(r).gradients() == dp.replica(0).gradients());
+}
+
+TEST_CASE("Dropout masks follow the global sample, not the replica", "[cpu][parallel]")
+{
+    using Net = Sequential<Input<20>, Dropout<0.5>, Linear<3>>;
+    const RandomBatches<Net> data(8, 2);
+    Net single{Device::cpu()};
+    DataParallel<Net, SingleThread> dp{cpus(3)};
+    const model::Pass pass{.seed = 42, .first_sample = 100, .training = true};
+    single.forward_backward(pass, data.inputs.data(), data.labels.data(), 8, 0.125f);
+    dp.forward_backward(pass, data.inputs.data(), data.labels.data(), 8, 0.125f);
+    CHECK(max_relative_difference(single.gradients(), dp.gradients()) < 1e-6);
+    // A different seed changes the masks, hence the gradient.
+    Net other{Device::cpu()};
+    other.forward_backward(model::Pass{.seed = 43, .first_sample = 100}, data.inputs.data(), data.labels.data(), 8, 0.125f);
+    CHECK(other.gradients() != single.gradients());
+}
+
+TEST_CASE("evaluate and predict split over replicas as the single model", "[cpu][parallel]")
+{
+    const RandomBatches<LeNet> data(11, 4);
+    LeNet single{Device::cpu()};
+    DataParallel<LeNet, Threaded> dp{cpus(4)};
+    const auto a = predict(single, data.inputs.data(), 11);
+    const auto b = predict(dp, data.inputs.data(), 11);
+    CHECK(max_relative_difference(a, b) < 1e-5);   // replicas run smaller GEMMs: other rounding
+    const auto ea = single.evaluate(data.inputs.data(), data.labels.data(), 11);
+    const auto eb = dp.evaluate(data.inputs.data(), data.labels.data(), 11);
+    CHECK(ea.correct == eb.correct);
+    CHECK(std::abs(ea.loss_sum - eb.loss_sum) < 1e-4 * std::abs(ea.loss_sum));
+}
+
+TEST_CASE("A DataParallel built from a model keeps its parameters", "[cpu][parallel]")
+{
+    LeNet net{Device::cpu(), 5};
+    const auto w = parameters(net);
+    DataParallel<LeNet, SingleThread> dp{std::move(net), cpus(3)};
+    CHECK(parameters(dp) == w);
+    CHECK(dp.replica(2).parameters() == w);
+}
+
+TEST_CASE("Bad device lists are refused with a clear error", "[cpu][parallel]")
+{
+    auto message = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    CHECK(message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cpu(0)}}; }).find("appears twice") != std::string::npos);
+    CHECK(message([] { DataParallel<LeNet> dp{std::vector<Device>{}}; }).find("at least one device") != std::string::npos);
+    CHECK(message([] { parse_devices("gpu:0"); }).find("write cpu:N or cuda:N") != std::string::npos);
+    CHECK(message([] { parse_devices("cpu:x"); }).find("must be a number") != std::string::npos);
+}
+
+// ---- auto_parallel: compile-time decisions ----
+
+using OptOutNet = Sequential<Input<4>, Linear<2>>;
+template <>
+inline constexpr bool replica::disable_auto_data_parallelism<OptOutNet> = true;
+
+static_assert(std::same_as<decltype(auto_parallel(LeNet{Device::cpu()})), AutoParallel<LeNet>>);
+static_assert(std::same_as<decltype(auto_parallel(SmallAlexNet<Threaded>{Device::cpu()})), SmallAlexNet<Threaded>>,
+              "a model with a nested DataParallel is left alone");
+static_assert(std::same_as<decltype(auto_parallel(DataParallel<LeNet>{{Device::cpu()}})), DataParallel<LeNet>>,
+              "a DataParallel is left alone");
+static_assert(std::same_as<decltype(auto_parallel(OptOutNet{Device::cpu()})), OptOutNet>,
+              "disable_auto_data_parallelism<M> = true opts out");
+static_assert(parallel::contains_data_parallel<SmallAlexNet<SingleThread>>);
+static_assert(!parallel::contains_data_parallel<LeNet>);
+
+TEST_CASE("auto_parallel wraps over several devices and not over one", "[cpu][parallel]")
+{
+    auto one = auto_parallel(LeNet{Device::cpu()}, {Device::cpu(0)});
+    CHECK(one.holds<LeNet>());
+    CHECK(one.replica_count() == 1);
+    auto three = auto_parallel(LeNet{Device::cpu()}, cpus(3), {.dispatch = DispatchChoice::threaded});
+    CHECK(three.holds<DataParallel<LeNet, Threaded>>());
+    CHECK(three.replica_count() == 3);
+    CHECK(three.description() == "DataParallel<threaded> over cpu:0,cpu:1,cpu:2");
+    // The wrapped model trains as the single one.
+    const RandomBatches<LeNet> data(12, 1);
+    LeNet single{Device::cpu()};
+    CHECK(max_relative_difference(train_three_steps(single, data, 4), train_three_steps(three, data, 4)) < 1e-5);
+}
+
+TEST_CASE("Strong and weak scaling: global batch and steps per epoch", "[cpu][parallel]")
+{
+    using parallel::global_batch;
+    CHECK(global_batch(64, 4, Scaling::strong) == 64);
+    CHECK(global_batch(64, 4, Scaling::weak) == 256);
+    CHECK(global_batch(64, 1, Scaling::weak) == 64);
+    // Shares: uneven splits give the first replicas one more, and cover the batch exactly once.
+    std::size_t covered = 0;
+    for (std::size_t r = 0; r < 3; ++r) {
+        const auto s = parallel::share(10, 3, r);
+        CHECK(s.offset == covered);
+        CHECK(s.count == (r == 0 ? 4u : 3u));
+        covered += s.count;
+    }
+    CHECK(covered == 10);
+    CHECK(parallel::share(2, 3, 2).count == 0);
+}
