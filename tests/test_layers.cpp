@@ -16,6 +16,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "replica/replica.hpp"
@@ -138,13 +140,12 @@ std::vector<float> grid_input(std::size_t count, std::mt19937_64& rng)
     return v;
 }
 
-// Up to `most` distinct indices in [0, count), in random order.
-std::vector<std::size_t> pick(std::size_t count, std::size_t most, std::mt19937_64& rng)
+// 0 .. count-1 in random order.
+std::vector<std::size_t> shuffled_indices(std::size_t count, std::mt19937_64& rng)
 {
     std::vector<std::size_t> idx(count);
     std::iota(idx.begin(), idx.end(), std::size_t{0});
     std::shuffle(idx.begin(), idx.end(), rng);
-    idx.resize(std::min(count, most));
     return idx;
 }
 
@@ -209,16 +210,17 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
 // Numerical gradient check.
 //
 // L = sum_i y_i r_i with random r (so dy = r), accumulated in double. Central differences with step
-// eps = 1e-3 on up to 40 random input elements and 40 random parameters; the step is taken as the
+// eps = 1e-3 on up to 40 random input elements and 40 random parameters (all when fewer); the step is the
 // difference of the two float values actually fed in.
 //
 // Tolerance: |num - ana| <= 1e-2 * max(|num|, |ana|) + 2e-3. The absolute term covers float rounding
 // of y (about 1e-7 relative on O(1) outputs) divided by the step.
 //
 // `kinks`: set for composites where a ReLU or max pool acts on computed values (which no input grid
-// keeps away from a kink). Each layer here is piecewise linear in any single input or parameter, so
-// the forward and backward one-sided differences agree unless a kink lies within the step; such
-// elements are skipped (at most a quarter of them). Without `kinks`, nothing is skipped.
+// keeps away from a kink). The loss is piecewise linear in any single input or parameter, so the
+// slopes over the four half-steps in [-eps, eps] all equal the central difference unless a kink lies
+// within the step; such an element is skipped and another one drawn, up to 40 skipped. Without
+// `kinks`, nothing is skipped.
 
 constexpr double kEps = 1e-3;
 
@@ -268,7 +270,8 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
     auto compare = [&](std::vector<float>& v, const std::vector<float>& analytic, const char* what) {
         std::size_t checked = 0, skipped = 0, bad = 0;
         std::ostringstream failures;
-        for (std::size_t i : pick(v.size(), 40, rng)) {
+        for (std::size_t i : shuffled_indices(v.size(), rng)) {
+            if (checked == 40 || skipped == 40) break;
             const float v0 = v[i];
             auto loss_at = [&](double step) {
                 v[i] = float(double(v0) + step);
@@ -278,7 +281,6 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
             const auto [vm, lm] = loss_at(-kEps);
             const auto [vp, lp] = loss_at(kEps);
             v[i] = v0;
-            ++checked;
             const double num = (lp - lm) / (vp - vm);
             if (options.kinks) {
                 // The slopes over each half of each side all equal the central difference unless a kink
@@ -293,6 +295,7 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
                     continue;
                 }
             }
+            ++checked;
             const double ana = analytic[i];
             if (!gradient_close(num, ana) && bad++ < 8)
                 failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana;
@@ -300,7 +303,7 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
         INFO(what << ": " << bad << " of " << checked << " elements off (" << skipped << " skipped at kinks)"
                   << failures.str());
         CHECK(bad == 0);
-        CHECK(skipped * 4 <= checked);
+        CHECK(skipped < 40);   // else half the elements sit at kinks and the check means little
     };
     compare(x, dx, "dx");
     if constexpr (P > 0) compare(b.params, dparams, "dparams");
@@ -502,8 +505,8 @@ TEST_CASE("Concat gradients match finite differences", "[cpu][layers][gradient]"
     using Block = Concat<Sequential<Conv2d<4, 1>, ReLU>,
                          Sequential<Conv2d<3, 1>, ReLU, Conv2d<4, 3, 1, 1>, ReLU>,
                          Sequential<MaxPool2d<3, 1, 1>, Conv2d<2, 1>, ReLU>>;
-    static_assert(std::is_same_v<out_of<Block, Shape<4, 6, 6>>, Shape<10, 6, 6>>);
-    check_gradients<Block, Shape<4, 6, 6>>(2, {}, {.kinks = true});
+    static_assert(std::is_same_v<out_of<Block, Shape<3, 4, 4>>, Shape<10, 4, 4>>);
+    check_gradients<Block, Shape<3, 4, 4>>(2, {}, {.kinks = true});
 }
 
 TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][layers][gradient]")

@@ -61,7 +61,7 @@ TEST_CASE("LeNet learns Fashion-MNIST: one pass over 10,000 images, >= 75% on th
     const auto test = data::load_fashion_mnist(data::Split::test);
     LeNet net{Device::cpu(), 1};
     SGD opt{{.lr = 0.01f, .momentum = 0.9f}};
-    Trainer trainer{net, opt, {.batch_size = 64, .epochs = 1, .seed = 1, .progress = false, .log = nullptr}};
+    Trainer trainer{net, opt, {.batch_size = 32, .epochs = 1, .seed = 1, .progress = false, .log = nullptr}};
     const History h = trainer.fit(train, test);
     REQUIRE(h.epochs.size() == 1);
     CHECK(h.epochs[0].validation_accuracy >= 0.75);

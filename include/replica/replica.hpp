@@ -21,11 +21,18 @@
 #include "replica/model/input.hpp"
 #include "replica/model/sequential.hpp"
 
+#include "replica/train/checkpoint.hpp"
+#include "replica/train/history.hpp"
 #include "replica/train/schedule.hpp"
 #include "replica/train/sgd.hpp"
 #include "replica/train/step.hpp"
+#include "replica/train/trainer.hpp"
 
 #include "replica/data/dataset.hpp"
+#include "replica/data/fashion_mnist.hpp"
+#include "replica/data/idx.hpp"
+#include "replica/data/loader.hpp"
+#include "replica/data/synthetic.hpp"
 
 #include "replica/parallel/auto_parallel.hpp"
 #include "replica/parallel/communicator.hpp"

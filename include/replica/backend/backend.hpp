@@ -29,6 +29,16 @@ inline AnyContext make_context(const Device& device)
     return AnyContext(std::in_place_type<cpu::Context>, device);
 }
 
+// Every visible GPU (honouring CUDA_VISIBLE_DEVICES); empty without the CUDA backend or a GPU.
+inline std::vector<Device> cuda_devices()
+{
+#if defined(REPLICA_CUDA)
+    return cuda::visible_devices();
+#else
+    return {};
+#endif
+}
+
 // Every device a default run uses: all visible GPUs, or the CPU.
 inline std::vector<Device> default_devices()
 {
@@ -40,3 +50,7 @@ inline std::vector<Device> default_devices()
 }
 
 } // namespace replica::backend
+
+namespace replica {
+using backend::cuda_devices;
+} // namespace replica

@@ -49,16 +49,16 @@ struct Conv2d {
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K * K); }
         template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size(ctx, window, Out, n); }
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
         {
-            conv_forward(ctx, window, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
         {
-            conv_backward(ctx, window, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+            conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }
     };
 };
@@ -85,16 +85,16 @@ struct Conv1d {
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K); }
         template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size(ctx, window, Out, n); }
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
         {
-            conv_forward(ctx, window, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
         {
-            conv_backward(ctx, window, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+            conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }
     };
 };
@@ -122,16 +122,16 @@ struct ConvTranspose2d {
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, Out * K * K); }
         template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size(ctx, window, C, n); }
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size<window>(ctx, C, n); }
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
         {
-            conv_transpose_forward(ctx, window, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_transpose_forward<window>(ctx, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
         {
-            conv_transpose_backward(ctx, window, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+            conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }
     };
 };

@@ -37,15 +37,15 @@ struct PoolOp : model::LeafOp {
     template <class Ctx>
     void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
     {
-        if constexpr (Kind == PoolKind::max) max_pool_forward(ctx, G, a.x, a.y, a.n);
-        else avg_pool_forward(ctx, G, a.x, a.y, a.n);
+        if constexpr (Kind == PoolKind::max) max_pool_forward<G>(ctx, a.x, a.y, a.n);
+        else avg_pool_forward<G>(ctx, a.x, a.y, a.n);
     }
     template <class Ctx>
     void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
     {
         if (!a.dx) return;
-        if constexpr (Kind == PoolKind::max) max_pool_backward(ctx, G, a.x, a.y, a.dy, a.dx, a.n);
-        else avg_pool_backward(ctx, G, a.dy, a.dx, a.n);
+        if constexpr (Kind == PoolKind::max) max_pool_backward<G>(ctx, a.x, a.y, a.dy, a.dx, a.n);
+        else avg_pool_backward<G>(ctx, a.dy, a.dx, a.n);
     }
 };
 

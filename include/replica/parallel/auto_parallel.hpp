@@ -120,6 +120,7 @@ private:
             if (model.device() == devices.front()) return Impl(std::in_place_index<0>, std::move(model));
             M moved{devices.front()};
             moved.set_parameters(model.parameters());
+            moved.set_optimizer_state(model.optimizer_state());
             return Impl(std::in_place_index<0>, std::move(moved));
         }
         if (o.dispatch == DispatchChoice::threaded)

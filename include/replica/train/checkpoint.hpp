@@ -202,7 +202,7 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
     std::FILE* file = std::fopen(tmp.c_str(), "wb");
     if (!file)
         throw Error("cannot write checkpoint " + name + ": creating " + tmp.string() + " failed: " +
-                    std::strerror(errno) + advice);
+                    std::strerror(errno) + "; the previous checkpoint, if any, is unchanged" + advice);
     // Takes errno first: closing and removing may change it.
     auto fail = [&](const std::string& step) {
         const int err = errno;
@@ -382,7 +382,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model)
     const std::vector<unsigned char> bytes = detail::read_file(path);
     auto contents = detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count);
     model.set_parameters(contents.parameters);
-    if (!contents.optimizer_state.empty()) model.set_optimizer_state(contents.optimizer_state);
+    model.set_optimizer_state(contents.optimizer_state);   // none saved: the run restarts its momentum
     return std::move(contents.state);
 }
 

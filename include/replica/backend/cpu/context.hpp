@@ -13,6 +13,22 @@
 
 namespace replica::backend::cpu {
 
+// OpenBLAS picks its kernels by CPU model when it loads; a model newer than the library falls back to
+// generic SSE3 kernels, several times slower. Say so once, with the fix.
+inline bool check_blas_kernels()
+{
+    const std::string core = openblas_get_corename();
+    const bool generic = core == "Prescott" || core == "Core2" || core == "Penryn" || core == "Nehalem" ||
+                         core == "Sandybridge" || core == "unknown";
+    if (generic && std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2"))
+        std::fprintf(stderr,
+                     "replica: OpenBLAS runs its %s kernels on a CPU with AVX2%s; set OPENBLAS_CORETYPE=%s before "
+                     "starting the program for several times the speed (scripts/ do this)\n",
+                     core.c_str(), __builtin_cpu_supports("avx512f") ? " and AVX-512" : "",
+                     __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
+    return generic;
+}
+
 class Context {
 public:
     explicit Context(Device device = Device::cpu()) : device_(device)
@@ -45,22 +61,6 @@ public:
 private:
     Device device_;
 };
-
-// OpenBLAS picks its kernels by CPU model when it loads; a model newer than the library falls back to
-// generic SSE3 kernels, several times slower. Say so once, with the fix.
-inline bool check_blas_kernels()
-{
-    const std::string core = openblas_get_corename();
-    const bool generic = core == "Prescott" || core == "Core2" || core == "Penryn" || core == "Nehalem" ||
-                         core == "Sandybridge" || core == "unknown";
-    if (generic && std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2"))
-        std::fprintf(stderr,
-                     "replica: OpenBLAS runs its %s kernels on a CPU with AVX2%s; set OPENBLAS_CORETYPE=%s before "
-                     "starting the program for several times the speed (scripts/ do this)\n",
-                     core.c_str(), __builtin_cpu_supports("avx512f") ? " and AVX-512" : "",
-                     __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
-    return generic;
-}
 
 // Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
 // DataParallel over several CPU replicas sets it to 1, so that replicas, not BLAS, use the cores.

@@ -19,7 +19,8 @@ inline std::size_t chunk(std::size_t n, std::size_t per_sample)
 {
     return std::clamp<std::size_t>(kChunkFloats / std::max<std::size_t>(per_sample, 1), 1, std::max<std::size_t>(n, 1));
 }
-inline std::size_t conv_per_sample(const Window& g, int cout)
+template <Window g>
+std::size_t conv_per_sample(int cout)
 {
     return std::size_t(g.col_rows() + cout) * g.out_pixels();
 }
@@ -27,32 +28,35 @@ inline std::size_t conv_per_sample(const Window& g, int cout)
 
 // ---- convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----
 
-inline std::size_t conv_scratch_size(const Context&, const Window& g, int cout, std::size_t n)
+template <Window g>
+std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
-    const std::size_t per = detail::conv_per_sample(g, cout);
+    const std::size_t per = detail::conv_per_sample<g>(cout);
     return detail::chunk(n, per) * per;
 }
 
-inline void conv_forward(const Context&, const Window& g, int cout, const float* w, const float* b,
+template <Window g>
+void conv_forward(const Context&, int cout, const float* w, const float* b,
                          const float* x, float* y, std::size_t n, float* scratch)
 {
-    const std::size_t m = detail::chunk(n, detail::conv_per_sample(g, cout));
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         float* col = scratch;                                   // (k, mm*p)
         float* out = scratch + std::size_t(k) * mm * p;         // (cout, mm*p)
-        im2col(g, x + s0 * g.in_size(), mm, col);
+        im2col<g>(x + s0 * g.in_size(), mm, col);
         gemm(false, false, cout, mm * p, k, 1.0f, w, k, col, mm * p, 0.0f, out, mm * p);
         to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
     }
 }
 
 // dw, db are assigned; dx (may be null) is assigned.
-inline void conv_backward(const Context&, const Window& g, int cout, const float* w, const float* x,
+template <Window g>
+void conv_backward(const Context&, int cout, const float* w, const float* x,
                           const float* dy, float* dx, float* dw, float* db, std::size_t n, float* scratch)
 {
-    const std::size_t m = detail::chunk(n, detail::conv_per_sample(g, cout));
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
     if (dx) std::fill(dx, dx + n * g.in_size(), 0.0f);
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
@@ -61,12 +65,12 @@ inline void conv_backward(const Context&, const Window& g, int cout, const float
         float* col = scratch;
         float* dyt = scratch + std::size_t(k) * mm * p;          // (cout, mm*p)
         to_channel_major(dy + s0 * std::size_t(cout) * p, mm, cout, p, dyt);
-        im2col(g, x + s0 * g.in_size(), mm, col);
+        im2col<g>(x + s0 * g.in_size(), mm, col);
         gemm(false, true, cout, k, mm * p, 1.0f, dyt, mm * p, col, mm * p, beta, dw, k);
         sum_cols(dyt, cout, mm * p, db, s0 != 0);
         if (dx) {
             gemm(true, false, k, mm * p, cout, 1.0f, w, k, dyt, mm * p, 0.0f, col, mm * p);
-            col2im(g, col, mm, dx + s0 * g.in_size());
+            col2im<g>(col, mm, dx + s0 * g.in_size());
         }
     }
 }
@@ -75,16 +79,18 @@ inline void conv_backward(const Context&, const Window& g, int cout, const float
 // It is the adjoint of the convolution y -> x with window `g` taken over y: g.c = cout, (g.h, g.w) =
 // (oh, ow), (g.oh, g.ow) = (h, w).
 
-inline std::size_t conv_transpose_scratch_size(const Context&, const Window& g, int c, std::size_t n)
+template <Window g>
+std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
 {
-    const std::size_t per = detail::conv_per_sample(g, c);
+    const std::size_t per = detail::conv_per_sample<g>(c);
     return detail::chunk(n, per) * per;
 }
 
-inline void conv_transpose_forward(const Context&, const Window& g, int c, const float* w, const float* b,
+template <Window g>
+void conv_transpose_forward(const Context&, int c, const float* w, const float* b,
                                    const float* x, float* y, std::size_t n, float* scratch)
 {
-    const std::size_t m = detail::chunk(n, detail::conv_per_sample(g, c));
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
     const int p = g.out_pixels(), k = g.col_rows();        // p = h*w of x, k = cout*kh*kw
     std::fill(y, y + n * g.in_size(), 0.0f);
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
@@ -93,7 +99,7 @@ inline void conv_transpose_forward(const Context&, const Window& g, int c, const
         float* xt = scratch + std::size_t(k) * mm * p;        // (c, mm*p)
         to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
         gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
-        col2im(g, col, mm, y + s0 * g.in_size());
+        col2im<g>(col, mm, y + s0 * g.in_size());
     }
     const int planes = g.h * g.w;
     for (std::size_t s = 0; s < n; ++s)
@@ -103,11 +109,12 @@ inline void conv_transpose_forward(const Context&, const Window& g, int c, const
         }
 }
 
-inline void conv_transpose_backward(const Context&, const Window& g, int c, const float* w, const float* x,
+template <Window g>
+void conv_transpose_backward(const Context&, int c, const float* w, const float* x,
                                     const float* dy, float* dx, float* dw, float* db, std::size_t n,
                                     float* scratch)
 {
-    const std::size_t m = detail::chunk(n, detail::conv_per_sample(g, c));
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
     const int p = g.out_pixels(), k = g.col_rows();
     const int planes = g.h * g.w;
     std::fill(db, db + g.c, 0.0f);
@@ -118,7 +125,7 @@ inline void conv_transpose_backward(const Context&, const Window& g, int c, cons
         const float beta = s0 == 0 ? 0.0f : 1.0f;
         float* col = scratch;
         float* xt = scratch + std::size_t(k) * mm * p;
-        im2col(g, dy + s0 * g.in_size(), mm, col);                  // (k, mm*p)
+        im2col<g>(dy + s0 * g.in_size(), mm, col);                  // (k, mm*p)
         to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
         gemm(false, true, c, k, mm * p, 1.0f, xt, mm * p, col, mm * p, beta, dw, k);
         if (dx) {

@@ -24,7 +24,8 @@ using core::Window;
 
 // col (c*kh*kw, m*oh*ow) <- patches of samples x[0..m) (m, c, h, w). Row r = (ci, ki, kj),
 // column s*oh*ow + p holds input pixel under kernel tap r for output pixel p of sample s.
-inline void im2col(const Window& g, const float* x, int m, float* col)
+template <Window g>
+void im2col(const float* x, int m, float* col)
 {
     const int pixels = g.out_pixels();
     const std::size_t ld = std::size_t(m) * pixels;
@@ -63,7 +64,8 @@ inline void im2col(const Window& g, const float* x, int m, float* col)
 }
 
 // dx[0..m) += the patches in col: the adjoint of im2col. dx must be zeroed (or hold what to add to).
-inline void col2im(const Window& g, const float* col, int m, float* dx)
+template <Window g>
+void col2im(const float* col, int m, float* dx)
 {
     const int pixels = g.out_pixels();
     const std::size_t ld = std::size_t(m) * pixels;

@@ -13,8 +13,8 @@
 namespace replica::backend::cpu {
 
 namespace detail {
-template <class F>
-void for_each_window(const Window& g, F&& f)
+template <Window g, class F>
+void for_each_window(F&& f)
 {
     for (int oy = 0; oy < g.oh; ++oy) {
         const int y0 = oy * g.sh - g.ph;
@@ -28,12 +28,13 @@ void for_each_window(const Window& g, F&& f)
 }
 } // namespace detail
 
-inline void max_pool_forward(const Context&, const Window& g, const float* x, float* y, std::size_t n)
+template <Window g>
+void max_pool_forward(const Context&, const float* x, float* y, std::size_t n)
 {
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
         const float* xp = x + plane * g.h * g.w;
         float* yp = y + plane * g.out_pixels();
-        detail::for_each_window(g, [&](int o, int ya, int yb, int xa, int xb) {
+        detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             float best = -std::numeric_limits<float>::infinity();
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix) best = std::max(best, xp[iy * g.w + ix]);
@@ -42,7 +43,8 @@ inline void max_pool_forward(const Context&, const Window& g, const float* x, fl
     }
 }
 
-inline void max_pool_backward(const Context&, const Window& g, const float* x, const float* y,
+template <Window g>
+void max_pool_backward(const Context&, const float* x, const float* y,
                               const float* dy, float* dx, std::size_t n)
 {
     std::fill(dx, dx + n * g.in_size(), 0.0f);
@@ -51,7 +53,7 @@ inline void max_pool_backward(const Context&, const Window& g, const float* x, c
         const float* yp = y + plane * g.out_pixels();
         const float* dyp = dy + plane * g.out_pixels();
         float* dxp = dx + plane * g.h * g.w;
-        detail::for_each_window(g, [&](int o, int ya, int yb, int xa, int xb) {
+        detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix)
                     if (xp[iy * g.w + ix] == yp[o]) {
@@ -63,13 +65,14 @@ inline void max_pool_backward(const Context&, const Window& g, const float* x, c
 }
 
 // Average over kh*kw taps, padding counted as zeros (PyTorch's count_include_pad).
-inline void avg_pool_forward(const Context&, const Window& g, const float* x, float* y, std::size_t n)
+template <Window g>
+void avg_pool_forward(const Context&, const float* x, float* y, std::size_t n)
 {
     const float scale = 1.0f / float(g.kh * g.kw);
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
         const float* xp = x + plane * g.h * g.w;
         float* yp = y + plane * g.out_pixels();
-        detail::for_each_window(g, [&](int o, int ya, int yb, int xa, int xb) {
+        detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             float s = 0.0f;
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix) s += xp[iy * g.w + ix];
@@ -78,14 +81,15 @@ inline void avg_pool_forward(const Context&, const Window& g, const float* x, fl
     }
 }
 
-inline void avg_pool_backward(const Context&, const Window& g, const float* dy, float* dx, std::size_t n)
+template <Window g>
+void avg_pool_backward(const Context&, const float* dy, float* dx, std::size_t n)
 {
     const float scale = 1.0f / float(g.kh * g.kw);
     std::fill(dx, dx + n * g.in_size(), 0.0f);
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
         const float* dyp = dy + plane * g.out_pixels();
         float* dxp = dx + plane * g.h * g.w;
-        detail::for_each_window(g, [&](int o, int ya, int yb, int xa, int xb) {
+        detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix) dxp[iy * g.w + ix] += dyp[o] * scale;
         });
