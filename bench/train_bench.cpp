@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../examples/support/args.hpp"
+#include "support/args.hpp"
 #include "replica/data/synthetic.hpp"
 #include "replica/replica.hpp"
 

@@ -249,10 +249,17 @@ public:
     float* parameter_data() { return params_.data(); }
     float* gradient_data() { return grads_.data(); }
 
+    // Calls f(context) with this model's device made current for the calling thread.
     template <class F>
-    decltype(auto) visit(F&& f) { return std::visit(std::forward<F>(f), ctx_); }
+    decltype(auto) visit(F&& f)
+    {
+        return std::visit([&](auto& ctx) -> decltype(auto) { ctx.activate(); return f(ctx); }, ctx_);
+    }
     template <class F>
-    decltype(auto) visit(F&& f) const { return std::visit(std::forward<F>(f), ctx_); }
+    decltype(auto) visit(F&& f) const
+    {
+        return std::visit([&](auto& ctx) -> decltype(auto) { ctx.activate(); return f(ctx); }, ctx_);
+    }
 
 private:
     static std::vector<Device> check_devices(std::vector<Device> d)

@@ -57,6 +57,7 @@ public:
     void download(T* dst, const T* src, std::size_t n) const { if (n) std::memcpy(dst, src, n * sizeof(T)); }
 
     void synchronize() const {}
+    void activate() const {}
 
 private:
     Device device_;

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Training-step benchmark in PyTorch: the networks of bench/train_bench.cpp, layer for layer.
+
+Same synthetic data (uniform in [-1, 1), random integer labels, two distinct batches alternated), same
+loss (mean softmax cross-entropy; per pixel for fcn), same optimiser (SGD, lr 0.001, momentum 0.9), same
+report (median step time after warm-up), so that bench/run_table.py can set the two side by side.
+
+    python3 bench/pytorch_bench.py --model googlenet --batch 128 --json
+    python3 bench/pytorch_bench.py --model alexnet --gpus 2 --scaling weak --json
+    python3 bench/pytorch_bench.py --model lenet --gpus 0 --threads 1      # CPU reference
+    python3 bench/pytorch_bench.py --params
+
+One GPU: a plain eager loop. Several GPUs: DistributedDataParallel, one process per GPU started by this
+script (torch.multiprocessing.spawn, NCCL). alexnet and alexnet-plain are the same network here: the whole
+of it under DDP (replica's alexnet keeps the classifier on the first device; PyTorch has no such split
+in this script). With --json: one JSON object, the keys of train_bench plus tf32, channels_last,
+cudnn_benchmark, threads, torch (the version) and, for alexnet, note.
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+# NVLink SHARP (NVLS) multicast stays off: set before anything can initialise NCCL, here and in every
+# spawned process (they import this module again).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+
+MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn")
+NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn")
+DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "googlenet": 32, "textcnn": 128, "fcn": 16}
+# The parameter counts of replica's networks (include/replica/models/*.hpp); checked at start-up.
+EXPECTED_PARAMS = {"lenet": 431080, "alexnet": 61100840, "googlenet": 6998552, "textcnn": 11348238, "fcn": 40917}
+INPUT_SHAPE = {"lenet": (1, 28, 28), "alexnet": (3, 224, 224), "googlenet": (3, 224, 224),
+               "textcnn": (69, 1014), "fcn": (3, 256, 256)}
+CLASSES = {"lenet": 10, "alexnet": 1000, "googlenet": 1000, "textcnn": 14, "fcn": 21}
+LABEL_SHAPE = {"fcn": (256, 256)}   # per-pixel labels; the others have one label per sample
+ALEXNET_NOTE = ("PyTorch runs the whole AlexNet under DDP for both alexnet and alexnet-plain "
+                "(replica's alexnet keeps the classifier on the first device)")
+
+
+def network_of(model):
+    """The network a --model names: alexnet-plain is alexnet here."""
+    return "alexnet" if model == "alexnet-plain" else model
+
+
+def global_batch(batch, replicas, scaling):
+    """Samples per step over all replicas: batch itself (strong) or batch per replica (weak)."""
+    return batch if scaling == "strong" else batch * replicas
+
+
+def share(n, replicas, r):
+    """Replica r's (offset, count) of n samples: the first n % replicas replicas take one more."""
+    base, extra = divmod(n, replicas)
+    count = base + (1 if r < extra else 0)
+    offset = r * base + min(r, extra)
+    return offset, count
+
+
+def median(values):
+    """The median as train_bench takes it: the upper middle of the sorted values."""
+    s = sorted(values)
+    return s[len(s) // 2]
+
+
+def available_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="median training-step time of a standard network in PyTorch, "
+                                            "on synthetic data (the counterpart of bench/train_bench)")
+    p.add_argument("--model", default="lenet", choices=MODELS,
+                   help="network; alexnet and alexnet-plain are the same network here (default: lenet)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="batch size (0: the network's default); global with strong scaling, per GPU with weak")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs: 0 runs on the CPU, 1 eager on cuda:0, N > 1 DDP on cuda:0..N-1 (default: 1)")
+    p.add_argument("--scaling", default="strong", choices=("strong", "weak"), help="(default: strong)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU runs: torch.set_num_threads (0: all CPUs this process may use)")
+    p.add_argument("--tf32", default="default", choices=("default", "on", "off"),
+                   help="TF32 on GPUs; default is PyTorch's: cuDNN convolutions may use it, matmuls not")
+    p.add_argument("--channels-last", action="store_true", help="NHWC for the 2-D networks (default: off)")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="let cuDNN time its algorithms (default: off, as in PyTorch)")
+    p.add_argument("--params", action="store_true", help="print each network's parameter count and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    s = p.parse_args(argv)
+    if s.batch < 0 or s.steps < 1 or s.warmup < 0 or s.gpus < 0 or s.threads < 0:
+        p.error("--batch, --warmup, --gpus and --threads must not be negative and --steps must be at least 1")
+    s.batch = s.batch or DEFAULT_BATCH[network_of(s.model)]
+    if global_batch(s.batch, max(s.gpus, 1), s.scaling) < max(s.gpus, 1):
+        p.error(f"a global batch of {s.batch} leaves some of the {s.gpus} GPUs without samples")
+    if s.threads == 0:
+        s.threads = available_cpus()
+    return s
+
+
+def build(name):
+    """The network named, as an nn.Sequential; layer for layer the one in include/replica/models/."""
+    import torch
+    from torch import nn
+
+    class Inception(nn.Module):
+        """1x1 | 1x1 -> 3x3 | 1x1 -> 5x5 | 3x3 max pool -> 1x1, each with ReLU, concatenated on channels."""
+
+        def __init__(self, cin, c1, c3_reduce, c3, c5_reduce, c5, pool_proj):
+            super().__init__()
+            self.b1 = nn.Sequential(nn.Conv2d(cin, c1, 1), nn.ReLU(inplace=True))
+            self.b3 = nn.Sequential(nn.Conv2d(cin, c3_reduce, 1), nn.ReLU(inplace=True),
+                                    nn.Conv2d(c3_reduce, c3, 3, 1, 1), nn.ReLU(inplace=True))
+            self.b5 = nn.Sequential(nn.Conv2d(cin, c5_reduce, 1), nn.ReLU(inplace=True),
+                                    nn.Conv2d(c5_reduce, c5, 5, 1, 2), nn.ReLU(inplace=True))
+            self.bp = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(cin, pool_proj, 1), nn.ReLU(inplace=True))
+
+        def forward(self, x):
+            return torch.cat([self.b1(x), self.b3(x), self.b5(x), self.bp(x)], 1)
+
+    relu = lambda: nn.ReLU(inplace=True)  # noqa: E731
+    if name == "lenet":
+        return nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(800, 500), relu(), nn.Linear(500, 10))
+    if name in ("alexnet", "alexnet-plain"):
+        features = nn.Sequential(nn.Conv2d(3, 64, 11, 4, 2), relu(), nn.MaxPool2d(3, 2),
+                                 nn.Conv2d(64, 192, 5, 1, 2), relu(), nn.MaxPool2d(3, 2),
+                                 nn.Conv2d(192, 384, 3, 1, 1), relu(),
+                                 nn.Conv2d(384, 256, 3, 1, 1), relu(),
+                                 nn.Conv2d(256, 256, 3, 1, 1), relu(), nn.MaxPool2d(3, 2))   # -> 256x6x6
+        classifier = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(256 * 6 * 6, 4096), relu(),
+                                   nn.Dropout(0.5), nn.Linear(4096, 4096), relu(), nn.Linear(4096, 1000))
+        return nn.Sequential(features, classifier)
+    if name == "googlenet":
+        pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)  # noqa: E731
+        return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3), relu(), pool(),
+                             nn.Conv2d(64, 64, 1), relu(), nn.Conv2d(64, 192, 3, 1, 1), relu(), pool(),
+                             Inception(192, 64, 96, 128, 16, 32, 32),        # 3a -> 256x28x28
+                             Inception(256, 128, 128, 192, 32, 96, 64),      # 3b -> 480x28x28
+                             pool(),
+                             Inception(480, 192, 96, 208, 16, 48, 64),       # 4a -> 512x14x14
+                             Inception(512, 160, 112, 224, 24, 64, 64),      # 4b
+                             Inception(512, 128, 128, 256, 24, 64, 64),      # 4c
+                             Inception(512, 112, 144, 288, 32, 64, 64),      # 4d -> 528x14x14
+                             Inception(528, 256, 160, 320, 32, 128, 128),    # 4e -> 832x14x14
+                             pool(),
+                             Inception(832, 256, 160, 320, 32, 128, 128),    # 5a -> 832x7x7
+                             Inception(832, 384, 192, 384, 48, 128, 128),    # 5b -> 1024x7x7
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.4), nn.Linear(1024, 1000))
+    if name == "textcnn":
+        return nn.Sequential(nn.Conv1d(69, 256, 7), relu(), nn.MaxPool1d(3),
+                             nn.Conv1d(256, 256, 7), relu(), nn.MaxPool1d(3),
+                             nn.Conv1d(256, 256, 3), relu(), nn.Conv1d(256, 256, 3), relu(),
+                             nn.Conv1d(256, 256, 3), relu(), nn.Conv1d(256, 256, 3), relu(), nn.MaxPool1d(3),  # -> 256x34
+                             nn.Flatten(), nn.Linear(256 * 34, 1024), relu(), nn.Dropout(0.5),
+                             nn.Linear(1024, 1024), relu(), nn.Dropout(0.5), nn.Linear(1024, 14))
+    if name == "fcn":
+        return nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), relu(),
+                             nn.Conv2d(32, 64, 3, 2, 1), relu(),           # -> 64x128x128
+                             nn.ConvTranspose2d(64, 21, 4, 2, 1))          # -> 21x256x256
+    raise ValueError(f"unknown model {name!r}")
+
+
+def check_networks():
+    """Builds every network on the meta device (no memory, no arithmetic) and checks its parameter count
+    and output shape against replica's. Returns {network: parameter count}."""
+    import torch
+    counts = {}
+    for name in NETWORKS:
+        with torch.device("meta"):
+            net = build(name).eval()
+            out = net(torch.empty((2,) + INPUT_SHAPE[name]))
+        counts[name] = sum(p.numel() for p in net.parameters())
+        want_out = (2, CLASSES[name]) + LABEL_SHAPE.get(name, ())
+        if counts[name] != EXPECTED_PARAMS[name] or tuple(out.shape) != want_out:
+            raise SystemExit(f"pytorch_bench: {name} has {counts[name]} parameters and output {tuple(out.shape)}; "
+                             f"replica's has {EXPECTED_PARAMS[name]} and {want_out}: the definitions differ")
+    return counts
+
+
+def set_tf32(torch, mode):
+    """Sets TF32 for cuDNN convolutions and matmuls; returns what is in force: conv, matmul, on or off."""
+    if mode == "on":
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, True
+    elif mode == "off":
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, False
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    return {(True, True): "on", (True, False): "conv", (False, True): "matmul", (False, False): "off"}[(conv, mm)]
+
+
+def train(s, rank, world):
+    """Runs the benchmark on one device (rank of world; the process group exists when world > 1) and
+    returns rank 0's result record (other ranks: None)."""
+    import torch
+    from torch import nn
+
+    cuda = s.gpus > 0
+    if cuda:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        tf32 = set_tf32(torch, s.tf32)
+        torch.backends.cudnn.benchmark = s.cudnn_benchmark
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(s.threads)
+        tf32 = "n/a"
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+
+    name = network_of(s.model)
+    image = len(INPUT_SHAPE[name]) == 3
+    torch.manual_seed(1)
+    model = build(name).to(device)
+    if s.channels_last and image:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, device_ids=[rank])
+
+    glob = global_batch(s.batch, world, s.scaling)
+    _, n = share(glob, world, rank)
+    # Two distinct batches, made once on the device, alternated.
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1000 + rank)
+    xs = [torch.rand((n,) + INPUT_SHAPE[name], generator=gen, device=device) * 2 - 1 for _ in range(2)]
+    ys = [torch.randint(0, CLASSES[name], (n,) + LABEL_SHAPE.get(name, ()), generator=gen, device=device)
+          for _ in range(2)]
+    if s.channels_last and image:
+        xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
+    criterion = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    # DDP averages the replicas' gradients; with uneven shares, weight each replica's mean loss so that
+    # the average is the gradient of the mean over the global batch, as replica computes it.
+    weight = n * world / glob
+
+    def wait_all():
+        if cuda:
+            torch.cuda.synchronize(device)
+        if world > 1:
+            dist.barrier()
+            torch.cuda.synchronize(device)
+
+    times = []
+    loss = None
+    wait_all()
+    for i in range(s.warmup + s.steps):
+        x, y = xs[i % 2], ys[i % 2]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        (loss * weight if weight != 1 else loss).backward()
+        opt.step()
+        wait_all()   # every device has finished the step
+        t1 = time.perf_counter()
+        if i >= s.warmup:
+            times.append((t1 - t0) * 1000.0)
+
+    # The loss of the last step over the global batch (outside the timing).
+    last = loss.detach() * (n / glob)
+    if world > 1:
+        dist.all_reduce(last)
+    if rank != 0:
+        return None
+    med = median(times)
+    result = {
+        "library": "pytorch", "model": s.model, "devices": max(world, 1),
+        "device": str(torch.device("cuda", 0)) if cuda else "cpu",
+        "dispatch": "ddp" if world > 1 else "eager", "scaling": s.scaling, "batch": s.batch,
+        "global_batch": glob, "steps": s.steps, "median_ms": round(med, 4), "min_ms": round(min(times), 4),
+        "samples_per_s": round(glob / (med / 1000.0), 1), "loss": round(float(last), 5), "tf32": tf32,
+        "channels_last": bool(s.channels_last and image), "cudnn_benchmark": bool(cuda and s.cudnn_benchmark),
+        "threads": torch.get_num_threads() if not cuda else None, "torch": torch.__version__,
+    }
+    if name == "alexnet":
+        result["note"] = ALEXNET_NOTE
+    return result
+
+
+def ddp_worker(rank, world, s, port, queue):
+    """One process of a DDP run (started by torch.multiprocessing.spawn)."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    try:
+        result = train(s, rank, world)
+        if rank == 0:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def describe(r):
+    where = r["device"] if r["devices"] == 1 else f"{r['devices']} GPUs ({r['dispatch']}, {r['scaling']} scaling)"
+    return (f"pytorch {r['model']} on {where}: batch {r['batch']} (global {r['global_batch']}), "
+            f"median step {r['median_ms']:.3f} ms (min {r['min_ms']:.3f}), {r['samples_per_s']:.0f} samples/s, "
+            f"loss {r['loss']:.4f}, tf32 {r['tf32']}")
+
+
+def main(argv=None):
+    s = parse_args(argv)
+    import torch
+
+    counts = check_networks()
+    if s.params:
+        for name in NETWORKS:
+            print(f"{name:10s} {counts[name]:>10,d} parameters (replica: {EXPECTED_PARAMS[name]:,d})")
+        return 0
+    if s.gpus > 0:
+        if not torch.cuda.is_available():
+            raise SystemExit("pytorch_bench: no CUDA device; use --gpus 0 for a CPU run")
+        if s.gpus > torch.cuda.device_count():
+            raise SystemExit(f"pytorch_bench: --gpus {s.gpus}, but only {torch.cuda.device_count()} visible")
+
+    if s.gpus <= 1:
+        result = train(s, 0, 1)
+    else:
+        import torch.multiprocessing as mp
+        queue = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(ddp_worker, args=(s.gpus, s, free_port(), queue), nprocs=s.gpus, join=True)
+        result = queue.get()
+    print(json.dumps(result) if s.json else describe(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""Runs a preset of benchmark configurations and writes the results as JSON and Markdown tables.
+
+    python3 bench/run_table.py --preset cpu --bench build/bench/train_bench --out /tmp/bench-cpu
+    python3 bench/run_table.py --preset gpu2 --bench build/bench/train_bench --out results/h200x2 --pytorch
+
+Each configuration runs as its own process (bench/train_bench --json, or bench/pytorch_bench.py --json);
+a run that fails is recorded with its error text and the others go on. Writes, after every run:
+
+    DIR/results.json   {"preset", "machine": {hostname, cpu, nproc, gpus, date, ...}, "results": [...]}
+    DIR/results.md     one table per network: config | devices | dispatch | scaling | batch | median ms |
+                       samples/s | ratio
+
+Ratio: our median step time over PyTorch's for the same network, device kind, device count, scaling and
+batch (below 1: replica is faster); for a multi-device run also the speed-up in samples/s over the same
+library's 1-device run at the same global batch (strong scaling) or per-device batch (weak scaling).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "alexnet-plain": 128, "googlenet": 32, "textcnn": 128, "fcn": 16}
+GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128),
+             ("textcnn", 128), ("fcn", 16))
+
+
+def network_of(model):
+    """The network a model name stands for: alexnet-plain is AlexNet without the nested DataParallel."""
+    return "alexnet" if model == "alexnet-plain" else model
+
+
+def sig3(x):
+    """x to 3 significant digits, never in exponent notation: 2801.8 -> 2800, 22.84 -> 22.8, 0.8512 -> 0.851."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if x == 0:
+        return "0"
+    r = round(x, 2 - int(math.floor(math.log10(abs(x)))))
+    digits = 2 - int(math.floor(math.log10(abs(r))))
+    return f"{r:.{max(digits, 0)}f}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configurations
+
+
+def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0):
+    count = len(devices.split(","))
+    config = "replica" if blas_threads == 0 else \
+        f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
+    return {"library": "replica", "config": config, "model": model, "network": network_of(model),
+            "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
+            "global_batch": batch if scaling == "strong" else batch * count,
+            "blas_threads": blas_threads or None}
+
+
+def pytorch_config(model, gpus, batch, scaling="strong", threads=0):
+    count = max(gpus, 1)
+    config = "pytorch" if gpus > 0 or threads == 0 else f"pytorch, {threads} thread{'s' if threads > 1 else ''}"
+    return {"library": "pytorch", "config": config, "model": model, "network": network_of(model),
+            "device_list": ",".join(f"cuda:{i}" for i in range(gpus)) if gpus else "cpu", "devices": count,
+            "dispatch": "ddp" if gpus > 1 else "eager", "scaling": scaling, "batch": batch,
+            "global_batch": batch if scaling == "strong" else batch * count, "gpus": gpus,
+            "threads": threads or None}
+
+
+def preset_configs(preset, pytorch):
+    """The configurations of a preset, in the order they run."""
+    runs = []
+    if preset == "cpu":
+        runs += [replica_config("lenet", "cpu:0", 64, blas_threads=1),
+                 replica_config("lenet", "cpu:0", 64, blas_threads=2)]
+        # One BLAS thread per device: two devices on two cores.
+        runs += [replica_config("lenet", "cpu:0,cpu:1", 64, dispatch, scaling, blas_threads=1)
+                 for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
+        if pytorch:
+            runs += [pytorch_config("lenet", 0, 64, threads=1), pytorch_config("lenet", 0, 64, threads=2)]
+    elif preset == "gpu1":
+        batches = [(m, DEFAULT_BATCH[m]) for m in ("lenet", "alexnet", "googlenet", "textcnn", "fcn")]
+        batches.insert(3, ("googlenet", 128))
+        runs += [replica_config(m, "cuda:0", b) for m, b in batches]
+        if pytorch:
+            runs += [pytorch_config(m, 1, b) for m, b in batches]
+    elif preset == "gpu2":
+        for model, b in GPU2_RUNS:
+            runs += [replica_config(model, "cuda:0", b), replica_config(model, "cuda:0", b // 2)]
+            runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling)
+                     for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
+            # alexnet and alexnet-plain are one network in PyTorch (whole under DDP): run it once.
+            if pytorch and model != "alexnet-plain":
+                runs += [pytorch_config(model, 1, b), pytorch_config(model, 1, b // 2)]
+                runs += [pytorch_config(model, 2, b, scaling) for scaling in ("strong", "weak")]
+    else:
+        raise ValueError(f"unknown preset {preset!r}")
+    return runs
+
+
+def command(cfg, args):
+    """The argv that runs cfg."""
+    common = ["--model", cfg["model"], "--scaling", cfg["scaling"], "--batch", str(cfg["batch"]), "--json"]
+    if args.steps is not None:
+        common += ["--steps", str(args.steps)]
+    if args.warmup is not None:
+        common += ["--warmup", str(args.warmup)]
+    if cfg["library"] == "replica":
+        argv = [args.bench, "--devices", cfg["device_list"], "--dispatch", cfg["dispatch"]] + common
+        if cfg["blas_threads"]:
+            argv += ["--blas-threads", str(cfg["blas_threads"])]
+        return argv
+    argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common
+    if cfg["threads"]:
+        argv += ["--threads", str(cfg["threads"])]
+    return argv + args.pytorch_arg
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+
+
+def bench_environment():
+    """The environment for the runs: as scripts/lib.sh does, name OpenBLAS kernels this CPU can run
+    (OpenBLAS 0.3.21 falls back to slow ones on recent CPUs) unless the caller chose."""
+    env = dict(os.environ)
+    if "OPENBLAS_CORETYPE" not in env:
+        flags = set()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        if {"avx512f", "avx512bw"} <= flags:
+            env["OPENBLAS_CORETYPE"] = "SkylakeX"
+        elif "avx2" in flags:
+            env["OPENBLAS_CORETYPE"] = "Haswell"
+    return env
+
+
+def run_one(argv, env, timeout):
+    """Runs argv; returns (JSON record or None, error text or None)."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    except OSError as e:
+        return None, f"could not start: {e}"
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # the run's own process group (DDP workers included)
+        proc.communicate()
+        return None, f"timed out after {timeout} s"
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    record = None
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                pass
+            break
+    if proc.returncode == 0 and record is not None:
+        return record, None
+    lines = [l for l in err.splitlines() if l.strip()] or [l for l in out.splitlines() if l.strip()]
+    text = "\n".join(lines[-5:]) if lines else "no output"
+    return None, f"exit code {proc.returncode}: {text}"
+
+
+def command_output(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_record(env):
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
+    except OSError:
+        pass
+    gpus = []
+    if shutil.which("nvidia-smi"):
+        names = command_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+        gpus = [n.strip() for n in names.splitlines() if n.strip()] if names else []
+    repo = os.path.dirname(HERE)
+    commit = command_output(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
+    if commit and command_output(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"]):
+        commit += " (modified)"
+    return {"hostname": socket.gethostname(), "cpu": cpu, "nproc": os.cpu_count(), "gpus": gpus,
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "commit": commit, "openblas_coretype": env.get("OPENBLAS_CORETYPE")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tables
+
+
+def kind_of(r):
+    return "cuda" if str(r.get("device_list", "")).startswith("cuda") else "cpu"
+
+
+def ok(r):
+    return not r.get("error") and r.get("median_ms")
+
+
+def pytorch_match(r, results):
+    """The PyTorch run to set against our run r: same network, device kind and count, scaling, batch;
+    of several (CPU runs with different thread counts) the one whose threads equal our BLAS threads."""
+    found = [p for p in results if p["library"] == "pytorch" and ok(p) and p["network"] == r["network"]
+             and kind_of(p) == kind_of(r) and p["devices"] == r["devices"] and p["batch"] == r["batch"]
+             and (r["devices"] == 1 or p["scaling"] == r["scaling"])]
+    same_threads = [p for p in found if p.get("threads") and p.get("threads") == r.get("blas_threads")]
+    return (same_threads or found or [None])[0]
+
+
+def one_device_base(r, results):
+    """The same library's 1-device run that a multi-device run r scales from: the same global batch
+    (strong) or the same per-device batch (weak); the same model and BLAS threads where there is one."""
+    batch = r["global_batch"] if r["scaling"] == "strong" else r["batch"]
+    found = [b for b in results if b["library"] == r["library"] and ok(b) and b["devices"] == 1
+             and b["network"] == r["network"] and kind_of(b) == kind_of(r) and b["global_batch"] == batch]
+    found.sort(key=lambda b: (b["model"] != r["model"], b.get("blas_threads") != r.get("blas_threads"),
+                              b.get("threads") != r.get("threads")))
+    return found[0] if found else None
+
+
+def work_of(r):
+    """What a run computes per step: device kind and count, scaling (with several devices), batch."""
+    return kind_of(r), r["devices"], r["scaling"] if r["devices"] > 1 else "", r["batch"]
+
+
+def batch_text(r):
+    return f"{r['devices']}×{r['batch']} = {r['global_batch']}" if r["global_batch"] != r["batch"] else str(r["batch"])
+
+
+def ratio_text(r, results):
+    parts = []
+    if r["library"] == "replica":
+        p = pytorch_match(r, results)
+        if p:
+            parts.append(f"{sig3(r['median_ms'] / p['median_ms'])} of PyTorch")
+    if r["devices"] > 1:
+        b = one_device_base(r, results)
+        if b:
+            parts.append(f"speed-up {sig3(r['samples_per_s'] / b['samples_per_s'])}")
+    return "; ".join(parts)
+
+
+def cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def config_text(r, models):
+    """The config column: the library (and settings), with the model where a table holds several."""
+    return f"{r['config']} ({r['model']})" if len(models) > 1 and r["library"] == "replica" else r["config"]
+
+
+def markdown(doc):
+    results = doc["results"]
+    m = doc["machine"]
+    lines = [f"# Training-step benchmark: preset {doc['preset']}", ""]
+    gpus = ", ".join(m["gpus"]) if m.get("gpus") else "none"
+    lines.append(f"{m['hostname']}: {m['cpu']}, {m['nproc']} CPUs; GPUs: {gpus}. {m['date']}, "
+                 f"commit {m.get('commit') or 'unknown'}, OPENBLAS_CORETYPE {m.get('openblas_coretype') or 'unset'}.")
+    torch = sorted({(r.get("torch"), r.get("tf32")) for r in results if r["library"] == "pytorch" and ok(r)},
+                   key=str)
+    for version, tf32 in torch:
+        lines.append(f"PyTorch {version}, TF32: {tf32} (conv: cuDNN convolutions only, PyTorch's default).")
+    steps = sorted({r["steps"] for r in results if ok(r)})
+    if steps:
+        lines.append(f"Median over {', '.join(map(str, steps))} timed steps after warm-up.")
+    lines += ["", "ratio: our median step time over PyTorch's for the same network, devices, scaling and batch "
+              "(below 1: replica is faster). speed-up: samples/s over the same library's 1-device run at the "
+              "same global batch (strong scaling) or the same batch per device (weak scaling); ideal: the "
+              "number of devices.", ""]
+
+    networks = []
+    for r in results:
+        if r["network"] not in networks:
+            networks.append(r["network"])
+    for net in networks:
+        # Runs that do the same work stand together, ours first, in the order they ran.
+        rows = [r for r in results if r["network"] == net]
+        work = list(dict.fromkeys(work_of(r) for r in rows))
+        rows.sort(key=lambda r: (work.index(work_of(r)), r["library"] == "pytorch"))
+        models = {r["model"] for r in rows if r["library"] == "replica"}
+        lines += [f"## {net}", "",
+                  "| config | devices | dispatch | scaling | batch | median ms | samples/s | ratio |",
+                  "|---|---|---|---|---|--:|--:|---|"]
+        failures = []
+        for r in rows:
+            if ok(r):
+                ms, rate, ratio = sig3(r["median_ms"]), sig3(r["samples_per_s"]), ratio_text(r, results)
+            else:
+                failures.append(r)
+                ms, rate, ratio = f"failed ({len(failures)})", "—", ""
+            scaling = r["scaling"] if r["devices"] > 1 else "—"
+            lines.append("| " + " | ".join(cell(c) for c in (config_text(r, models), r["device_list"], r["dispatch"],
+                                                              scaling, batch_text(r), ms, rate, ratio)) + " |")
+        lines.append("")
+        notes = sorted({r["note"] for r in rows if r.get("note")})
+        lines += [f"Note: {n}." for n in notes]
+        for i, r in enumerate(failures, 1):
+            lines.append(f"Failure {i}: `{r['error'].splitlines()[-1]}` (command: `{r['cmd']}`)")
+        if notes or failures:
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write(doc, out):
+    """Writes results.json and results.md (each replaced whole, never half-written)."""
+    for name, text in (("results.json", json.dumps(doc, indent=1) + "\n"), ("results.md", markdown(doc))):
+        path = os.path.join(out, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="run a preset of benchmark configurations; write results.json "
+                                            "and results.md")
+    p.add_argument("--preset", required=True, choices=("cpu", "gpu1", "gpu2"),
+                   help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs")
+    p.add_argument("--bench", default="build/bench/train_bench", help="the train_bench program")
+    p.add_argument("--out", required=True, help="folder for results.json and results.md (made if missing)")
+    p.add_argument("--steps", type=int, help="timed steps per run (default: the programs' own, 20)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: the programs' own, 3)")
+    p.add_argument("--pytorch", action="store_true", help="also run bench/pytorch_bench.py")
+    p.add_argument("--python", default=sys.executable, help="the Python with PyTorch (default: this one)")
+    p.add_argument("--pytorch-arg", action="append", default=[], metavar="ARG",
+                   help="pass ARG on to pytorch_bench.py, e.g. --pytorch-arg=--tf32=off (repeatable)")
+    p.add_argument("--models", help="only these models, comma-separated (e.g. lenet,fcn)")
+    p.add_argument("--append", action="store_true", help="add to the results already in DIR/results.json")
+    p.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default: 900)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    configs = preset_configs(args.preset, args.pytorch)
+    if args.models:
+        wanted = set(args.models.split(","))
+        unknown = wanted - set(DEFAULT_BATCH)
+        if unknown:
+            sys.exit(f"run_table: unknown model(s) {', '.join(sorted(unknown))}; use {', '.join(DEFAULT_BATCH)}")
+        configs = [c for c in configs if c["model"] in wanted]
+    if args.dry_run:
+        for c in configs:
+            print(shlex.join(command(c, args)))
+        return 0
+    if not (os.path.isfile(args.bench) and os.access(args.bench, os.X_OK)):
+        sys.exit(f"run_table: no program at {args.bench}; build it first (scripts/test, or "
+                 f"meson setup build && ninja -C build)")
+
+    os.makedirs(args.out, exist_ok=True)
+    env = bench_environment()
+    doc = {"preset": args.preset, "machine": machine_record(env), "results": []}
+    previous = os.path.join(args.out, "results.json")
+    if args.append and os.path.exists(previous):
+        with open(previous) as f:
+            doc["results"] = json.load(f)["results"]
+    failed = 0
+    for i, cfg in enumerate(configs, 1):
+        argv = command(cfg, args)
+        what = (f"{cfg['config']} {cfg['model']} on {cfg['device_list']} {cfg['dispatch']} {cfg['scaling']} "
+                f"batch {cfg['batch']}")
+        print(f"[{i}/{len(configs)}] {what} ...", end=" ", file=sys.stderr, flush=True)
+        record, error = run_one(argv, env, args.timeout)
+        entry = dict(cfg)
+        entry["cmd"] = shlex.join(argv)
+        if record:
+            entry.update(record)
+            print(f"{sig3(record['median_ms'])} ms, {sig3(record['samples_per_s'])} samples/s", file=sys.stderr)
+        else:
+            failed += 1
+            entry["error"] = error
+            print("FAILED: " + error.splitlines()[-1], file=sys.stderr)
+        doc["results"].append(entry)
+        write(doc, args.out)
+    if not configs:
+        write(doc, args.out)
+    print(f"{len(configs) - failed} runs, {failed} failed: {os.path.join(args.out, 'results.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+#pragma once
+// A caching device allocator: freed blocks are kept, by exact size, and handed out again, so that a
+// warm training loop never calls cudaMalloc or cudaFree. One per context (device).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "replica/backend/cuda/check.hpp"
+
+namespace replica::backend::cuda {
+
+class CachingAllocator {
+public:
+    explicit CachingAllocator(int device) : device_(device) {}
+    CachingAllocator(const CachingAllocator&) = delete;
+    CachingAllocator& operator=(const CachingAllocator&) = delete;
+    ~CachingAllocator()
+    {
+        cudaSetDevice(device_);
+        for (auto& [size, blocks] : free_)
+            for (void* p : blocks) cudaFree(p);
+    }
+
+    // Zero-filled memory of at least `bytes` bytes, 256-byte aligned.
+    void* allocate(std::size_t bytes)
+    {
+        bytes = (bytes + 511) / 512 * 512;
+        std::lock_guard lock(mutex_);
+        void* p = nullptr;
+        if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
+            p = it->second.back();
+            it->second.pop_back();
+        } else {
+            REPLICA_CHECK(cudaSetDevice(device_));
+            if (cudaMalloc(&p, bytes) != cudaSuccess) {
+                cudaGetLastError();
+                trim();   // give cached blocks back and try once more
+                if (cudaMalloc(&p, bytes) != cudaSuccess) {
+                    cudaGetLastError();
+                    throw Error("out of memory on cuda:" + std::to_string(device_) + " allocating " +
+                                std::to_string(bytes >> 20) + " MiB (" + std::to_string(reserved_ >> 20) +
+                                " MiB already held): use a smaller batch size or model");
+                }
+            }
+            reserved_ += bytes;
+        }
+        size_[p] = bytes;
+        REPLICA_CHECK(cudaMemset(p, 0, bytes));
+        return p;
+    }
+
+    void release(void* p)
+    {
+        std::lock_guard lock(mutex_);
+        auto it = size_.find(p);
+        if (it == size_.end()) return;
+        free_[it->second].push_back(p);
+        size_.erase(it);
+    }
+
+    std::size_t reserved_bytes() const { return reserved_; }
+
+private:
+    void trim()
+    {
+        for (auto& [size, blocks] : free_)
+            for (void* p : blocks) {
+                cudaFree(p);
+                reserved_ -= size;
+            }
+        free_.clear();
+    }
+
+    int device_;
+    std::mutex mutex_;
+    std::unordered_map<std::size_t, std::vector<void*>> free_;
+    std::unordered_map<void*, std::size_t> size_;
+    std::size_t reserved_ = 0;
+};
+
+} // namespace replica::backend::cuda

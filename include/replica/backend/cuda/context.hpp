@@ -1,0 +1,226 @@
+#pragma once
+// The CUDA context of one replica: its device, a compute stream and a communication stream, cuDNN
+// and cuBLAS handles bound to the compute stream, a workspace, a caching allocator, and the per-layer
+// plans (cuDNN descriptors and algorithms) chosen once per shape. Only under nvcc.
+//
+// Copies of a Context share one state; a Buffer from allocate() must not outlive it.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "replica/backend/cuda/allocator.hpp"
+#include "replica/backend/cuda/check.hpp"
+#include "replica/core/device.hpp"
+#include "replica/core/tensor.hpp"
+#include "replica/core/window.hpp"
+
+namespace replica::backend::cuda {
+
+// Process-wide defaults for new contexts (read when a context is made).
+struct Options {
+    bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
+    bool deterministic = false;   // only deterministic cuDNN algorithms
+    bool benchmark = false;       // choose convolution algorithms by measuring, not by heuristics
+};
+inline Options& default_options()
+{
+    static Options o;
+    return o;
+}
+
+// Every visible GPU, honouring CUDA_VISIBLE_DEVICES; empty when there is none (or no driver).
+inline std::vector<Device> visible_devices()
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return {};
+    }
+    std::vector<Device> out;
+    for (int i = 0; i < n; ++i) out.push_back(Device::cuda(i));
+    return out;
+}
+
+// A cuDNN convolution prepared for one geometry and batch size.
+struct ConvPlan {
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+    cudnnTensorDescriptor_t in_bias = nullptr;   // one value per input channel (transposed convolutions)
+    cudnnFilterDescriptor_t w = nullptr;
+    cudnnConvolutionDescriptor_t conv = nullptr;
+    cudnnConvolutionFwdAlgo_t fwd{};
+    cudnnConvolutionBwdDataAlgo_t bwd_data{};
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+    std::size_t workspace = 0;
+};
+
+struct ConvKey {
+    core::Window g;
+    int cout;
+    std::size_t n;
+    friend bool operator<(const ConvKey& a, const ConvKey& b)
+    {
+        auto t = [](const ConvKey& k) {
+            return std::make_tuple(k.g.c, k.g.h, k.g.w, k.g.kh, k.g.kw, k.g.sh, k.g.sw, k.g.ph, k.g.pw, k.g.oh, k.g.ow, k.cout, k.n);
+        };
+        return t(a) < t(b);
+    }
+};
+
+namespace detail {
+struct State {
+    Device device;
+    Options options;
+    cudaStream_t stream = nullptr, comm = nullptr;
+    cudnnHandle_t cudnn = nullptr;
+    cublasHandle_t cublas = nullptr;
+    std::unique_ptr<CachingAllocator> allocator;
+    core::Buffer<unsigned char> workspace;
+    core::Buffer<float> ones;
+    core::Buffer<double> reduce;          // device scalars for loss and metric reductions
+    double* host_reduce = nullptr;        // pinned mirror
+    std::map<ConvKey, ConvPlan> conv_plans;
+
+    explicit State(Device d) : device(d), options(default_options())
+    {
+        REPLICA_CHECK(cudaSetDevice(d.index()));
+        REPLICA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        REPLICA_CHECK(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+        REPLICA_CHECK(cudnnCreate(&cudnn));
+        REPLICA_CHECK(cudnnSetStream(cudnn, stream));
+        REPLICA_CHECK(cublasCreate(&cublas));
+        REPLICA_CHECK(cublasSetStream(cublas, stream));
+        REPLICA_CHECK(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));   // FP32 GEMMs, as PyTorch by default
+        REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
+        allocator = std::make_unique<CachingAllocator>(d.index());
+    }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    ~State()
+    {
+        cudaSetDevice(device.index());
+        cudaStreamSynchronize(stream);
+        for (auto& [key, p] : conv_plans) {
+            cudnnDestroyTensorDescriptor(p.x);
+            cudnnDestroyTensorDescriptor(p.y);
+            cudnnDestroyTensorDescriptor(p.bias);
+            cudnnDestroyTensorDescriptor(p.in_bias);
+            cudnnDestroyFilterDescriptor(p.w);
+            cudnnDestroyConvolutionDescriptor(p.conv);
+        }
+        workspace = {};
+        ones = {};
+        reduce = {};
+        cudaFreeHost(host_reduce);
+        cublasDestroy(cublas);
+        cudnnDestroy(cudnn);
+        cudaStreamDestroy(comm);
+        cudaStreamDestroy(stream);
+    }
+};
+} // namespace detail
+
+class Context {
+public:
+    static constexpr bool host_visible = false;
+
+    explicit Context(Device device) : state_(make(device)) {}
+
+    const Device& device() const { return state_->device; }
+    const Options& options() const { return state_->options; }
+    cudaStream_t stream() const { return state_->stream; }
+    cudaStream_t comm_stream() const { return state_->comm; }
+    cudnnHandle_t cudnn() const { return state_->cudnn; }
+    cublasHandle_t cublas() const { return state_->cublas; }
+    detail::State& state() const { return *state_; }
+
+    // Makes this context's device current for the calling thread.
+    void activate() const { REPLICA_CHECK(cudaSetDevice(state_->device.index())); }
+
+    // Zero-filled device memory from the caching allocator.
+    template <class T>
+    core::Buffer<T> allocate(std::size_t n) const
+    {
+        if (n == 0) return {};
+        activate();
+        synchronize();   // a cached block may still be in use by work queued before it was released
+        void* p = state_->allocator->allocate(n * sizeof(T));
+        return core::Buffer<T>(static_cast<T*>(p), n,
+                               [](void* m, void* owner) { static_cast<CachingAllocator*>(owner)->release(m); },
+                               state_->allocator.get());
+    }
+
+    // Host -> device, finished when it returns (host memory may be reused at once).
+    template <class T>
+    void upload(T* dst, const T* src, std::size_t n) const
+    {
+        if (n == 0) return;
+        activate();
+        REPLICA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
+        REPLICA_CHECK(cudaStreamSynchronize(stream()));
+    }
+    // Device -> host (or another device), queued on the compute stream: synchronize() before reading.
+    template <class T>
+    void download(T* dst, const T* src, std::size_t n) const
+    {
+        if (n == 0) return;
+        activate();
+        REPLICA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, stream()));
+    }
+    // A device copy of n host values, queued on the compute stream; the host memory must stay valid
+    // until the step has finished (train_step waits for its loss).
+    template <class T>
+    const T* stage(const T* host, T* staging, std::size_t n) const
+    {
+        if (n) REPLICA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(T), cudaMemcpyDefault, stream()));
+        return staging;
+    }
+    void synchronize() const { REPLICA_CHECK(cudaStreamSynchronize(stream())); }
+
+    // Scratch for cuDNN, grown to the largest request and kept.
+    void* workspace(std::size_t bytes) const
+    {
+        auto& w = state_->workspace;
+        if (w.size() < bytes) w = allocate<unsigned char>(bytes);
+        return w.data();
+    }
+    // n ones (bias gradients as a GEMV).
+    const float* ones(std::size_t n) const
+    {
+        auto& o = state_->ones;
+        if (o.size() < n) {
+            o = allocate<float>(n);
+            std::vector<float> host(n, 1.0f);
+            upload(o.data(), host.data(), n);
+        }
+        return o.data();
+    }
+
+private:
+    static std::shared_ptr<detail::State> make(Device device)
+    {
+        core::require(device.is_cuda(), "cuda::Context made for " + device.name());
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess) {
+            const auto e = cudaGetLastError();
+            throw Error("cannot use " + device.name() + ": " + cudaGetErrorString(e) +
+                        ". No usable GPU: check the driver with nvidia-smi, or train on cpu devices");
+        }
+        core::require(count > 0, "cannot use " + device.name() + ": this process sees no GPU (check "
+                                 "CUDA_VISIBLE_DEVICES and nvidia-smi), or train on cpu devices");
+        core::require(device.index() < count, "no device " + device.name() + ": this process sees " +
+                                                  std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES renumbers "
+                                                  "them); pick one of cuda:0..cuda:" + std::to_string(count - 1));
+        return std::make_shared<detail::State>(device);
+    }
+
+    std::shared_ptr<detail::State> state_;
+};
+
+} // namespace replica::backend::cuda

@@ -1,0 +1,169 @@
+#pragma once
+// Convolutions on the GPU through cuDNN. A plan (descriptors and algorithms) is made once per
+// geometry and batch size and cached in the context; algorithms come from cuDNN's heuristics, from
+// measurement (Options::benchmark), and are restricted to deterministic ones on request
+// (Options::deterministic). A transposed convolution runs the adjoint passes of the convolution
+// from its output to its input.
+
+#include <cudnn.h>
+
+#include <cstddef>
+
+#include "replica/backend/cuda/context.hpp"
+
+namespace replica::backend::cuda {
+
+namespace detail {
+template <class Perf>
+int pick(const Perf* perf, int found, bool deterministic)
+{
+    for (int i = 0; i < found; ++i)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC))
+            return i;
+    throw Error("cuDNN offers no usable convolution algorithm for this layer" +
+                std::string(deterministic ? " among its deterministic ones: turn deterministic mode off" : ""));
+}
+
+// The plan for a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h, g.w),
+// w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow).
+inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n)
+{
+    auto& plans = ctx.state().conv_plans;
+    const ConvKey key{g, cout, n};
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+
+    ConvPlan p;
+    REPLICA_CHECK(cudnnCreateTensorDescriptor(&p.x));
+    REPLICA_CHECK(cudnnCreateTensorDescriptor(&p.y));
+    REPLICA_CHECK(cudnnCreateTensorDescriptor(&p.bias));
+    REPLICA_CHECK(cudnnCreateTensorDescriptor(&p.in_bias));
+    REPLICA_CHECK(cudnnCreateFilterDescriptor(&p.w));
+    REPLICA_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(n), g.c, g.h, g.w));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(n), cout, g.oh, g.ow));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, cout, 1, 1));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.in_bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g.c, 1, 1));
+    REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, cout, g.c, g.kh, g.kw));
+    REPLICA_CHECK(cudnnSetConvolution2dDescriptor(p.conv, g.ph, g.pw, g.sh, g.sw, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                  CUDNN_DATA_FLOAT));
+    REPLICA_CHECK(cudnnSetConvolutionMathType(p.conv, ctx.options().allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+
+    const bool det = ctx.options().deterministic;
+    constexpr int kMax = 16;
+    int found = 0;
+    cudnnHandle_t h = ctx.cudnn();
+    {
+        cudnnConvolutionFwdAlgoPerf_t perf[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMax, &found, perf));
+        p.fwd = perf[pick(perf, found, det)].algo;
+        std::size_t ws = 0;
+        REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &ws));
+        p.workspace = std::max(p.workspace, ws);
+    }
+    {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMax, &found, perf));
+        p.bwd_data = perf[pick(perf, found, det)].algo;
+        std::size_t ws = 0;
+        REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &ws));
+        p.workspace = std::max(p.workspace, ws);
+    }
+    {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &found, perf));
+        p.bwd_filter = perf[pick(perf, found, det)].algo;
+        std::size_t ws = 0;
+        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &ws));
+        p.workspace = std::max(p.workspace, ws);
+    }
+    if (ctx.options().benchmark) {
+        // Measure with scratch tensors of the right sizes, then keep the fastest (deterministic) ones.
+        auto x = ctx.allocate<float>(n * g.c * g.h * g.w);
+        auto y = ctx.allocate<float>(n * std::size_t(cout) * g.oh * g.ow);
+        auto w = ctx.allocate<float>(std::size_t(cout) * g.c * g.kh * g.kw);
+        const std::size_t limit = std::size_t(1) << 30;
+        void* ws = ctx.workspace(limit);
+        cudnnConvolutionFwdAlgoPerf_t f[kMax];
+        REPLICA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data(), p.w, w.data(), p.conv, p.y, y.data(), kMax,
+                                                             &found, f, ws, limit));
+        p.fwd = f[pick(f, found, det)].algo;
+        cudnnConvolutionBwdDataAlgoPerf_t d[kMax];
+        REPLICA_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, w.data(), p.y, y.data(), p.conv, p.x, x.data(),
+                                                                  kMax, &found, d, ws, limit));
+        p.bwd_data = d[pick(d, found, det)].algo;
+        cudnnConvolutionBwdFilterAlgoPerf_t b[kMax];
+        REPLICA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, x.data(), p.y, y.data(), p.conv, p.w, w.data(),
+                                                                    kMax, &found, b, ws, limit));
+        p.bwd_filter = b[pick(b, found, det)].algo;
+        std::size_t s1 = 0, s2 = 0, s3 = 0;
+        REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &s1));
+        REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
+        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
+        p.workspace = std::max({s1, s2, s3});
+    }
+    ctx.workspace(p.workspace);   // grow now, not inside a step
+    return plans.emplace(key, p).first->second;
+}
+} // namespace detail
+
+template <core::Window g>
+std::size_t conv_scratch_size(const Context&, int, std::size_t) { return 0; }
+template <core::Window g>
+std::size_t conv_transpose_scratch_size(const Context&, int, std::size_t) { return 0; }
+
+template <core::Window g>
+void conv_forward(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
+                  std::size_t n, float*)
+{
+    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    const float one = 1.0f, zero = 0.0f;
+    REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
+                                          &zero, p.y, y));
+    REPLICA_CHECK(cudnnAddTensor(ctx.cudnn(), &one, p.bias, b, &one, p.y, y));
+}
+
+template <core::Window g>
+void conv_backward(const Context& ctx, int cout, const float* w, const float* x, const float* dy, float* dx,
+                   float* dw, float* db, std::size_t n, float*)
+{
+    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    const float one = 1.0f, zero = 0.0f;
+    void* ws = ctx.workspace(0);
+    REPLICA_CHECK(cudnnConvolutionBackwardBias(ctx.cudnn(), &one, p.y, dy, &zero, p.bias, db));
+    REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, x, p.y, dy, p.conv, p.bwd_filter, ws, p.workspace,
+                                                 &zero, p.w, dw));
+    if (dx)
+        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, dy, p.conv, p.bwd_data, ws, p.workspace,
+                                                   &zero, p.x, dx));
+}
+
+// Window g maps the transposed convolution's OUTPUT (g.c = cout channels, g.h x g.w) to its input
+// (c channels, g.oh x g.ow); the weight (c, cout, kh, kw) is that convolution's filter.
+template <core::Window g>
+void conv_transpose_forward(const Context& ctx, int c, const float* w, const float* b, const float* x, float* y,
+                            std::size_t n, float*)
+{
+    const ConvPlan& p = detail::conv_plan(ctx, g, c, n);
+    const float one = 1.0f, zero = 0.0f;
+    REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
+                                               p.workspace, &zero, p.x, y));
+    // Bias over the output's channels: the output is the plan's "x" tensor.
+    REPLICA_CHECK(cudnnAddTensor(ctx.cudnn(), &one, p.in_bias, b, &one, p.x, y));
+}
+
+template <core::Window g>
+void conv_transpose_backward(const Context& ctx, int c, const float* w, const float* x, const float* dy, float* dx,
+                             float* dw, float* db, std::size_t n, float*)
+{
+    const ConvPlan& p = detail::conv_plan(ctx, g, c, n);
+    const float one = 1.0f, zero = 0.0f;
+    void* ws = ctx.workspace(0);
+    REPLICA_CHECK(cudnnConvolutionBackwardBias(ctx.cudnn(), &one, p.x, dy, &zero, p.in_bias, db));
+    REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, dy, p.y, x, p.conv, p.bwd_filter, ws, p.workspace,
+                                                 &zero, p.w, dw));
+    if (dx)
+        REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, dy, p.w, w, p.conv, p.fwd, ws, p.workspace, &zero,
+                                              p.y, dx));
+}
+
+} // namespace replica::backend::cuda

@@ -1,0 +1,14 @@
+#pragma once
+// The CUDA backend: a Context and the kernels that overload on it. Compiled only under nvcc.
+
+#if !defined(__CUDACC__)
+#error "replica's CUDA backend compiles only under nvcc: build this translation unit as CUDA (.cu)"
+#endif
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/conv.hpp"
+#include "replica/backend/cuda/elementwise.hpp"
+#include "replica/backend/cuda/linear.hpp"
+#include "replica/backend/cuda/loss.hpp"
+#include "replica/backend/cuda/optim.hpp"
+#include "replica/backend/cuda/pool.hpp"

@@ -1,0 +1,126 @@
+#pragma once
+// Softmax cross-entropy on the GPU, over logits (n, classes, pixels) and labels (n, pixels): one
+// thread per labelled element writes its gradient and its loss; the losses are then summed by one
+// block in a fixed order (no atomics), in double, so the sum is the same every run.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/launch.hpp"
+
+namespace replica::backend::cuda {
+
+namespace kernels {
+__global__ void softmax_cross_entropy(int classes, int pixels, const float* logits, const std::int32_t* labels,
+                                      std::size_t count, float scale, float* dlogits, double* loss, double* bad_label)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t s = i / pixels, p = i % pixels;
+        const float* z = logits + s * std::size_t(classes) * pixels + p;
+        const std::int32_t label = labels[i];
+        if (label < 0 || label >= classes) {
+            bad_label[0] = double(label);
+            bad_label[1] = double(i + 1);
+            loss[i] = 0.0;
+            continue;
+        }
+        float zmax = z[0];
+        for (int c = 1; c < classes; ++c) zmax = fmaxf(zmax, z[std::size_t(c) * pixels]);
+        double sum = 0.0;
+        for (int c = 0; c < classes; ++c) sum += exp(double(z[std::size_t(c) * pixels] - zmax));
+        const double log_sum = log(sum);
+        loss[i] = log_sum - double(z[std::size_t(label) * pixels] - zmax);
+        if (dlogits) {
+            float* d = dlogits + s * std::size_t(classes) * pixels + p;
+            for (int c = 0; c < classes; ++c) {
+                const double prob = exp(double(z[std::size_t(c) * pixels] - zmax) - log_sum);
+                d[std::size_t(c) * pixels] = float((prob - (c == label ? 1.0 : 0.0)) * scale);
+            }
+        }
+    }
+}
+
+__global__ void correct(int classes, int pixels, const float* logits, const std::int32_t* labels, std::size_t count,
+                        double* hit)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t s = i / pixels, p = i % pixels;
+        const float* z = logits + s * std::size_t(classes) * pixels + p;
+        int best = 0;
+        for (int c = 1; c < classes; ++c)
+            if (z[std::size_t(c) * pixels] > z[std::size_t(best) * pixels]) best = c;
+        hit[i] = best == labels[i] ? 1.0 : 0.0;
+    }
+}
+
+// out[0] = sum of v[0..count), by one block of 1024 threads in a fixed order.
+__global__ void sum_fixed_order(const double* v, std::size_t count, double* out)
+{
+    __shared__ double part[1024];
+    double s = 0.0;
+    for (std::size_t i = threadIdx.x; i < count; i += 1024) s += v[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = 512; half > 0; half /= 2) {
+        if (int(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = part[0];
+}
+} // namespace kernels
+
+namespace detail {
+inline double* element_scratch(const Context& ctx, std::size_t count)
+{
+    auto& b = ctx.state().reduce;
+    if (b.size() < count + 2) {
+        ctx.synchronize();
+        b = ctx.allocate<double>(count + 2);
+    }
+    return b.data() + 2;
+}
+
+} // namespace detail
+
+inline double softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
+                                    const std::int32_t* labels, std::size_t n, float scale, float* dlogits)
+{
+    const std::size_t count = n * std::size_t(pixels);
+    double* loss = detail::element_scratch(ctx, count + 1);   // [flag, where | losses... | sum]
+    double* flag = loss - 2;
+    double* sum = loss + count;
+    REPLICA_CHECK(cudaMemsetAsync(flag, 0, 2 * sizeof(double), ctx.stream()));
+    kernels::softmax_cross_entropy<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+        classes, pixels, logits, labels, count, scale, dlogits, loss, flag);
+    detail::check_launch("softmax_cross_entropy");
+    kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(loss, count, sum);
+    detail::check_launch("sum_fixed_order");
+    double* host = ctx.state().host_reduce;
+    REPLICA_CHECK(cudaMemcpyAsync(host, flag, 2 * sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    REPLICA_CHECK(cudaMemcpyAsync(host + 2, sum, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    ctx.synchronize();
+    if (host[1] > 0.0)
+        throw Error("label " + std::to_string(long(host[0])) + " of element " + std::to_string(long(host[1]) - 1) +
+                    " is outside [0, " + std::to_string(classes) + "): the data set does not match the model's number of classes");
+    return host[2];
+}
+
+inline std::size_t count_correct(const Context& ctx, int classes, int pixels, const float* logits,
+                                 const std::int32_t* labels, std::size_t n)
+{
+    const std::size_t count = n * std::size_t(pixels);
+    double* hit = detail::element_scratch(ctx, count + 1);
+    kernels::correct<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(classes, pixels, logits, labels, count, hit);
+    detail::check_launch("correct");
+    kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(hit, count, hit + count);
+    double* host = ctx.state().host_reduce;
+    REPLICA_CHECK(cudaMemcpyAsync(host + 2, hit + count, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    ctx.synchronize();
+    return std::size_t(host[2] + 0.5);
+}
+
+} // namespace replica::backend::cuda

@@ -1,0 +1,132 @@
+#pragma once
+// Pooling on the GPU, with the CPU backend's exact rules (ceil mode, padding ignored by max, counted
+// as zeros by average). Backward gathers: one thread per input element sums the gradients of the
+// windows that pick it, so no atomics and the same result every run.
+
+#include <cstddef>
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/launch.hpp"
+
+namespace replica::backend::cuda {
+
+namespace kernels {
+__device__ inline float window_max(const core::Window& g, const float* xp, int oy, int ox, int& arg)
+{
+    const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+    const int ya = max(y0, 0), yb = min(y0 + g.kh, g.h), xa = max(x0, 0), xb = min(x0 + g.kw, g.w);
+    float best = -INFINITY;
+    arg = -1;
+    for (int iy = ya; iy < yb; ++iy)
+        for (int ix = xa; ix < xb; ++ix)
+            if (xp[iy * g.w + ix] > best) {   // strict: the first maximum in scan order wins
+                best = xp[iy * g.w + ix];
+                arg = iy * g.w + ix;
+            }
+    return best;
+}
+
+__global__ void max_pool_forward(core::Window g, const float* x, float* y, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t plane = i / (g.oh * g.ow);
+        const int o = int(i % (g.oh * g.ow));
+        int arg;
+        y[i] = window_max(g, x + plane * g.h * g.w, o / g.ow, o % g.ow, arg);
+    }
+}
+
+// Output windows [lo, hi) along one axis that contain input index i.
+__device__ inline void covering(int i, int k, int s, int p, int out, int& lo, int& hi)
+{
+    const int top = i + p;                    // window o covers i when o*s <= top < o*s + k
+    lo = top - k + 1 <= 0 ? 0 : (top - k + s) / s;
+    hi = min(top / s + 1, out);
+}
+
+__global__ void max_pool_backward(core::Window g, const float* x, const float* dy, float* dx, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t plane = i / (g.h * g.w);
+        const int at = int(i % (g.h * g.w)), iy = at / g.w, ix = at % g.w;
+        int ylo, yhi, xlo, xhi;
+        covering(iy, g.kh, g.sh, g.ph, g.oh, ylo, yhi);
+        covering(ix, g.kw, g.sw, g.pw, g.ow, xlo, xhi);
+        const float* xp = x + plane * g.h * g.w;
+        const float* dyp = dy + plane * g.oh * g.ow;
+        float sum = 0.0f;
+        for (int oy = ylo; oy < yhi; ++oy)
+            for (int ox = xlo; ox < xhi; ++ox) {
+                int arg;
+                window_max(g, xp, oy, ox, arg);
+                if (arg == at) sum += dyp[oy * g.ow + ox];
+            }
+        dx[i] = sum;
+    }
+}
+
+__global__ void avg_pool_forward(core::Window g, const float* x, float* y, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t plane = i / (g.oh * g.ow);
+        const int o = int(i % (g.oh * g.ow)), oy = o / g.ow, ox = o % g.ow;
+        const float* xp = x + plane * g.h * g.w;
+        const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+        float s = 0.0f;
+        for (int iy = max(y0, 0); iy < min(y0 + g.kh, g.h); ++iy)
+            for (int ix = max(x0, 0); ix < min(x0 + g.kw, g.w); ++ix) s += xp[iy * g.w + ix];
+        y[i] = s * (1.0f / float(g.kh * g.kw));
+    }
+}
+
+__global__ void avg_pool_backward(core::Window g, const float* dy, float* dx, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const std::size_t plane = i / (g.h * g.w);
+        const int at = int(i % (g.h * g.w)), iy = at / g.w, ix = at % g.w;
+        int ylo, yhi, xlo, xhi;
+        covering(iy, g.kh, g.sh, g.ph, g.oh, ylo, yhi);
+        covering(ix, g.kw, g.sw, g.pw, g.ow, xlo, xhi);
+        const float* dyp = dy + plane * g.oh * g.ow;
+        float s = 0.0f;
+        for (int oy = ylo; oy < yhi; ++oy)
+            for (int ox = xlo; ox < xhi; ++ox) s += dyp[oy * g.ow + ox];
+        dx[i] = s * (1.0f / float(g.kh * g.kw));
+    }
+}
+} // namespace kernels
+
+template <core::Window g>
+void max_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
+{
+    const std::size_t count = n * g.c * g.oh * g.ow;
+    kernels::max_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, count);
+    detail::check_launch("max_pool_forward");
+}
+template <core::Window g>
+void max_pool_backward(const Context& ctx, const float* x, const float*, const float* dy, float* dx, std::size_t n)
+{
+    const std::size_t count = n * g.c * g.h * g.w;
+    kernels::max_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, dy, dx, count);
+    detail::check_launch("max_pool_backward");
+}
+template <core::Window g>
+void avg_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
+{
+    const std::size_t count = n * g.c * g.oh * g.ow;
+    kernels::avg_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, count);
+    detail::check_launch("avg_pool_forward");
+}
+template <core::Window g>
+void avg_pool_backward(const Context& ctx, const float* dy, float* dx, std::size_t n)
+{
+    const std::size_t count = n * g.c * g.h * g.w;
+    kernels::avg_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, dy, dx, count);
+    detail::check_launch("avg_pool_backward");
+}
+
+} // namespace replica::backend::cuda

@@ -1,0 +1,216 @@
+// The CUDA backend against the CPU backend: one test body per layer, run on both contexts; the
+// standard networks trained on both; the documented errors. Built as CUDA (nvcc) only; every test
+// skips with a message on a machine without a GPU.
+//
+// Tolerances (TF32 off for these comparisons): layers 1e-4 relative to the magnitude of the result;
+// models after 3 SGD steps 1e-3 (cuDNN and im2col+BLAS sum in different orders, and the differences
+// grow through training).
+
+#include <cmath>
+
+#include "catch.hpp"
+#include "models.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+namespace cuda = replica::backend::cuda;
+
+namespace {
+
+bool have_gpu()
+{
+    static const bool yes = [] {
+        cuda::default_options().allow_tf32 = false;
+        return !cuda_devices().empty();
+    }();
+    return yes;
+}
+#define REQUIRE_GPU()                                                        \
+    do {                                                                     \
+        if (!have_gpu()) {                                                   \
+            WARN("no GPU on this machine: [cuda] test skipped");             \
+            return;                                                          \
+        }                                                                    \
+    } while (0)
+
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f)
+{
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i)
+        v[i] = scale * (2.0f * core::random_uniform(seed, core::Stream::synthetic, 9, i / 65536, std::uint32_t(i % 65536)) - 1.0f);
+    return v;
+}
+
+// max |a - b| / (max |a| + tiny): error relative to the result's magnitude.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b)
+{
+    double diff = 0.0, mag = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+        mag = std::max(mag, std::abs(double(a[i])));
+    }
+    return diff / (mag + 1e-12);
+}
+
+struct Results {
+    std::vector<float> y, dx, dparams;
+};
+
+// Forward and backward of layer L on input shape In, on the CPU or on cuda:0, from the same data.
+template <class L, class In, class Ctx>
+Results run_layer(Ctx& ctx, std::size_t n, const model::Pass& pass)
+{
+    using O = typename L::template op<In>;
+    using Out = typename O::output_shape;
+    O op{model::Build{.layer_id = 5, .devices = {}}};
+    std::vector<float> params(O::param_count + 1);
+    op.init(params.data(), 3);
+    for (float& p : params) p += 0.01f * std::sin(float(&p - params.data()));
+    const auto x = random_vector(n * In::size, 1);
+    const auto dy = random_vector(n * Out::size, 2);
+
+    auto dev = [&](const std::vector<float>& host) {
+        auto b = ctx.template allocate<float>(host.size() + 1);
+        ctx.upload(b.data(), host.data(), host.size());
+        return b;
+    };
+    auto p_d = dev(params), x_d = dev(x), dy_d = dev(dy);
+    auto y_d = ctx.template allocate<float>(n * Out::size + 1);
+    auto dx_d = ctx.template allocate<float>(n * In::size + 1);
+    auto dp_d = ctx.template allocate<float>(O::param_count + 1);
+    auto saved = ctx.template allocate<float>(n * O::saved_size + 1);
+    auto scratch = ctx.template allocate<float>(op.scratch_size(ctx, n) + 1);
+    op.forward(ctx, pass, model::ForwardArgs{p_d.data(), x_d.data(), y_d.data(), n, saved.data(), scratch.data()});
+    op.backward(ctx, pass, model::BackwardArgs{p_d.data(), x_d.data(), y_d.data(), dy_d.data(), dx_d.data(), dp_d.data(), n,
+                                               saved.data(), scratch.data()});
+    Results r{std::vector<float>(n * Out::size), std::vector<float>(n * In::size), std::vector<float>(O::param_count)};
+    ctx.download(r.y.data(), y_d.data(), r.y.size());
+    ctx.download(r.dx.data(), dx_d.data(), r.dx.size());
+    ctx.download(r.dparams.data(), dp_d.data(), r.dparams.size());
+    ctx.synchronize();
+    return r;
+}
+
+template <class L, class In>
+void same_on_cpu_and_gpu(std::size_t n = 3, bool training = true)
+{
+    const model::Pass pass{.seed = 17, .first_sample = 40, .training = training};
+    backend::cpu::Context cpu;
+    cuda::Context gpu{Device::cuda(0)};
+    const auto a = run_layer<L, In>(cpu, n, pass);
+    const auto b = run_layer<L, In>(gpu, n, pass);
+    CHECK(relative_error(a.y, b.y) < 1e-4);
+    CHECK(relative_error(a.dx, b.dx) < 1e-4);
+    if (!a.dparams.empty()) CHECK(relative_error(a.dparams, b.dparams) < 1e-4);
+}
+
+} // namespace
+
+TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
+{
+    REQUIRE_GPU();
+    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1>, Shape<3, 12, 10>>();
+    same_on_cpu_and_gpu<Conv2d<6, 5, 2, 2>, Shape<4, 17, 17>>();
+    same_on_cpu_and_gpu<Conv2d<64, 11, 4, 2>, Shape<3, 64, 64>>(2);
+    same_on_cpu_and_gpu<Conv2d<16, 1>, Shape<32, 7, 7>>(5);
+    same_on_cpu_and_gpu<Conv1d<8, 7>, Shape<5, 40>>();
+    same_on_cpu_and_gpu<Conv1d<4, 3, 2, 1>, Shape<3, 21>>();
+    same_on_cpu_and_gpu<ConvTranspose2d<5, 4, 2, 1>, Shape<6, 8, 8>>();
+    same_on_cpu_and_gpu<ConvTranspose2d<3, 3, 1, 0>, Shape<4, 5, 7>>();
+}
+
+TEST_CASE("CUDA layers equal CPU layers: pooling", "[cuda]")
+{
+    REQUIRE_GPU();
+    same_on_cpu_and_gpu<MaxPool2d<2>, Shape<3, 8, 8>>();
+    same_on_cpu_and_gpu<MaxPool2d<3, 2>, Shape<4, 13, 13>>();
+    same_on_cpu_and_gpu<MaxPool2dCeil<3, 2>, Shape<4, 14, 14>>();
+    same_on_cpu_and_gpu<MaxPool2d<3, 1, 1>, Shape<5, 7, 9>>();
+    same_on_cpu_and_gpu<MaxPool1d<3>, Shape<6, 31>>();
+    same_on_cpu_and_gpu<AvgPool2d<3, 2, 1>, Shape<3, 9, 9>>();
+    same_on_cpu_and_gpu<GlobalAvgPool, Shape<7, 5, 5>>();
+}
+
+TEST_CASE("CUDA layers equal CPU layers: linear, activations, dropout, flatten, concat", "[cuda]")
+{
+    REQUIRE_GPU();
+    same_on_cpu_and_gpu<Linear<10>, Shape<37>>(7);
+    same_on_cpu_and_gpu<Linear<300>, Shape<800>>(64);
+    same_on_cpu_and_gpu<ReLU, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<Dropout<0.5>, Shape<100>>(9, true);
+    same_on_cpu_and_gpu<Dropout<0.5>, Shape<100>>(9, false);
+    same_on_cpu_and_gpu<Flatten, Shape<3, 4, 5>>();
+    same_on_cpu_and_gpu<Inception<4, 3, 5, 2, 3, 2>, Shape<6, 9, 9>>(2);
+}
+
+namespace {
+template <class M>
+void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-3)
+{
+    const RandomBatches<M> data(3 * batch, 21);
+    M cpu{Device::cpu(), 4};
+    M gpu{Device::cuda(0), 4};
+    REQUIRE(parameters(cpu) == parameters(gpu));
+    SGD opt_cpu{{.lr = 0.01f, .momentum = 0.9f}}, opt_gpu{{.lr = 0.01f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 3; ++s) {
+        const float a = train_step(cpu, opt_cpu, data.batch(s * batch, batch, s * batch));
+        const float b = train_step(gpu, opt_gpu, data.batch(s * batch, batch, s * batch));
+        CHECK(std::abs(a - b) < 1e-3 * std::abs(a) + 1e-5);
+    }
+    const double err = max_relative_difference(parameters(cpu), parameters(gpu));
+    CAPTURE(err);
+    CHECK(err < tolerance);
+}
+} // namespace
+
+TEST_CASE("The standard networks train the same on CPU and GPU: LeNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<LeNet>(16); }
+TEST_CASE("The standard networks train the same on CPU and GPU: AlexNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<AlexNetPlain>(4); }
+TEST_CASE("The standard networks train the same on CPU and GPU: GoogLeNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<GoogLeNet>(4); }
+TEST_CASE("The standard networks train the same on CPU and GPU: TextCNN", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<TextCNN>(4); }
+TEST_CASE("The standard networks train the same on CPU and GPU: FCN", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<FCN>(2); }
+
+TEST_CASE("CUDA errors are clear: bad device index, out of memory", "[cuda]")
+{
+    REQUIRE_GPU();
+    auto message = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const int count = int(cuda_devices().size());
+    const auto bad = message([&] { LeNet net{Device::cuda(count + 3)}; });
+    CAPTURE(bad);
+    CHECK(bad.find("no device cuda:" + std::to_string(count + 3)) != std::string::npos);
+    CHECK(bad.find("CUDA_VISIBLE_DEVICES") != std::string::npos);
+    cuda::Context ctx{Device::cuda(0)};
+    const auto oom = message([&] { auto b = ctx.allocate<float>(std::size_t(1) << 40); });   // 4 TiB
+    CAPTURE(oom);
+    CHECK(oom.find("out of memory on cuda:0") != std::string::npos);
+    CHECK(oom.find("smaller batch size") != std::string::npos);
+    // The device still works after the failed allocation.
+    LeNet net{Device::cuda(0)};
+    CHECK(parameters(net).size() == LeNet::param_count);
+}
+
+TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
+{
+    REQUIRE_GPU();
+    LeNet net{Device::cuda(0)};
+    SGD opt;
+    const RandomBatches<LeNet> data(64, 2);
+    train_step(net, opt, data.batch(0, 64, 0));
+    std::size_t reserved = 0;
+    net.visit([&](auto& ctx) {
+        if constexpr (requires { ctx.state(); }) reserved = ctx.state().allocator->reserved_bytes();
+    });
+    for (int i = 0; i < 5; ++i) train_step(net, opt, data.batch(0, 64, 0));
+    std::size_t after = 0;
+    net.visit([&](auto& ctx) {
+        if constexpr (requires { ctx.state(); }) after = ctx.state().allocator->reserved_bytes();
+    });
+    CHECK(reserved > 0);
+    CHECK(after == reserved);
+}
