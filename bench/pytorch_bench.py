@@ -91,6 +91,9 @@ def parse_args(argv=None):
     p.add_argument("--channels-last", action="store_true", help="NHWC for the 2-D networks (default: off)")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its algorithms (default: off, as in PyTorch)")
+    p.add_argument("--input", default="host", choices=("host", "device"),
+                   help="host: batches in pinned host memory, copied to the GPU each step (non_blocking), as "
+                        "replica's bench does; device: batches made on the GPU once (default: host)")
     p.add_argument("--params", action="store_true", help="print each network's parameter count and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     s = p.parse_args(argv)
@@ -235,6 +238,10 @@ def train(s, rank, world):
           for _ in range(2)]
     if s.channels_last and image:
         xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
+    on_host = cuda and s.input == "host"
+    if on_host:
+        xs = [x.cpu().pin_memory() for x in xs]
+        ys = [y.cpu().pin_memory() for y in ys]
     criterion = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     # DDP averages the replicas' gradients; with uneven shares, weight each replica's mean loss so that
@@ -252,8 +259,10 @@ def train(s, rank, world):
     loss = None
     wait_all()
     for i in range(s.warmup + s.steps):
-        x, y = xs[i % 2], ys[i % 2]
         t0 = time.perf_counter()
+        x, y = xs[i % 2], ys[i % 2]
+        if on_host:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         loss = criterion(model(x), y)
         (loss * weight if weight != 1 else loss).backward()
@@ -276,7 +285,7 @@ def train(s, rank, world):
         "dispatch": "ddp" if world > 1 else "eager", "scaling": s.scaling, "batch": s.batch,
         "global_batch": glob, "steps": s.steps, "median_ms": round(med, 4), "min_ms": round(min(times), 4),
         "samples_per_s": round(glob / (med / 1000.0), 1), "loss": round(float(last), 5), "tf32": tf32,
-        "channels_last": bool(s.channels_last and image), "cudnn_benchmark": bool(cuda and s.cudnn_benchmark),
+        "channels_last": bool(s.channels_last and image), "input": s.input if cuda else "host", "cudnn_benchmark": bool(cuda and s.cudnn_benchmark),
         "threads": torch.get_num_threads() if not cuda else None, "torch": torch.__version__,
     }
     if name == "alexnet":

@@ -279,8 +279,10 @@ def markdown(doc):
                  f"commit {m.get('commit') or 'unknown'}, OPENBLAS_CORETYPE {m.get('openblas_coretype') or 'unset'}.")
     torch = sorted({(r.get("torch"), r.get("tf32")) for r in results if r["library"] == "pytorch" and ok(r)},
                    key=str)
+    tf32_text = {"conv": "TF32 in cuDNN convolutions only (PyTorch's default)", "on": "TF32 in convolutions and matmuls",
+                 "off": "no TF32", "matmul": "TF32 in matmuls only", "n/a": "CPU"}
     for version, tf32 in torch:
-        lines.append(f"PyTorch {version}, TF32: {tf32} (conv: cuDNN convolutions only, PyTorch's default).")
+        lines.append(f"PyTorch {version}: {tf32_text.get(tf32, tf32)}.")
     steps = sorted({r["steps"] for r in results if ok(r)})
     if steps:
         lines.append(f"Median over {', '.join(map(str, steps))} timed steps after warm-up.")

@@ -39,7 +39,17 @@ int run(const Settings& s)
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t global = parallel::global_batch(batch, model.replica_count(), s.scaling);
     // Two distinct batches, alternated, so no step sees the data of the step before.
-    const auto set = data::synthetic_dataset(2 * global, M::input_shape::size, M::label_size, M::output_shape::dims[0], 1);
+    // In page-locked memory under CUDA, as the Loader's batches are: each step copies its batch to the
+    // devices asynchronously, as training from a host-side loader does.
+    const auto made = data::synthetic_dataset(2 * global, M::input_shape::size, M::label_size, M::output_shape::dims[0], 1);
+    struct {
+        core::Buffer<float> inputs;
+        core::Buffer<std::int32_t> labels;
+        std::size_t input_size, label_size;
+    } set{backend::host_buffer<float>(made.inputs.size()), backend::host_buffer<std::int32_t>(made.labels.size()),
+          made.input_size, made.label_size};
+    std::copy(made.inputs.begin(), made.inputs.end(), set.inputs.data());
+    std::copy(made.labels.begin(), made.labels.end(), set.labels.data());
     SGD opt{{.lr = 0.001f, .momentum = 0.9f}};
 
     std::vector<double> times;

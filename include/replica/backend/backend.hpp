@@ -2,7 +2,9 @@
 // The one place that knows which backends exist. A model holds an AnyContext and visits it once per
 // call; layer code below is written once against the context type it is given.
 
+#include <cstring>
 #include <variant>
+#include <vector>
 
 #include "replica/backend/cpu/cpu.hpp"
 #include "replica/core/config.hpp"
@@ -27,6 +29,22 @@ inline AnyContext make_context(const Device& device)
                                        " needs the CUDA backend: build with -Dcuda=enabled on a machine with "
                                        "nvcc, cuDNN and NCCL, or use cpu:N");
     return AnyContext(std::in_place_type<cpu::Context>, device);
+}
+
+// Host memory for batches: page-locked under CUDA (so copies to the devices are asynchronous DMA),
+// plain aligned memory otherwise or when no GPU can pin it. Zero-filled.
+template <class T>
+core::Buffer<T> host_buffer(std::size_t n)
+{
+#if defined(REPLICA_CUDA)
+    void* p = nullptr;
+    if (n != 0 && cudaMallocHost(&p, n * sizeof(T)) == cudaSuccess) {
+        std::memset(p, 0, n * sizeof(T));
+        return core::Buffer<T>(static_cast<T*>(p), n, [](void* m, void*) { cudaFreeHost(m); }, nullptr);
+    }
+    cudaGetLastError();
+#endif
+    return core::Buffer<T>::host(n);
 }
 
 // Every visible GPU (honouring CUDA_VISIBLE_DEVICES); empty without the CUDA backend or a GPU.

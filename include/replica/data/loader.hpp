@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "replica/backend/backend.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
@@ -65,8 +66,8 @@ public:
         batches_ = drop_last ? set.count / batch_size : (set.count + batch_size - 1) / batch_size;
         order_.resize(set.count);
         for (Slot& slot : slots_) {
-            slot.inputs.resize(batch_size * set.input_size);
-            slot.labels.resize(batch_size * set.label_size);
+            slot.inputs = backend::host_buffer<float>(batch_size * set.input_size);
+            slot.labels = backend::host_buffer<std::int32_t>(batch_size * set.label_size);
         }
         worker_ = std::thread([this] { work(); });
     }
@@ -124,8 +125,8 @@ public:
 
 private:
     struct Slot {
-        std::vector<float> inputs;        // (batch_size, input_size)
-        std::vector<std::int32_t> labels; // (batch_size, label_size)
+        core::Buffer<float> inputs;          // (batch_size, input_size), pinned under CUDA
+        core::Buffer<std::int32_t> labels;   // (batch_size, label_size)
     };
 
     std::size_t batch_samples(std::size_t k) const { return std::min(batch_size_, set_.count - k * batch_size_); }

@@ -1,7 +1,8 @@
 #pragma once
 // Pooling on the GPU, with the CPU backend's exact rules (ceil mode, padding ignored by max, counted
-// as zeros by average). Backward gathers: one thread per input element sums the gradients of the
-// windows that pick it, so no atomics and the same result every run.
+// as zeros by average). Max pooling records each maximum's position; backward gathers: one thread per
+// input element sums the gradients of the windows that picked it, so no atomics and the same result
+// every run.
 
 #include <cstddef>
 
@@ -26,14 +27,15 @@ __device__ inline float window_max(const core::Window& g, const float* xp, int o
     return best;
 }
 
-__global__ void max_pool_forward(core::Window g, const float* x, float* y, std::size_t count)
+__global__ void max_pool_forward(core::Window g, const float* x, float* y, float* arg, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count)
     {
         const std::size_t plane = i / (g.oh * g.ow);
         const int o = int(i % (g.oh * g.ow));
-        int arg;
-        y[i] = window_max(g, x + plane * g.h * g.w, o / g.ow, o % g.ow, arg);
+        int at;
+        y[i] = window_max(g, x + plane * g.h * g.w, o / g.ow, o % g.ow, at);
+        arg[i] = float(at);
     }
 }
 
@@ -45,7 +47,7 @@ __device__ inline void covering(int i, int k, int s, int p, int out, int& lo, in
     hi = min(top / s + 1, out);
 }
 
-__global__ void max_pool_backward(core::Window g, const float* x, const float* dy, float* dx, std::size_t count)
+__global__ void max_pool_backward(core::Window g, const float* arg, const float* dy, float* dx, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count)
     {
@@ -54,15 +56,12 @@ __global__ void max_pool_backward(core::Window g, const float* x, const float* d
         int ylo, yhi, xlo, xhi;
         covering(iy, g.kh, g.sh, g.ph, g.oh, ylo, yhi);
         covering(ix, g.kw, g.sw, g.pw, g.ow, xlo, xhi);
-        const float* xp = x + plane * g.h * g.w;
+        const float* ap = arg + plane * g.oh * g.ow;
         const float* dyp = dy + plane * g.oh * g.ow;
         float sum = 0.0f;
         for (int oy = ylo; oy < yhi; ++oy)
-            for (int ox = xlo; ox < xhi; ++ox) {
-                int arg;
-                window_max(g, xp, oy, ox, arg);
-                if (arg == at) sum += dyp[oy * g.ow + ox];
-            }
+            for (int ox = xlo; ox < xhi; ++ox)
+                if (int(ap[oy * g.ow + ox]) == at) sum += dyp[oy * g.ow + ox];
         dx[i] = sum;
     }
 }
@@ -101,17 +100,17 @@ __global__ void avg_pool_backward(core::Window g, const float* dy, float* dx, st
 } // namespace kernels
 
 template <core::Window g>
-void max_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
+void max_pool_forward(const Context& ctx, const float* x, float* y, float* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    kernels::max_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, count);
+    kernels::max_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, arg, count);
     detail::check_launch("max_pool_forward");
 }
 template <core::Window g>
-void max_pool_backward(const Context& ctx, const float* x, const float*, const float* dy, float* dx, std::size_t n)
+void max_pool_backward(const Context& ctx, const float* arg, const float* dy, float* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * g.h * g.w;
-    kernels::max_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, dy, dx, count);
+    kernels::max_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, arg, dy, dx, count);
     detail::check_launch("max_pool_backward");
 }
 template <core::Window g>
