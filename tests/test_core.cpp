@@ -101,9 +101,9 @@ TEST_CASE("The host communicator sums in rank order, grouped or threaded, bit fo
 
     parallel::HostCommunicator comm(ranks);
     std::vector<float*> ptrs{grouped[0].data(), grouped[1].data(), grouped[2].data()};
-    comm.group_all_reduce(ptrs, count);
+    comm.group_all_reduce(ptrs, count, 0);
     parallel::WorkerPool pool(ranks);
-    pool.run([&](std::size_t r) { comm.all_reduce(r, threaded[r].data(), count); });
+    pool.run([&](std::size_t r) { comm.all_reduce(r, threaded[r].data(), count, 0); });
     for (std::size_t r = 0; r < ranks; ++r) {
         CHECK(grouped[r] == expected);
         CHECK(threaded[r] == expected);
@@ -120,7 +120,7 @@ TEST_CASE("A failing replica releases the others from the all-reduce", "[cpu]")
                             comm.abort();
                             throw Error("replica 0 failed");
                         }
-                        comm.all_reduce(r, buf.data(), buf.size());
+                        comm.all_reduce(r, buf.data(), buf.size(), 0);
                     }),
                     Error);
 }

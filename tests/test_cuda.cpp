@@ -221,3 +221,102 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
     CHECK(reserved > 0);
     CHECK(after == reserved);
 }
+
+// ---- several GPUs: DataParallel over NCCL ----
+
+namespace {
+bool have_two_gpus() { return have_gpu() && cuda_devices().size() >= 2; }
+#define REQUIRE_TWO_GPUS()                                                         \
+    do {                                                                           \
+        if (!have_two_gpus()) {                                                    \
+            WARN("fewer than 2 GPUs on this machine: multi-GPU [cuda] test skipped"); \
+            return;                                                                \
+        }                                                                          \
+    } while (0)
+
+std::vector<Device> gpus(std::size_t n)
+{
+    std::vector<Device> d;
+    for (std::size_t i = 0; i < n; ++i) d.push_back(Device::cuda(int(i)));
+    return d;
+}
+
+double norm_relative(const std::vector<float>& a, const std::vector<float>& b)
+{
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+        norm += double(a[i]) * double(a[i]);
+    }
+    return std::sqrt(diff / norm);
+}
+
+template <class Model, class Data>
+std::vector<float> three_steps(Model& model, const Data& data, std::size_t batch)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
+    for (std::size_t s = 0; s < 3; ++s) train_step(model, opt, data.batch(s * batch, batch, s * batch));
+    return parameters(model);
+}
+
+// 3 steps on 1 GPU and on every GPU (both dispatch policies), batch sizes that split unevenly.
+// Tolerance: 1e-5 in norm (NCCL sums in another order than one GPU's single backward pass).
+template <class M>
+void many_gpus_match_one(std::size_t batch)
+{
+    const RandomBatches<M> data(3 * batch, 13);
+    M one{Device::cuda(0), 2};
+    const auto expected = three_steps(one, data, batch);
+    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+        CAPTURE(n, batch);
+        DataParallel<M, SingleThread> single{gpus(n), 2, {.bucket_floats = 4096}};
+        DataParallel<M, Threaded> threaded{gpus(n), 2, {.bucket_floats = 4096}};
+        const auto a = three_steps(single, data, batch);
+        const auto b = three_steps(threaded, data, batch);
+        CHECK(norm_relative(expected, a) < 1e-5);
+        CHECK(norm_relative(a, b) < 1e-6);
+    }
+}
+
+// The nested form: features on every GPU, classifier on the first.
+template <class Dispatch>
+void nested_matches_plain(std::size_t batch)
+{
+    const RandomBatches<SmallAlexNetPlain> data(3 * batch, 17);
+    SmallAlexNetPlain plain{Device::cuda(0), 6};
+    const auto expected = three_steps(plain, data, batch);
+    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+        CAPTURE(n, batch);
+        SmallAlexNet<Dispatch> nested{gpus(n), 6};
+        CHECK(norm_relative(expected, three_steps(nested, data, batch)) < 1e-5);
+    }
+}
+} // namespace
+
+TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<LeNet>(63); }
+TEST_CASE("DataParallel over GPUs matches one GPU: AlexNet-style", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<SmallAlexNetPlain>(13); }
+TEST_CASE("DataParallel over GPUs matches one GPU: GoogLeNet-style (Concat, Dropout)", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<ConcatDropoutNet>(11); }
+TEST_CASE("DataParallel over GPUs matches one GPU: FCN", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<SmallFCN>(5); }
+TEST_CASE("Nested DataParallel over GPUs (features only) matches one GPU", "[cuda][multi-gpu]")
+{
+    REQUIRE_TWO_GPUS();
+    nested_matches_plain<SingleThread>(9);
+    nested_matches_plain<Threaded>(9);
+}
+
+TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the others", "[cuda][multi-gpu]")
+{
+    REQUIRE_TWO_GPUS();
+    DataParallel<LeNet, Threaded> dp{gpus(2)};
+    SGD opt{{.lr = 0.01f, .momentum = 0.9f}};
+    const RandomBatches<LeNet> data(64, 1);
+    train_step(dp, opt, data.batch(0, 64, 0));
+    std::vector<double> held;
+    for (std::size_t r = 0; r < 2; ++r)
+        dp.replica(r).visit([&](auto& ctx) {
+            if constexpr (requires { ctx.state(); }) held.push_back(double(ctx.state().allocator->reserved_bytes()));
+        });
+    REQUIRE(held.size() == 2);
+    CAPTURE(held[0], held[1]);
+    CHECK(std::abs(held[0] - held[1]) <= 0.1 * std::max(held[0], held[1]));
+}

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "replica/core/loss_slot.hpp"
 #include "replica/core/shape.hpp"
 
 namespace replica::layers {
@@ -20,15 +21,19 @@ struct SoftmaxCrossEntropy {
     template <ShapeType Out>
     static constexpr std::size_t label_size = Out::size / Out::dims[0];
 
-    // Sum of the losses of n samples; dlogits (may be null) = d(scale * sum) / dlogits.
+    // Queues the sum of the losses of n samples into *slot (read it with finish() once the context has
+    // synchronized); dlogits (may be null) = d(scale * sum) / dlogits.
     template <ShapeType Out, class Ctx>
-    static double forward_backward(Ctx& ctx, const float* logits, const std::int32_t* labels, std::size_t n,
-                                   float scale, float* dlogits)
+    static void forward_backward(Ctx& ctx, const float* logits, const std::int32_t* labels, std::size_t n,
+                                 float scale, float* dlogits, core::LossSlot* slot)
     {
         static_assert(Out::rank == 1 || Out::rank == 3,
                       "SoftmaxCrossEntropy needs (classes) or (classes, height, width) outputs");
-        return softmax_cross_entropy(ctx, int(classes<Out>), int(label_size<Out>), logits, labels, n, scale, dlogits);
+        softmax_cross_entropy(ctx, int(classes<Out>), int(label_size<Out>), logits, labels, n, scale, dlogits, slot);
     }
+    // The sum, or Error naming a label outside the model's classes.
+    template <ShapeType Out>
+    static double finish(const core::LossSlot& slot) { return slot.value(int(classes<Out>)); }
 
     template <ShapeType Out, class Ctx>
     static std::size_t correct(Ctx& ctx, const float* logits, const std::int32_t* labels, std::size_t n)

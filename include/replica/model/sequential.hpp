@@ -149,35 +149,52 @@ public:
 
     // ---- the training interface (train_step, Trainer and DataParallel use it) ----
 
-    // Forward, loss and backward over n samples (host memory). Gradients are ASSIGNED, scaled so that
-    // they are the gradient of loss_scale * (sum of the n losses). hook(offset) is called as soon as
-    // gradients from `offset` to the end of the buffer are final. Returns the sum of the losses.
+    // Forward, loss and backward over n samples (host memory, or memory of another device). Gradients
+    // are ASSIGNED, scaled so that they are the gradient of loss_scale * (sum of the n losses).
+    // hook(offset) is called as soon as the work producing gradients from `offset` to the end of the
+    // buffer has been queued. Returns the sum of the losses, once everything has finished.
     template <class Hook = detail::NoHook>
     double forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale, Hook&& hook = {})
     {
-        return visit([&](auto& ctx) {
+        queue_forward_backward(pass, x, labels, n, loss_scale, hook);
+        return finish();
+    }
+
+    // forward_backward in two halves: queue the work (on a GPU it runs asynchronously), then wait for
+    // it and read the loss. Between them other devices' work can be queued.
+    template <class Hook = detail::NoHook>
+    void queue_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                                float loss_scale, Hook&& hook = {})
+    {
+        visit([&](auto& ctx) {
+            loss_slot_[0] = {};
             if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
                 fill(ctx, grads_.data(), 0.0f, param_count);
                 hook(std::size_t{0});
-                return 0.0;
+                return;
             }
             reserve(ctx, n);
             const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
             const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
             graph_.forward(ctx, pass, forward_args(xd, n));
-            double loss_sum = loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n));
+            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), loss_slot_.data());
             graph_.backward(ctx, pass,
                             BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
                                          .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
                             hook);
-            return loss_sum;
         });
+    }
+    double finish()
+    {
+        visit([](auto& ctx) { ctx.synchronize(); });
+        return loss::template finish<output_shape>(loss_slot_[0]);
     }
 
     // The two halves of forward_backward, for a replica nested in a larger model (DataParallel::op):
     // forward_train keeps its activations for backward_from, which ASSIGNS the gradients and writes
-    // the input gradient to dx (host-visible memory; may be null).
+    // the input gradient to dx (memory of this device or another one; may be null). Both queue their
+    // work; forward_train returns the output in this model's memory.
     const float* forward_train(const Pass& pass, const float* x, std::size_t n)
     {
         return visit([&](auto& ctx) -> const float* {
@@ -197,9 +214,12 @@ public:
                 return;
             }
             const float* dyd = ctx.stage(dy_in, dy(n), n * output_shape::size);
+            // On a device, dx is written here first, then copied where it is wanted.
+            float* mine = dx == nullptr || std::remove_cvref_t<decltype(ctx)>::host_visible ? dx : input_grad_.data();
             graph_.backward(ctx, pass,
-                            BackwardArgs{.params = params_.data(), .x = last_x_, .y = y(n), .dy = dyd, .dx = dx,
+                            BackwardArgs{.params = params_.data(), .x = last_x_, .y = y(n), .dy = dyd, .dx = mine,
                                          .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)});
+            if (mine != dx) ctx.download(dx, mine, n * input_shape::size);
         });
     }
 
@@ -227,8 +247,9 @@ public:
             const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
             const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
             graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
-            return Evaluation{loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr),
-                              loss::template correct<output_shape>(ctx, y(n), ld, n)};
+            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr, loss_slot_.data());
+            const std::size_t correct = loss::template correct<output_shape>(ctx, y(n), ld, n);   // waits
+            return Evaluation{loss::template finish<output_shape>(loss_slot_[0]), correct};
         });
     }
 
@@ -246,6 +267,7 @@ public:
     }
 
     graph& layers() { return graph_; }
+    const backend::AnyContext& context() const { return ctx_; }
     float* parameter_data() { return params_.data(); }
     float* gradient_data() { return grads_.data(); }
 
@@ -279,6 +301,7 @@ private:
         if constexpr (!Ctx::host_visible) {
             input_stage_ = ctx.template allocate<float>(n * input_shape::size);
             label_stage_ = ctx.template allocate<std::int32_t>(n * label_size);
+            input_grad_ = ctx.template allocate<float>(n * input_shape::size);
         }
         capacity_ = n;
     }
@@ -309,6 +332,8 @@ private:
     core::Buffer<float> arena_;
     core::Buffer<float> input_stage_;
     core::Buffer<std::int32_t> label_stage_;
+    core::Buffer<float> input_grad_;                                          // nested replicas on a device
+    core::Buffer<core::LossSlot> loss_slot_ = backend::host_buffer<core::LossSlot>(1);
     std::size_t capacity_ = 0;
     const float* last_x_ = nullptr;
     std::size_t last_n_ = 0;

@@ -2,10 +2,13 @@
 // Communicators: sum gradient buffers across the replicas of a DataParallel.
 //
 // The interface is NCCL's, in its two single-process forms:
-//   group_all_reduce(buffers, count)  one thread calls for all ranks (ncclGroupStart/End style)
-//   all_reduce(rank, buffer, count)   every rank calls from its own thread; returns when all have
-// After either, every rank's buffer holds the element-wise sum. The host communicator sums in rank
-// order, ((b0 + b1) + b2) + ..., in both forms, so SingleThread and Threaded dispatch agree bit for bit.
+//   group_all_reduce(buffers, count, bucket)  one thread calls for all ranks (ncclGroupStart/End style)
+//   all_reduce(rank, buffer, count, bucket)   every rank calls from its own thread
+// After either (on a GPU: once wait(rank) has ordered rank's later work after it), every rank's buffer
+// holds the element-wise sum. `bucket` numbers the gradient bucket: produced(rank, bucket) says that
+// rank's work producing it has been queued, so the reduction can start as soon as that work is done
+// while later work runs. The host communicator sums in rank order, ((b0 + b1) + b2) + ..., in both
+// forms, so SingleThread and Threaded dispatch agree bit for bit.
 
 #include <algorithm>
 #include <condition_variable>
@@ -22,8 +25,11 @@ class Communicator {
 public:
     virtual ~Communicator() = default;
     virtual std::size_t size() const = 0;
-    virtual void group_all_reduce(std::span<float* const> buffers, std::size_t count) = 0;
-    virtual void all_reduce(std::size_t rank, float* buffer, std::size_t count) = 0;
+    virtual void produced(std::size_t /*rank*/, std::size_t /*bucket*/) {}
+    virtual void group_all_reduce(std::span<float* const> buffers, std::size_t count, std::size_t bucket) = 0;
+    virtual void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t bucket) = 0;
+    // Orders rank's work queued from now on after its reductions (a no-op where calls are synchronous).
+    virtual void wait(std::size_t /*rank*/) {}
     // Releases every rank blocked in all_reduce with an Error (a peer failed and will not arrive).
     virtual void abort() = 0;
 };
@@ -35,14 +41,14 @@ public:
 
     std::size_t size() const override { return buffers_.size(); }
 
-    void group_all_reduce(std::span<float* const> buffers, std::size_t count) override
+    void group_all_reduce(std::span<float* const> buffers, std::size_t count, std::size_t) override
     {
         core::require(buffers.size() == size(), "group_all_reduce: one buffer per rank expected");
         sum_range(buffers, 0, count);
     }
 
     // Each rank sums its own 1/size slice of the elements (in rank order), then all wait.
-    void all_reduce(std::size_t rank, float* buffer, std::size_t count) override
+    void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t) override
     {
         buffers_[rank] = buffer;
         arrive();

@@ -26,7 +26,7 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/model/sequential.hpp"
-#include "replica/parallel/communicator.hpp"
+#include "replica/parallel/communicators.hpp"
 #include "replica/parallel/dispatch.hpp"
 #include "replica/parallel/scaling.hpp"
 #include "replica/parallel/worker_pool.hpp"
@@ -54,17 +54,6 @@ std::vector<std::pair<std::size_t, std::size_t>> make_buckets(std::size_t floats
         }
     }
     return out;
-}
-
-inline std::unique_ptr<Communicator> make_communicator(std::span<const Device> devices)
-{
-    for (const auto& d : devices)
-        core::require(d.kind() == devices.front().kind(),
-                      "DataParallel replicas must all be CPU or all CUDA devices; got " + devices.front().name() +
-                          " and " + d.name());
-    core::require(devices.front().is_cpu(),
-                  "DataParallel over " + devices.front().name() + " needs the CUDA backend with NCCL");
-    return std::make_unique<HostCommunicator>(devices.size());
 }
 
 inline std::vector<Device> check_replica_devices(std::vector<Device> devices)
@@ -145,8 +134,8 @@ public:
             core::require(!b.devices.empty(), "a nested DataParallel needs at least one device");
             for (std::size_t r = 1; r < b.devices.size(); ++r)
                 others_.emplace_back(std::vector<Device>{b.devices[r]}, 0, b.layer_id);
-            comm_ = detail::make_communicator(b.devices);
             grad_ptrs_.assign(b.devices.size(), nullptr);
+            gathered_.assign(b.devices.size(), {});
             if constexpr (std::same_as<Dispatch, Threaded>) {
                 if (b.devices.front().is_cpu() && b.devices.size() > 1) backend::cpu::set_blas_threads(1);
                 pool_ = std::make_unique<WorkerPool>(b.devices.size());
@@ -162,46 +151,71 @@ public:
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a)
         {
+            const core::Event input_ready = ctx.mark();
             each([&](std::size_t r) {
                 const Share s = share(a.n, replica_count(), r);
                 const model::Pass mine = shifted(pass, s);
                 if (r == 0) {
+                    ctx.activate();
                     if (s.count) graph0_.forward(ctx, mine, model::ForwardArgs{a.params, a.x, a.y, s.count, a.saved, a.scratch});
                     return;
                 }
                 M& m = others_[r - 1];
+                m.visit([&](auto& c) { c.wait(input_ready); });
                 const float* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count);
-                m.visit([&](auto& c) { c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size); });
+                m.visit([&](auto& c) {   // gather into the parent's output
+                    c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size);
+                    gathered_[r] = c.mark();
+                });
             });
+            for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);
         }
 
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs& a)
         {
+            if (!comm_ && replica_count() > 1) {   // once: the parent's context is known from here on
+                std::vector<backend::AnyContext> contexts{backend::AnyContext(ctx)};
+                for (auto& m : others_) contexts.push_back(m.context());
+                comm_ = make_communicator(contexts, 1);
+            }
+            const core::Event grad_ready = ctx.mark();
             each([&](std::size_t r) {
                 const Share s = share(a.n, replica_count(), r);
                 const model::Pass mine = shifted(pass, s);
                 float* dx = a.dx ? a.dx + s.offset * input_shape::size : nullptr;
                 if (r == 0) {
+                    ctx.activate();
                     if (s.count)
                         graph0_.backward(ctx, mine, model::BackwardArgs{a.params, a.x, a.y, a.dy, dx, a.dparams,
                                                                         s.count, a.saved, a.scratch});
                     else fill(ctx, a.dparams, 0.0f, param_count);
                     return;
                 }
-                others_[r - 1].backward_from(mine, a.dy + s.offset * output_shape::size, dx);
+                M& m = others_[r - 1];
+                m.visit([&](auto& c) { c.wait(grad_ready); });
+                m.backward_from(mine, a.dy + s.offset * output_shape::size, dx);
+                m.visit([&](auto& c) { gathered_[r] = c.mark(); });
             });
+            if (replica_count() == 1) return;
+            for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);   // input gradients
             grad_ptrs_[0] = a.dparams;
             for (std::size_t r = 1; r < replica_count(); ++r) grad_ptrs_[r] = others_[r - 1].gradient_data();
-            comm_->group_all_reduce(grad_ptrs_, param_count);
+            for (std::size_t r = 0; r < replica_count(); ++r) comm_->produced(r, 0);
+            comm_->group_all_reduce(grad_ptrs_, param_count, 0);
+            for (std::size_t r = 0; r < replica_count(); ++r) comm_->wait(r);
         }
 
         template <class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
         {
             each([&](std::size_t r) {
-                if (r == 0) opt.apply(ctx, w, g, state, param_count);
-                else others_[r - 1].update(opt);
+                if (r == 0) {
+                    ctx.activate();
+                    opt.apply(ctx, w, g, state, param_count);
+                } else {
+                    others_[r - 1].update(opt);
+                }
             });
         }
 
@@ -237,6 +251,7 @@ public:
         std::vector<M> others_;
         std::unique_ptr<Communicator> comm_;
         std::vector<float*> grad_ptrs_;
+        std::vector<core::Event> gathered_;
         std::unique_ptr<WorkerPool> pool_;
     };
 
@@ -271,27 +286,32 @@ public:
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + s.offset;
             std::size_t next = 0;
+            // Called as backward queues each layer: start reducing every bucket that is complete.
             auto reduce_ready = [&](std::size_t ready_from) {
-                if constexpr (std::same_as<Dispatch, Threaded>) {
-                    float* g = replicas_[r].gradient_data();
-                    for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next)
-                        comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first);
+                float* g = replicas_[r].gradient_data();
+                for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next) {
+                    if constexpr (std::same_as<Dispatch, Threaded>)
+                        comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first, next);
+                    else comm_->produced(r, next);
                 }
             };
             try {
-                losses_[r] = replicas_[r].forward_backward(mine, x + s.offset * input_shape::size,
-                                                           labels + s.offset * label_size, s.count, loss_scale,
-                                                           reduce_ready);
+                replicas_[r].queue_forward_backward(mine, x + s.offset * input_shape::size, labels + s.offset * label_size,
+                                                    s.count, loss_scale, reduce_ready);
             } catch (...) {
                 comm_->abort();
                 throw;
             }
         });
         if constexpr (std::same_as<Dispatch, SingleThread>)
-            for (const auto& [begin, end] : buckets_) {
-                for (std::size_t r = 0; r < R; ++r) grad_ptrs_[r] = replicas_[r].gradient_data() + begin;
-                comm_->group_all_reduce(grad_ptrs_, end - begin);
+            for (std::size_t b = 0; b < buckets_.size(); ++b) {
+                for (std::size_t r = 0; r < R; ++r) grad_ptrs_[r] = replicas_[r].gradient_data() + buckets_[b].first;
+                comm_->group_all_reduce(grad_ptrs_, buckets_[b].second - buckets_[b].first, b);
             }
+        each([&](std::size_t r) {
+            comm_->wait(r);
+            losses_[r] = replicas_[r].finish();
+        });
         double total = 0.0;
         for (double l : losses_) total += l;
         return total;
@@ -329,8 +349,10 @@ public:
 private:
     void start()
     {
-        comm_ = detail::make_communicator(devices_);
         buckets_ = detail::make_buckets<typename M::graph>(options_.bucket_floats);
+        std::vector<backend::AnyContext> contexts;
+        for (const auto& m : replicas_) contexts.push_back(m.context());
+        comm_ = make_communicator(contexts, buckets_.size());
         losses_.assign(replicas_.size(), 0.0);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {

@@ -7,24 +7,27 @@
 #include <string>
 
 #include "replica/backend/cpu/context.hpp"
-#include "replica/core/error.hpp"
+#include "replica/core/loss_slot.hpp"
 
 namespace replica::backend::cpu {
 
-// Returns the sum of the per-pixel losses; writes dlogits = (softmax - onehot) * scale when dlogits is
-// not null. Computed in double per pixel, so the result does not depend on the number of classes' order.
-inline double softmax_cross_entropy(const Context&, int classes, int pixels, const float* logits,
-                                    const std::int32_t* labels, std::size_t n, float scale, float* dlogits)
+// Leaves the sum of the per-pixel losses in *slot (or the first bad label); writes
+// dlogits = (softmax - onehot) * scale when dlogits is not null. Computed in double per pixel.
+inline void softmax_cross_entropy(const Context&, int classes, int pixels, const float* logits,
+                                  const std::int32_t* labels, std::size_t n, float scale, float* dlogits,
+                                  core::LossSlot* slot)
 {
+    *slot = {};
     double total = 0.0;
     for (std::size_t s = 0; s < n; ++s)
         for (int p = 0; p < pixels; ++p) {
             const float* z = logits + s * std::size_t(classes) * pixels + p;
             const std::int32_t label = labels[s * pixels + p];
-            if (label < 0 || label >= classes)
-                throw Error("label " + std::to_string(label) + " of sample " + std::to_string(s) +
-                            " is outside [0, " + std::to_string(classes) +
-                            "): the data set does not match the model's number of classes");
+            if (label < 0 || label >= classes) {
+                slot->bad_label = label;
+                slot->bad_position = double(s * pixels + p + 1);
+                return;
+            }
             float zmax = z[0];
             for (int c = 1; c < classes; ++c) zmax = std::max(zmax, z[std::size_t(c) * pixels]);
             double sum = 0.0;
@@ -39,7 +42,7 @@ inline double softmax_cross_entropy(const Context&, int classes, int pixels, con
                 }
             }
         }
-    return total;
+    slot->sum = total;
 }
 
 // Number of pixels whose arg-max class equals the label.

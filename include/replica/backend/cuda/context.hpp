@@ -18,6 +18,7 @@
 #include "replica/backend/cuda/allocator.hpp"
 #include "replica/backend/cuda/check.hpp"
 #include "replica/core/device.hpp"
+#include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/core/window.hpp"
 
@@ -85,6 +86,7 @@ struct State {
     core::Buffer<float> ones;
     core::Buffer<double> reduce;          // device scalars for loss and metric reductions
     double* host_reduce = nullptr;        // pinned mirror
+    cudaEvent_t marker = nullptr;         // re-recorded by mark()
     std::map<ConvKey, ConvPlan> conv_plans;
 
     explicit State(Device d) : device(d), options(default_options())
@@ -98,6 +100,7 @@ struct State {
         REPLICA_CHECK(cublasSetStream(cublas, stream));
         REPLICA_CHECK(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));   // FP32 GEMMs, as PyTorch by default
         REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
+        REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
     }
     State(const State&) = delete;
@@ -118,6 +121,7 @@ struct State {
         ones = {};
         reduce = {};
         cudaFreeHost(host_reduce);
+        cudaEventDestroy(marker);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);
         cudaStreamDestroy(comm);
@@ -182,6 +186,20 @@ public:
         return staging;
     }
     void synchronize() const { REPLICA_CHECK(cudaStreamSynchronize(stream())); }
+
+    // The work queued so far on the compute stream, for another stream (of any device) to wait for.
+    // One event per context, re-recorded: wait for it before the next mark().
+    core::Event mark() const
+    {
+        activate();
+        REPLICA_CHECK(cudaEventRecord(state_->marker, stream()));
+        return {state_->marker};
+    }
+    // Work queued from now on waits for `e`.
+    void wait(core::Event e) const
+    {
+        if (e.handle) REPLICA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(e.handle), 0));
+    }
 
     // Scratch for cuDNN, grown to the largest request and kept.
     void* workspace(std::size_t bytes) const

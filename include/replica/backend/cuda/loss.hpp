@@ -9,6 +9,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/loss_slot.hpp"
 
 namespace replica::backend::cuda {
 
@@ -86,11 +87,14 @@ inline double* element_scratch(const Context& ctx, std::size_t count)
 
 } // namespace detail
 
-inline double softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
-                                    const std::int32_t* labels, std::size_t n, float scale, float* dlogits)
+// Queues the loss and gradient kernels and an asynchronous copy of the result into *slot (page-locked
+// host memory): read it after synchronize().
+inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
+                                  const std::int32_t* labels, std::size_t n, float scale, float* dlogits,
+                                  core::LossSlot* slot)
 {
     const std::size_t count = n * std::size_t(pixels);
-    double* loss = detail::element_scratch(ctx, count + 1);   // [flag, where | losses... | sum]
+    double* loss = detail::element_scratch(ctx, count + 1);   // [bad label, position | losses... | sum]
     double* flag = loss - 2;
     double* sum = loss + count;
     REPLICA_CHECK(cudaMemsetAsync(flag, 0, 2 * sizeof(double), ctx.stream()));
@@ -99,14 +103,8 @@ inline double softmax_cross_entropy(const Context& ctx, int classes, int pixels,
     detail::check_launch("softmax_cross_entropy");
     kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(loss, count, sum);
     detail::check_launch("sum_fixed_order");
-    double* host = ctx.state().host_reduce;
-    REPLICA_CHECK(cudaMemcpyAsync(host, flag, 2 * sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
-    REPLICA_CHECK(cudaMemcpyAsync(host + 2, sum, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
-    ctx.synchronize();
-    if (host[1] > 0.0)
-        throw Error("label " + std::to_string(long(host[0])) + " of element " + std::to_string(long(host[1]) - 1) +
-                    " is outside [0, " + std::to_string(classes) + "): the data set does not match the model's number of classes");
-    return host[2];
+    REPLICA_CHECK(cudaMemcpyAsync(&slot->sum, sum, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    REPLICA_CHECK(cudaMemcpyAsync(&slot->bad_label, flag, 2 * sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
 }
 
 inline std::size_t count_correct(const Context& ctx, int classes, int pixels, const float* logits,

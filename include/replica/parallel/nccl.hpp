@@ -1,0 +1,107 @@
+#pragma once
+// NcclCommunicator: GPU replicas of one process, one NCCL communicator per GPU, created once for the
+// device set (ncclCommInitAll). Reductions run on each GPU's communication stream and start when the
+// compute stream has produced the bucket (an event per rank and bucket), so they overlap the rest of
+// backward. Only under nvcc.
+
+#include <nccl.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/parallel/communicator.hpp"
+
+namespace replica::parallel {
+
+namespace detail {
+inline void check_nccl(ncclResult_t r, const char* call)
+{
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    throw Error(std::string(call) + " failed: " + ncclGetErrorString(r) +
+                ". Rerun with NCCL_DEBUG=INFO for details (keep NCCL_NVLS_ENABLE=0)");
+}
+} // namespace detail
+
+#define REPLICA_NCCL_CHECK(call) ::replica::parallel::detail::check_nccl((call), #call)
+
+class NcclCommunicator final : public Communicator {
+public:
+    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
+    {
+        std::vector<int> devices;
+        for (const auto& c : ctx_) devices.push_back(c.device().index());
+        comms_.resize(ctx_.size());
+        REPLICA_NCCL_CHECK(ncclCommInitAll(comms_.data(), int(ctx_.size()), devices.data()));
+        events_.resize(ctx_.size());
+        done_.resize(ctx_.size());
+        for (std::size_t r = 0; r < ctx_.size(); ++r) {
+            ctx_[r].activate();
+            events_[r].resize(std::max<std::size_t>(buckets, 1));
+            for (auto& e : events_[r]) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            REPLICA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+        }
+    }
+    NcclCommunicator(const NcclCommunicator&) = delete;
+    NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+    ~NcclCommunicator() override
+    {
+        for (std::size_t r = 0; r < ctx_.size(); ++r) {
+            cudaSetDevice(ctx_[r].device().index());
+            cudaStreamSynchronize(ctx_[r].comm_stream());
+            for (auto e : events_[r]) cudaEventDestroy(e);
+            cudaEventDestroy(done_[r]);
+            ncclCommDestroy(comms_[r]);
+        }
+    }
+
+    std::size_t size() const override { return ctx_.size(); }
+
+    void produced(std::size_t rank, std::size_t bucket) override
+    {
+        ctx_[rank].activate();
+        REPLICA_CHECK(cudaEventRecord(events_[rank][bucket], ctx_[rank].stream()));
+    }
+
+    void group_all_reduce(std::span<float* const> buffers, std::size_t count, std::size_t bucket) override
+    {
+        for (std::size_t r = 0; r < size(); ++r) {
+            ctx_[r].activate();
+            REPLICA_CHECK(cudaStreamWaitEvent(ctx_[r].comm_stream(), events_[r][bucket], 0));
+        }
+        REPLICA_NCCL_CHECK(ncclGroupStart());
+        for (std::size_t r = 0; r < size(); ++r)
+            REPLICA_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], count, ncclFloat, ncclSum, comms_[r], ctx_[r].comm_stream()));
+        REPLICA_NCCL_CHECK(ncclGroupEnd());
+    }
+
+    void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t bucket) override
+    {
+        produced(rank, bucket);
+        REPLICA_CHECK(cudaStreamWaitEvent(ctx_[rank].comm_stream(), events_[rank][bucket], 0));
+        REPLICA_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, comms_[rank], ctx_[rank].comm_stream()));
+    }
+
+    void wait(std::size_t rank) override
+    {
+        ctx_[rank].activate();
+        REPLICA_CHECK(cudaEventRecord(done_[rank], ctx_[rank].comm_stream()));
+        REPLICA_CHECK(cudaStreamWaitEvent(ctx_[rank].stream(), done_[rank], 0));
+    }
+
+    void abort() override
+    {
+        for (auto c : comms_) ncclCommAbort(c);
+        comms_.assign(comms_.size(), nullptr);
+    }
+
+private:
+    std::vector<backend::cuda::Context> ctx_;
+    std::vector<ncclComm_t> comms_;
+    std::vector<std::vector<cudaEvent_t>> events_;
+    std::vector<cudaEvent_t> done_;
+};
+
+} // namespace replica::parallel
