@@ -35,7 +35,8 @@ template <class M>
 int run(const Settings& s)
 {
     const std::size_t batch = s.batch ? s.batch : default_batch_size<M>;
-    auto model = auto_parallel(M{s.devices}, s.devices, {.dispatch = s.dispatch});
+    auto model = auto_parallel(M{s.devices}, s.devices,
+                               {.dispatch = s.dispatch, .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t global = parallel::global_batch(batch, model.replica_count(), s.scaling);
     // Two distinct batches, alternated, so no step sees the data of the step before.
@@ -66,7 +67,9 @@ int run(const Settings& s)
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const double rate = double(global) / (median / 1000.0);
-    const char* dispatch = s.dispatch == DispatchChoice::threaded ? "threaded" : "single";
+    const char* dispatch = s.dispatch == DispatchChoice::threaded ? "threaded"
+                           : s.dispatch == DispatchChoice::measured ? "auto"
+                                                                    : "single";
     if (s.json)
         std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"device\": \"%s\", \"dispatch\": \"%s\", "
                     "\"scaling\": \"%s\", \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
@@ -89,7 +92,7 @@ try {
         .option("steps", "20", "timed steps")
         .option("warmup", "3", "untimed steps first")
         .option("devices", "all", "all, or a list such as cpu:0,cpu:1 or cuda:0,cuda:1")
-        .option("dispatch", "single", "single or threaded")
+        .option("dispatch", "single", "single, threaded or auto (measure every choice, keep the fastest)")
         .option("scaling", "strong", "strong or weak")
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
         .flag("json", "print one JSON object");

@@ -1,7 +1,7 @@
 // The main job: LeNet on Fashion-MNIST, data-parallel on every device auto_parallel finds (every GPU,
 // or the CPU), or on the devices you name.
 //
-//   lenet_fashion_mnist --epochs 8
+//   lenet_fashion_mnist --epochs 8                       # every GPU (or CPU core), the fastest way
 //   lenet_fashion_mnist --devices cpu:0,cpu:1 --dispatch threaded --scaling weak
 
 #include <cstdio>
@@ -28,24 +28,28 @@ try {
         .option("checkpoint", "", "checkpoint file, written every --checkpoint-every epochs")
         .option("checkpoint-every", "1", "epochs between checkpoints")
         .flag("resume", "continue from --checkpoint if it exists")
-        .option("devices", "all", "all (every GPU, or the CPU), or a list such as cpu:0,cpu:1 or cuda:0,cuda:1")
-        .option("dispatch", "single", "single or threaded: how replicas' work is issued")
+        .option("devices", "all", "all (every GPU, or one CPU replica per core), or a list such as cpu:0,cpu:1 or cuda:0")
+        .option("dispatch", "auto", "auto: time each choice (1..N devices, each policy) and keep the fastest; "
+                                    "or single, threaded")
         .option("scaling", "strong", "strong: --batch-size is global; weak: --batch-size is per device")
         .flag("scale-lr", "with --scaling weak, multiply the learning rate by the device count");
     args.parse(argc, argv);
 
-    const auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
+    const auto devices = args.str("devices") == "all" ? all_devices() : parse_devices(args.str("devices"));
     const auto train_set = data::load_fashion_mnist(data::Split::train, args.str("data"));
     const auto test_set = data::load_fashion_mnist(data::Split::test, args.str("data"));
 
+    const auto scaling = parallel::parse_scaling(args.str("scaling"));
     auto model = auto_parallel(LeNet{devices, /*seed=*/std::uint64_t(args.integer("seed"))}, devices,
-                               {.dispatch = parallel::parse_dispatch(args.str("dispatch"))});
+                               {.dispatch = parallel::parse_dispatch(args.str("dispatch")),
+                                .batch_size = args.count("batch-size"),
+                                .scaling = scaling});
     SGD opt{{.lr = float(args.real("lr")), .momentum = float(args.real("momentum")),
              .weight_decay = float(args.real("weight-decay"))}};
     Trainer trainer{model, opt,
                     {.batch_size = args.count("batch-size"),
                      .epochs = args.count("epochs"),
-                     .scaling = parallel::parse_scaling(args.str("scaling")),
+                     .scaling = scaling,
                      .scale_lr = args.on("scale-lr"),
                      .validate_every = args.count("validate-every"),
                      .seed = std::uint64_t(args.integer("seed")),

@@ -2,6 +2,7 @@
 // auto_parallel picks the right type; strong and weak scaling mean what they say.
 
 #include <cmath>
+#include <sstream>
 
 #include "catch.hpp"
 #include "models.hpp"
@@ -209,4 +210,24 @@ TEST_CASE("Strong and weak scaling: global batch and steps per epoch", "[cpu][pa
     }
     CHECK(covered == 10);
     CHECK(parallel::share(2, 3, 2).count == 0);
+}
+
+TEST_CASE("auto_parallel can measure every choice and keep the fastest", "[cpu][parallel]")
+{
+    LeNet net{Device::cpu(), 3};
+    const auto w = parameters(net);
+    std::ostringstream log;
+    auto model = auto_parallel(std::move(net), cpus(2),
+                               {.dispatch = DispatchChoice::measured, .batch_size = 8, .steps = 2, .log = &log});
+    CAPTURE(log.str());
+    CHECK(log.str().find("auto_parallel measured (samples/s): 1 device ") != std::string::npos);
+    CHECK(log.str().find(" 2 single ") != std::string::npos);
+    CHECK(log.str().find(" 2 threaded ") != std::string::npos);
+    CHECK(log.str().find("; chose ") != std::string::npos);
+    // Measuring trained copies, never the model: it starts where it was.
+    CHECK(parameters(model) == w);
+    CHECK(model.optimizer_state().empty());
+    const bool one = log.str().find("chose 1 device") != std::string::npos;
+    CHECK(model.replica_count() == (one ? 1u : 2u));
+    CHECK(model.holds<LeNet>() == one);
 }

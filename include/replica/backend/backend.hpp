@@ -2,7 +2,9 @@
 // The one place that knows which backends exist. A model holds an AnyContext and visits it once per
 // call; layer code below is written once against the context type it is given.
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -67,8 +69,20 @@ inline std::vector<Device> default_devices()
     return {Device::cpu(0)};
 }
 
+// Every visible GPU or, without one, one CPU replica per hardware thread: the devices that data
+// parallelism can spread a model over.
+inline std::vector<Device> all_devices()
+{
+    auto gpus = cuda_devices();
+    if (!gpus.empty()) return gpus;
+    std::vector<Device> cpus;
+    for (unsigned i = 0; i < std::max(1u, std::thread::hardware_concurrency()); ++i) cpus.push_back(Device::cpu(int(i)));
+    return cpus;
+}
+
 } // namespace replica::backend
 
 namespace replica {
+using backend::all_devices;
 using backend::cuda_devices;
 } // namespace replica

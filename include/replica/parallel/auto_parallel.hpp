@@ -8,9 +8,12 @@
 //   - disable_auto_data_parallelism<M> is true:
 //       template <> inline constexpr bool disable_auto_data_parallelism<MyNet> = true;
 // Otherwise returns AutoParallel<M>: on one device the model itself, on several a DataParallel<M, P>
-// with the dispatch policy P that AutoOptions names; the choice is made once, at construction.
+// with the dispatch policy P that AutoOptions names, or the fastest of all of them when it says
+// DispatchChoice::measured; the choice is made once, at construction.
 
+#include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -18,6 +21,7 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/parallel/data_parallel.hpp"
+#include "replica/train/sgd.hpp"
 
 namespace replica {
 // Opt-out: specialise to true for a model that must never be wrapped automatically.
@@ -39,18 +43,28 @@ inline constexpr bool contains_data_parallel = contains_data_parallel_<M>();
 template <class M>
 inline constexpr bool wraps_automatically = !contains_data_parallel<M> && !disable_auto_data_parallelism<M>;
 
-enum class DispatchChoice { single, threaded };
+// How auto_parallel runs replicas: a policy, or `measured`: time a few training steps of every
+// candidate (1 device; 2..N devices with each policy) on synthetic data and keep the fastest, in
+// samples per second. With strong scaling the 1-device candidate runs the same global batch, so the
+// choice is never slower than one device.
+enum class DispatchChoice { single, threaded, measured };
 
 inline DispatchChoice parse_dispatch(std::string_view text)
 {
     if (text == "single") return DispatchChoice::single;
     if (text == "threaded") return DispatchChoice::threaded;
-    throw Error("bad dispatch '" + std::string(text) + "': write single or threaded");
+    if (text == "auto") return DispatchChoice::measured;
+    throw Error("bad dispatch '" + std::string(text) + "': write single, threaded or auto (measure and choose)");
 }
 
 struct AutoOptions {
     DispatchChoice dispatch = DispatchChoice::single;
     DataParallelOptions data_parallel = {};
+    // For DispatchChoice::measured:
+    std::size_t batch_size = 64;      // as the Trainer will use it (global with strong scaling)
+    Scaling scaling = Scaling::strong;
+    std::size_t steps = 5;            // timed steps per candidate, after one untimed step
+    std::ostream* log = &std::cerr;   // one line: every candidate's speed and the choice
 };
 
 template <class M>
@@ -113,9 +127,20 @@ public:
 
 private:
     using Impl = std::variant<M, DataParallel<M, SingleThread>, DataParallel<M, Threaded>>;
+
     static Impl make(M&& model, std::vector<Device> devices, AutoOptions o)
     {
         core::require(!devices.empty(), "auto_parallel needs at least one device");
+        if (o.dispatch == DispatchChoice::measured) {
+            const auto [count, dispatch] = measure(model, devices, o);
+            devices.erase(devices.begin() + std::ptrdiff_t(count), devices.end());
+            o.dispatch = dispatch;
+        }
+        return build(std::move(model), std::move(devices), o);
+    }
+
+    static Impl build(M&& model, std::vector<Device> devices, const AutoOptions& o)
+    {
         if (devices.size() == 1) {
             if (model.device() == devices.front()) return Impl(std::in_place_index<0>, std::move(model));
             M moved{devices.front()};
@@ -126,6 +151,66 @@ private:
         if (o.dispatch == DispatchChoice::threaded)
             return Impl(std::in_place_index<2>, std::move(model), std::move(devices), o.data_parallel);
         return Impl(std::in_place_index<1>, std::move(model), std::move(devices), o.data_parallel);
+    }
+
+    // Samples per second of every candidate; returns the fastest (device count, policy).
+    static std::pair<std::size_t, DispatchChoice> measure(const M& model, const std::vector<Device>& devices,
+                                                          const AutoOptions& o)
+    {
+        core::require(o.batch_size > 0 && o.steps > 0, "auto_parallel: measuring needs a batch size and steps");
+        const auto w = model.parameters();
+        const std::size_t most = global_batch(o.batch_size, devices.size(), o.scaling);
+        std::vector<float> x(most * M::input_shape::size);
+        std::vector<std::int32_t> labels(most * M::label_size);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            x[i] = 2.0f * core::random_uniform(0, core::Stream::synthetic, 0, i >> 16, std::uint32_t(i & 0xffff)) - 1.0f;
+        for (std::size_t i = 0; i < labels.size(); ++i)
+            labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
+
+        std::size_t best_count = 1;
+        DispatchChoice best_dispatch = DispatchChoice::single;
+        double best_rate = 0.0;
+        std::string report = "auto_parallel measured (samples/s):";
+        for (std::size_t k = 1; k <= devices.size(); ++k)
+            for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded}) {
+                if (k == 1 && d == DispatchChoice::threaded) continue;
+                M copy{devices.front()};
+                copy.set_parameters(w);
+                AutoOptions ok = o;
+                ok.dispatch = d;
+                Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + k}, ok);
+                const std::size_t n = global_batch(o.batch_size, k, o.scaling);
+                const double rate = double(n) / time_steps(candidate, x.data(), labels.data(), n, o.steps);
+                report += " " + std::to_string(k) + (k == 1 ? " device " : d == DispatchChoice::threaded ? " threaded " : " single ") +
+                          std::to_string(long(rate));
+                if (rate > best_rate) {
+                    best_rate = rate;
+                    best_count = k;
+                    best_dispatch = d;
+                }
+            }
+        if (o.log)
+            *o.log << report << "; chose " << best_count << (best_count == 1 ? " device" : " devices")
+                   << (best_count == 1 ? "" : best_dispatch == DispatchChoice::threaded ? ", threaded" : ", single")
+                   << std::endl;
+        return {best_count, best_dispatch};
+    }
+
+    // Median seconds of a training step (after one untimed step).
+    static double time_steps(Impl& m, const float* x, const std::int32_t* labels, std::size_t n, std::size_t steps)
+    {
+        train::SGD opt{{.lr = 1e-6f}};
+        std::vector<double> t;
+        for (std::size_t i = 0; i <= steps; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            std::visit([&](auto& model) {
+                model.forward_backward(model::Pass{.first_sample = i * n}, x, labels, n, 1.0f / float(n));
+                model.update(opt);
+            }, m);
+            if (i > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
     }
 
     Impl impl_;

@@ -168,6 +168,7 @@ public:
                     gathered_[r] = c.mark();
                 });
             });
+            ctx.activate();   // the replicas made their own devices current
             for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);
         }
 
@@ -197,6 +198,7 @@ public:
                 m.backward_from(mine, a.dy + s.offset * output_shape::size, dx);
                 m.visit([&](auto& c) { gathered_[r] = c.mark(); });
             });
+            ctx.activate();
             if (replica_count() == 1) return;
             for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);   // input gradients
             grad_ptrs_[0] = a.dparams;
@@ -204,6 +206,7 @@ public:
             for (std::size_t r = 0; r < replica_count(); ++r) comm_->produced(r, 0);
             comm_->group_all_reduce(grad_ptrs_, param_count, 0);
             for (std::size_t r = 0; r < replica_count(); ++r) comm_->wait(r);
+            ctx.activate();
         }
 
         template <class Ctx, class Opt>
@@ -217,6 +220,7 @@ public:
                     others_[r - 1].update(opt);
                 }
             });
+            ctx.activate();
         }
 
         // The parent set its parameters (and optimizer state): copy replica 0's slice to the others.
