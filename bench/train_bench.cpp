@@ -60,7 +60,7 @@ int run(const Settings& s)
         const Batch b{set.inputs.data() + half * global * set.input_size, set.labels.data() + half * global * set.label_size,
                       global, i * global, 1};
         const auto t0 = std::chrono::steady_clock::now();
-        loss = train_step(model, opt, b);   // returns after the step has finished on every device
+        loss = train_step(model, opt, b);   // returns once the loss is known; the update is queued
         const auto t1 = std::chrono::steady_clock::now();
         if (i >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }

@@ -24,7 +24,7 @@ try {
         .option("weight-decay", "0", "SGD weight decay")
         .option("seed", "1", "seed for initialisation, shuffling and dropout")
         .option("data", data::default_fashion_mnist_dir().string(), "folder with the Fashion-MNIST IDX files")
-        .option("validate-every", "1", "validate every N epochs (0: only at the end)")
+        .option("validate-every", "1", "validate every N epochs (0: never)")
         .option("checkpoint", "", "checkpoint file, written every --checkpoint-every epochs")
         .option("checkpoint-every", "1", "epochs between checkpoints")
         .flag("resume", "continue from --checkpoint if it exists")

@@ -1,4 +1,4 @@
-# Shared by scripts/demo, scripts/test and scripts/bench: install what is missing, configure, build.
+# Shared by scripts/demo and scripts/test: install what is missing, configure, build.
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${REPLICA_BUILD_DIR:-$root/build}"

@@ -39,6 +39,18 @@ struct DataParallelOptions {
 };
 
 namespace detail {
+// OpenBLAS threads set to one while CPU replicas run on their own threads; restored afterwards.
+class OneBlasThread {
+public:
+    OneBlasThread() : before_(backend::cpu::blas_threads()) { backend::cpu::set_blas_threads(1); }
+    OneBlasThread(const OneBlasThread&) = delete;
+    OneBlasThread& operator=(const OneBlasThread&) = delete;
+    ~OneBlasThread() { backend::cpu::set_blas_threads(before_); }
+
+private:
+    int before_;
+};
+
 // [begin, end) ranges of the gradient buffer, last layers first, each at least `floats` long
 // (but the first layers') and cut at layer boundaries.
 template <class Graph>
@@ -137,7 +149,7 @@ public:
             grad_ptrs_.assign(b.devices.size(), nullptr);
             gathered_.assign(b.devices.size(), {});
             if constexpr (std::same_as<Dispatch, Threaded>) {
-                if (b.devices.front().is_cpu() && b.devices.size() > 1) backend::cpu::set_blas_threads(1);
+                if (b.devices.front().is_cpu() && b.devices.size() > 1) blas_ = std::make_unique<detail::OneBlasThread>();
                 pool_ = std::make_unique<WorkerPool>(b.devices.size());
             }
         }
@@ -256,6 +268,7 @@ public:
         std::unique_ptr<Communicator> comm_;
         std::vector<float*> grad_ptrs_;
         std::vector<core::Event> gathered_;
+        std::unique_ptr<detail::OneBlasThread> blas_;
         std::unique_ptr<WorkerPool> pool_;
     };
 
@@ -361,7 +374,7 @@ private:
         grad_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
-            if (devices_.front().is_cpu() && replicas_.size() > 1) backend::cpu::set_blas_threads(1);
+            if (devices_.front().is_cpu() && replicas_.size() > 1) blas_ = std::make_unique<detail::OneBlasThread>();
             pool_ = std::make_unique<WorkerPool>(replicas_.size());
         }
     }
@@ -383,6 +396,7 @@ private:
     std::vector<double> losses_;
     std::vector<float*> grad_ptrs_;
     std::unique_ptr<WorkerPool> pool_;
+    std::unique_ptr<detail::OneBlasThread> blas_;
 };
 
 template <class T>

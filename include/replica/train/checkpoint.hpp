@@ -110,6 +110,10 @@ constexpr std::uint64_t model_signature()
     mix(std::uint64_t(M::param_count));
     mix(std::uint64_t(graph::layer_count));
     for (std::size_t offset : graph::param_offset) mix(std::uint64_t(offset));
+    // Shapes too: the input, the output and every layer's output size.
+    for (std::size_t d : graph::input_shape::dims) mix(std::uint64_t(d));
+    for (std::size_t d : graph::output_shape::dims) mix(std::uint64_t(d));
+    for (std::size_t offset : graph::act_offset) mix(std::uint64_t(offset));
     return h;
 }
 
@@ -313,6 +317,9 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
                     " parameters, signature " + hex64(file_signature) + "); this model has " +
                     std::to_string(param_count) + " parameters, signature " + hex64(signature) +
                     ": load it into the model that saved it");
+    if (param_count != 0 && file_states % param_count != 0)
+        throw Error("checkpoint " + name + " holds " + std::to_string(file_states) + " optimizer values, not a whole "
+                    "number per parameter: it was not written by replica; use an earlier checkpoint");
 
     CheckpointContents out;
     out.state.epoch = read_u64(b.data() + 36);

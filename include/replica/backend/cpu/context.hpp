@@ -21,12 +21,12 @@ inline bool check_blas_kernels()
     const std::string core = openblas_get_corename();
     const bool generic = core == "Prescott" || core == "Core2" || core == "Penryn" || core == "Nehalem" ||
                          core == "Sandybridge" || core == "unknown";
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     if (generic && std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2"))
         std::fprintf(stderr,
                      "replica: OpenBLAS runs its %s kernels on a CPU with AVX2%s; set OPENBLAS_CORETYPE=%s before "
                      "starting the program for several times the speed (scripts/ do this)\n",
-                     core.c_str(), __builtin_cpu_supports("avx512f") ? " and AVX-512" : "",
-                     __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
+                     core.c_str(), avx512 ? " and AVX-512" : "", avx512 ? "SkylakeX" : "Haswell");
     return generic;
 }
 
