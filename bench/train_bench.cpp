@@ -29,6 +29,7 @@ struct Settings {
     Scaling scaling;
     bool json;
     int blas_threads;
+    StepOptions step;
 };
 
 template <class M>
@@ -60,7 +61,7 @@ int run(const Settings& s)
         const Batch b{set.inputs.data() + half * global * set.input_size, set.labels.data() + half * global * set.label_size,
                       global, i * global, 1};
         const auto t0 = std::chrono::steady_clock::now();
-        loss = train_step(model, opt, b);   // returns once the loss is known; the update is queued
+        loss = train_step(model, opt, b, s.step);   // returns once the loss is known; the update is queued
         const auto t1 = std::chrono::steady_clock::now();
         if (i >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
@@ -72,10 +73,11 @@ int run(const Settings& s)
                                                                     : "single";
     if (s.json)
         std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"device\": \"%s\", \"dispatch\": \"%s\", "
-                    "\"scaling\": \"%s\", \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
+                    "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
                     "\"min_ms\": %.4f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
                     s.model.c_str(), model.replica_count(), s.devices.front().name().c_str(), dispatch,
-                    s.scaling == Scaling::weak ? "weak" : "strong", batch, global, s.steps, median, times.front(), rate, loss);
+                    s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
+                    s.steps, median, times.front(), rate, loss);
     else
         std::printf("%s on %s: batch %zu (global %zu), median step %.3f ms (min %.3f), %.0f samples/s, loss %.4f\n",
                     s.model.c_str(), model.description().c_str(), batch, global, median, times.front(), rate, loss);
@@ -95,12 +97,15 @@ try {
         .option("dispatch", "single", "single, threaded or auto (measure every choice, keep the fastest)")
         .option("scaling", "strong", "strong or weak")
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
+        .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
+        .option("micro-shard", "8", "samples per micro-shard with --reproducible")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
     Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"),
                args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices")),
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
-               args.on("json"), int(args.integer("blas-threads"))};
+               args.on("json"), int(args.integer("blas-threads")),
+               StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")}};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

@@ -32,7 +32,9 @@ try {
         .option("dispatch", "auto", "auto: time each choice (1..N devices, each policy) and keep the fastest; "
                                     "or single, threaded")
         .option("scaling", "strong", "strong: --batch-size is global; weak: --batch-size is per device")
-        .flag("scale-lr", "with --scaling weak, multiply the learning rate by the device count");
+        .flag("scale-lr", "with --scaling weak, multiply the learning rate by the device count")
+        .flag("reproducible", "bit-identical results on any number of (CPU) devices and across runs")
+        .option("micro-shard", "8", "samples per micro-shard in --reproducible mode");
     args.parse(argc, argv);
 
     const auto devices = args.str("devices") == "all" ? all_devices() : parse_devices(args.str("devices"));
@@ -55,7 +57,9 @@ try {
                      .seed = std::uint64_t(args.integer("seed")),
                      .checkpoint = args.str("checkpoint"),
                      .checkpoint_every = args.count("checkpoint-every"),
-                     .resume = args.on("resume")}};
+                     .resume = args.on("resume"),
+                     .reproducible = args.on("reproducible"),
+                     .micro_shard = args.count("micro-shard")}};
 
     std::printf("LeNet (%zu parameters) on %s; batch %zu (%s scaling: global batch %zu)\n", LeNet::param_count,
                 model.description().c_str(), args.count("batch-size"), args.str("scaling").c_str(),

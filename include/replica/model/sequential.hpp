@@ -21,6 +21,7 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/fixed_point.hpp"
 #include "replica/layers/loss.hpp"
 #include "replica/model/chain.hpp"
 #include "replica/model/input.hpp"
@@ -223,6 +224,47 @@ public:
         });
     }
 
+    // The reproducible mode's half of a step: samples [0, n) are cut into micro-shards of `shard`
+    // samples (numbered from first_shard, counted from sample 0 of x); each shard's gradient is computed
+    // on its own and added to `acc` in fixed point (core/fixed_point.hpp), and its loss is written to
+    // shard_loss[shard number]. So the result depends on the shard size, never on how many replicas
+    // share the shards or in which order they are summed. CPU replicas only, so far.
+    void add_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                             float loss_scale, std::size_t shard, std::size_t first_shard, std::int64_t* acc,
+                             double* shard_loss)
+    {
+        if constexpr (graph::has_data_parallel)
+            throw Error("the reproducible mode does not cover models with a nested DataParallel yet: use "
+                        "DataParallel<WholeModel> (or auto_parallel) instead");
+        visit([&](auto& ctx) {
+            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible)
+                throw Error("the reproducible mode runs on CPU replicas so far: train on cpu devices, or without "
+                            "reproducible = true on GPUs");
+        });
+        const backend::cpu::ScopedBlasThreads one_thread(1);   // OpenBLAS's sums depend on its thread count
+        for (std::size_t begin = 0, k = first_shard; begin < n; begin += shard, ++k) {
+            const std::size_t m = std::min(shard, n - begin);
+            Pass mine = pass;
+            mine.first_sample += begin;
+            shard_loss[k] = forward_backward(mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale);
+            core::add_fixed(grads_.data(), acc, param_count);
+        }
+    }
+    // The reproducible mode's gradient for one model: every shard on this replica, summed exactly.
+    double reproducible_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                                         float loss_scale, std::size_t shard)
+    {
+        fixed_.assign(param_count, 0);
+        shard_loss_.assign((n + shard - 1) / shard, 0.0);
+        add_shard_gradients(pass, x, labels, n, loss_scale, shard, 0, fixed_.data(), shard_loss_.data());
+        set_gradients_fixed(fixed_.data());
+        double total = 0.0;
+        for (double l : shard_loss_) total += l;
+        return total;
+    }
+    // Replaces the gradients by a fixed-point sum (the reproducible mode's all-reduced result).
+    void set_gradients_fixed(const std::int64_t* acc) { core::fixed_to_float(acc, grads_.data(), param_count); }
+
     // Applies the optimizer to this model's parameters with its gradients.
     template <class Opt>
     void update(const Opt& opt)
@@ -337,6 +379,8 @@ private:
     std::size_t capacity_ = 0;
     const float* last_x_ = nullptr;
     std::size_t last_n_ = 0;
+    std::vector<std::int64_t> fixed_;   // reproducible mode
+    std::vector<double> shard_loss_;
 };
 
 template <class T>

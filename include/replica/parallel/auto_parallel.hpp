@@ -117,6 +117,11 @@ public:
     {
         return std::visit([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); }, impl_);
     }
+    double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
+                                         std::size_t n, float scale, std::size_t shard)
+    {
+        return std::visit([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); }, impl_);
+    }
     template <class Opt>
     void update(const Opt& opt) { std::visit([&](auto& m) { m.update(opt); }, impl_); }
     Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)

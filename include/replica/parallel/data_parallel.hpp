@@ -39,18 +39,6 @@ struct DataParallelOptions {
 };
 
 namespace detail {
-// OpenBLAS threads set to one while CPU replicas run on their own threads; restored afterwards.
-class OneBlasThread {
-public:
-    OneBlasThread() : before_(backend::cpu::blas_threads()) { backend::cpu::set_blas_threads(1); }
-    OneBlasThread(const OneBlasThread&) = delete;
-    OneBlasThread& operator=(const OneBlasThread&) = delete;
-    ~OneBlasThread() { backend::cpu::set_blas_threads(before_); }
-
-private:
-    int before_;
-};
-
 // [begin, end) ranges of the gradient buffer, last layers first, each at least `floats` long
 // (but the first layers') and cut at layer boundaries.
 template <class Graph>
@@ -149,7 +137,7 @@ public:
             grad_ptrs_.assign(b.devices.size(), nullptr);
             gathered_.assign(b.devices.size(), {});
             if constexpr (std::same_as<Dispatch, Threaded>) {
-                if (b.devices.front().is_cpu() && b.devices.size() > 1) blas_ = std::make_unique<detail::OneBlasThread>();
+                if (b.devices.front().is_cpu() && b.devices.size() > 1) blas_ = std::make_unique<backend::cpu::ScopedBlasThreads>(1);
                 pool_ = std::make_unique<WorkerPool>(b.devices.size());
             }
         }
@@ -268,7 +256,7 @@ public:
         std::unique_ptr<Communicator> comm_;
         std::vector<float*> grad_ptrs_;
         std::vector<core::Event> gathered_;
-        std::unique_ptr<detail::OneBlasThread> blas_;
+        std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
         std::unique_ptr<WorkerPool> pool_;
     };
 
@@ -334,6 +322,33 @@ public:
         return total;
     }
 
+    // The reproducible mode (see train_step): the global batch is cut into micro-shards of `shard`
+    // samples; replica r takes a contiguous run of whole shards; shard gradients are summed in fixed
+    // point on each replica and then across replicas, exactly, so the gradient and the update are the
+    // same bit for bit on any number of replicas. Returns the loss summed in shard order.
+    double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
+                                         std::size_t n, float loss_scale, std::size_t shard)
+    {
+        const std::size_t R = replicas_.size(), shards = (n + shard - 1) / shard;
+        fixed_.resize(R);
+        shard_loss_.assign(shards, 0.0);
+        each([&](std::size_t r) {
+            const Share s = share(shards, R, r);
+            const std::size_t begin = std::min(n, s.offset * shard), end = std::min(n, (s.offset + s.count) * shard);
+            fixed_[r].assign(param_count, 0);
+            model::Pass mine = pass;
+            mine.first_sample = pass.first_sample + begin;
+            replicas_[r].add_shard_gradients(mine, x + begin * input_shape::size, labels + begin * label_size,
+                                             end - begin, loss_scale, shard, s.offset, fixed_[r].data(), shard_loss_.data());
+        });
+        for (std::size_t r = 1; r < R; ++r)   // integer sums: any order gives the same result
+            for (std::size_t i = 0; i < param_count; ++i) fixed_[0][i] += fixed_[r][i];
+        each([&](std::size_t r) { replicas_[r].set_gradients_fixed(fixed_[0].data()); });
+        double total = 0.0;
+        for (double l : shard_loss_) total += l;
+        return total;
+    }
+
     template <class Opt>
     void update(const Opt& opt)
     {
@@ -374,7 +389,7 @@ private:
         grad_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
-            if (devices_.front().is_cpu() && replicas_.size() > 1) blas_ = std::make_unique<detail::OneBlasThread>();
+            if (devices_.front().is_cpu() && replicas_.size() > 1) blas_ = std::make_unique<backend::cpu::ScopedBlasThreads>(1);
             pool_ = std::make_unique<WorkerPool>(replicas_.size());
         }
     }
@@ -396,7 +411,9 @@ private:
     std::vector<double> losses_;
     std::vector<float*> grad_ptrs_;
     std::unique_ptr<WorkerPool> pool_;
-    std::unique_ptr<detail::OneBlasThread> blas_;
+    std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
+    std::vector<std::vector<std::int64_t>> fixed_;   // reproducible mode: per replica, param_count
+    std::vector<double> shard_loss_;
 };
 
 template <class T>

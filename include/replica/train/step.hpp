@@ -14,14 +14,29 @@
 
 namespace replica::train {
 
+struct StepOptions {
+    // Bit-identical results on any number of replicas and across runs: the batch is cut into
+    // micro-shards of `micro_shard` samples whatever the device count, each shard's gradient is
+    // computed on its own, and shard gradients are summed exactly (64-bit fixed point), so neither
+    // the replica count nor the reduction order changes a bit. Costs speed (small GEMMs per shard).
+    // CPU replicas, models without a nested DataParallel.
+    bool reproducible = false;
+    std::size_t micro_shard = 8;
+};
+
 // Mean loss over the batch (every labelled element of it), after the update.
 template <class M, class Opt>
-float train_step(M& model, const Opt& opt, const data::Batch& batch)
+float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepOptions& options = {})
 {
     core::require(batch.size > 0, "train_step: the batch is empty");
+    core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
-    const double loss_sum = model.forward_backward(pass, batch.inputs, batch.labels, batch.size, float(1.0 / elements));
+    const float scale = float(1.0 / elements);
+    const double loss_sum =
+        options.reproducible
+            ? model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size, scale, options.micro_shard)
+            : model.forward_backward(pass, batch.inputs, batch.labels, batch.size, scale);
     model.update(opt);
     return float(loss_sum / elements);
 }
@@ -67,5 +82,6 @@ using train::evaluate;
 using train::Metrics;
 using train::parameters;
 using train::predict;
+using train::StepOptions;
 using train::train_step;
 } // namespace replica

@@ -40,6 +40,8 @@ struct TrainOptions {
     std::size_t checkpoint_every = 1;       // epochs
     bool resume = false;                    // continue from `checkpoint` when it exists
     Schedule schedule = Schedule::fixed();
+    bool reproducible = false;              // bit-identical on any replica count (see StepOptions)
+    std::size_t micro_shard = 8;            // samples per micro-shard in reproducible mode
     bool progress = true;                   // live line on a terminal
     std::ostream* log = &std::cout;         // one line per epoch; null: silent
 };
@@ -95,7 +97,7 @@ public:
             std::size_t samples = 0, step = 0;
             while (auto b = loader.next()) {
                 opt_.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
-                loss_sum += double(train_step(model_, opt_, *b)) * double(b->size);
+                loss_sum += double(train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard})) * double(b->size);
                 samples += b->size;
                 ++step;
                 ++state.step;

@@ -72,4 +72,18 @@ private:
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
 inline int blas_threads() { return openblas_get_num_threads(); }
 
+// Sets OpenBLAS's thread count for a scope and restores it after. With one thread OpenBLAS's results
+// do not depend on how many threads the process allows (they do otherwise), which the reproducible
+// mode needs and CPU replicas on their own threads want.
+class ScopedBlasThreads {
+public:
+    explicit ScopedBlasThreads(int n) : before_(blas_threads()) { set_blas_threads(n); }
+    ScopedBlasThreads(const ScopedBlasThreads&) = delete;
+    ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
+    ~ScopedBlasThreads() { set_blas_threads(before_); }
+
+private:
+    int before_;
+};
+
 } // namespace replica::backend::cpu

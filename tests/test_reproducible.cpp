@@ -1,0 +1,78 @@
+// The reproducible mode: bit-identical parameters on 1, 2, 3 and 4 CPU replicas, with either dispatch
+// policy, and across runs; another seed gives other parameters.
+
+#include "catch.hpp"
+#include "models.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+
+namespace {
+
+constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
+
+// 5 steps of 20 samples (shards of 8, 8 and 4: uneven over every replica count) from `seed`.
+template <class Model, class Data>
+std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
+    for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), kReproducible);
+    return parameters(model);
+}
+
+template <class M>
+void bit_identical_on_any_replica_count()
+{
+    const RandomBatches<M> data(100, 4);
+    M single{Device::cpu(), 1};
+    const auto expected = five_steps(single, data, 7);
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        DataParallel<M, SingleThread> one_thread{cpus(replicas), 1};
+        DataParallel<M, Threaded> threaded{cpus(replicas), 1};
+        CHECK(five_steps(one_thread, data, 7) == expected);
+        CHECK(five_steps(threaded, data, 7) == expected);
+    }
+    M again{Device::cpu(), 1};
+    CHECK(five_steps(again, data, 7) == expected);   // run to run
+    M other_seed{Device::cpu(), 2};
+    CHECK(five_steps(other_seed, data, 8) != expected);   // another seed: other initial weights and masks
+}
+
+} // namespace
+
+TEST_CASE("Reproducible mode: LeNet is bit-identical on 1-4 replicas and across runs", "[cpu][reproducible]")
+{
+    bit_identical_on_any_replica_count<LeNet>();
+}
+
+TEST_CASE("Reproducible mode: Concat and Dropout are bit-identical on 1-4 replicas and across runs", "[cpu][reproducible]")
+{
+    bit_identical_on_any_replica_count<ConcatDropoutNet>();
+}
+
+TEST_CASE("Reproducible mode: close to the fast mode", "[cpu][reproducible]")
+{
+    const RandomBatches<LeNet> data(100, 4);
+    LeNet fast{Device::cpu(), 1}, exact{Device::cpu(), 1};
+    SGD a{{.lr = 0.05f, .momentum = 0.9f}}, b{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 5; ++s) {
+        train_step(fast, a, data.batch(s * 20, 20, s * 20));
+        train_step(exact, b, data.batch(s * 20, 20, s * 20), kReproducible);
+    }
+    CHECK(max_relative_difference(parameters(fast), parameters(exact)) < 1e-4);
+}
+
+TEST_CASE("Fixed-point sums do not depend on order", "[cpu][reproducible]")
+{
+    std::vector<float> terms(1000);
+    for (std::size_t i = 0; i < terms.size(); ++i)
+        terms[i] = (core::random_uniform(3, core::Stream::synthetic, 0, 0, std::uint32_t(i)) - 0.5f) * std::pow(10.0f, float(i % 7) - 4.0f);
+    std::int64_t forward = 0, backward = 0;
+    for (std::size_t i = 0; i < terms.size(); ++i) core::add_fixed(&terms[i], &forward, 1);
+    for (std::size_t i = terms.size(); i-- > 0;) core::add_fixed(&terms[i], &backward, 1);
+    CHECK(forward == backward);
+    float big = 1e7f;
+    std::int64_t acc = 0;
+    CHECK_THROWS_AS(core::add_fixed(&big, &acc, 1), Error);
+}
