@@ -13,12 +13,15 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support.hpp"
 #include "replica/replica.hpp"
 #include "replica/data/synthetic.hpp"
 #include "replica/train/checkpoint.hpp"
 
 using namespace replica;
 namespace fs = std::filesystem;
+
+using replica::testing::TempDir;
 
 namespace {
 
@@ -36,31 +39,6 @@ static_assert(train::Checkpointable<LeNet>);
 static_assert(train::Checkpointable<DataParallel<LeNet>>);
 static_assert(train::Checkpointable<AutoParallel<Tiny>>);
 static_assert(!train::Checkpointable<int>);
-
-// A directory of its own under the system's temporary directory, removed at the end of the test.
-class TempDir {
-public:
-    TempDir()
-    {
-        static int made = 0;
-        const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-        path_ = fs::temp_directory_path() / ("replica_checkpoint_" + std::to_string(::getpid()) + "_" +
-                                             std::to_string(now) + "_" + std::to_string(made++));
-        fs::create_directories(path_);
-    }
-    ~TempDir()
-    {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    fs::path operator/(const std::string& name) const { return path_ / name; }
-
-private:
-    fs::path path_;
-};
 
 std::vector<char> read_bytes(const fs::path& file)
 {

@@ -10,6 +10,7 @@
 
 #include "catch.hpp"
 #include "models.hpp"
+#include "support.hpp"
 
 using namespace replica;
 using namespace replica::testing;
@@ -179,21 +180,13 @@ TEST_CASE("The standard networks train the same on CPU and GPU: FCN", "[cuda]") 
 TEST_CASE("CUDA errors are clear: bad device index, out of memory", "[cuda]")
 {
     REQUIRE_GPU();
-    auto message = [](auto&& f) {
-        try {
-            f();
-        } catch (const Error& e) {
-            return std::string(e.what());
-        }
-        return std::string("no error");
-    };
     const int count = int(cuda_devices().size());
-    const auto bad = message([&] { LeNet net{Device::cuda(count + 3)}; });
+    const auto bad = error_message([&] { LeNet net{Device::cuda(count + 3)}; });
     CAPTURE(bad);
     CHECK(bad.find("no device cuda:" + std::to_string(count + 3)) != std::string::npos);
     CHECK(bad.find("CUDA_VISIBLE_DEVICES") != std::string::npos);
     cuda::Context ctx{Device::cuda(0)};
-    const auto oom = message([&] { auto b = ctx.allocate<float>(std::size_t(1) << 40); });   // 4 TiB
+    const auto oom = error_message([&] { auto b = ctx.allocate<float>(std::size_t(1) << 40); });   // 4 TiB
     CAPTURE(oom);
     CHECK(oom.find("out of memory on cuda:0") != std::string::npos);
     CHECK(oom.find("smaller batch size") != std::string::npos);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support.hpp"
 #include "replica/data/fashion_mnist.hpp"
 #include "replica/data/idx.hpp"
 #include "replica/data/loader.hpp"
@@ -34,6 +35,8 @@ using namespace replica;
         return;                                                                                        \
     } while (0)
 #endif
+
+using replica::testing::TempDir;
 
 namespace {
 
@@ -62,28 +65,6 @@ std::string error_of(F&& f)
 namespace {
 
 // A fresh directory under the system temp directory, removed with its files at scope exit.
-class TempDir {
-public:
-    TempDir()
-    {
-        auto tick = std::chrono::steady_clock::now().time_since_epoch().count();
-        path_ = fs::temp_directory_path() / ("replica_test_data_" + std::to_string(tick));
-        fs::create_directories(path_);
-    }
-    ~TempDir()
-    {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    fs::path operator/(const std::string& name) const { return path_ / name; }
-    const fs::path& path() const { return path_; }
-
-private:
-    fs::path path_;
-};
 
 std::vector<std::uint8_t> file_bytes(const fs::path& file)
 {

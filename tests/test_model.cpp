@@ -2,6 +2,7 @@
 
 #include "catch.hpp"
 #include "models.hpp"
+#include "support.hpp"
 
 using namespace replica;
 using namespace replica::testing;
@@ -61,19 +62,11 @@ TEST_CASE("A training step lowers the loss and allocates nothing once warm", "[c
 TEST_CASE("Misuse at run time gets a clear error", "[cpu]")
 {
     LeNet net{Device::cpu()};
-    auto message = [](auto&& f) {
-        try {
-            f();
-        } catch (const Error& e) {
-            return std::string(e.what());
-        }
-        return std::string("no error");
-    };
-    CHECK(message([&] { net.set_parameters(std::vector<float>(10)); }).find("the model has 431080") != std::string::npos);
+    CHECK(error_message([&] { net.set_parameters(std::vector<float>(10)); }).find("the model has 431080") != std::string::npos);
     std::vector<float> x(784);
     std::vector<std::int32_t> bad_label{12};
     SGD opt;
-    CHECK(message([&] { train_step(net, opt, Batch{x.data(), bad_label.data(), 1}); }).find("outside [0, 10)") != std::string::npos);
-    CHECK(message([] { SGD{{.lr = -1.0f}}; }).find("learning rate must be > 0") != std::string::npos);
-    CHECK(message([] { SGD{{.lr = 0.1f, .nesterov = true}}; }).find("Nesterov momentum needs momentum > 0") != std::string::npos);
+    CHECK(error_message([&] { train_step(net, opt, Batch{x.data(), bad_label.data(), 1}); }).find("outside [0, 10)") != std::string::npos);
+    CHECK(error_message([] { SGD{{.lr = -1.0f}}; }).find("learning rate must be > 0") != std::string::npos);
+    CHECK(error_message([] { SGD{{.lr = 0.1f, .nesterov = true}}; }).find("Nesterov momentum needs momentum > 0") != std::string::npos);
 }

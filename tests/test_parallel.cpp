@@ -6,6 +6,7 @@
 
 #include "catch.hpp"
 #include "models.hpp"
+#include "support.hpp"
 
 using namespace replica;
 using namespace replica::testing;
@@ -149,18 +150,10 @@ TEST_CASE("A DataParallel built from a model keeps its parameters", "[cpu][paral
 
 TEST_CASE("Bad device lists are refused with a clear error", "[cpu][parallel]")
 {
-    auto message = [](auto&& f) {
-        try {
-            f();
-        } catch (const Error& e) {
-            return std::string(e.what());
-        }
-        return std::string("no error");
-    };
-    CHECK(message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cpu(0)}}; }).find("appears twice") != std::string::npos);
-    CHECK(message([] { DataParallel<LeNet> dp{std::vector<Device>{}}; }).find("at least one device") != std::string::npos);
-    CHECK(message([] { parse_devices("gpu:0"); }).find("write cpu:N or cuda:N") != std::string::npos);
-    CHECK(message([] { parse_devices("cpu:x"); }).find("must be a number") != std::string::npos);
+    CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cpu(0)}}; }).find("appears twice") != std::string::npos);
+    CHECK(error_message([] { DataParallel<LeNet> dp{std::vector<Device>{}}; }).find("at least one device") != std::string::npos);
+    CHECK(error_message([] { parse_devices("gpu:0"); }).find("write cpu:N or cuda:N") != std::string::npos);
+    CHECK(error_message([] { parse_devices("cpu:x"); }).find("must be a number") != std::string::npos);
 }
 
 // ---- auto_parallel: compile-time decisions ----
