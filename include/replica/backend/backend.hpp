@@ -85,4 +85,8 @@ inline std::vector<Device> all_devices()
 namespace replica {
 using backend::all_devices;
 using backend::cuda_devices;
+using backend::default_devices;
+#if defined(REPLICA_CUDA)
+namespace cuda = backend::cuda;   // replica::cuda::default_options(), replica::cuda::Context
+#endif
 } // namespace replica
