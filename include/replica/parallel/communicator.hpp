@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -32,6 +34,22 @@ public:
     virtual void wait(std::size_t /*rank*/) {}
     // Releases every rank blocked in all_reduce with an Error (a peer failed and will not arrive).
     virtual void abort() = 0;
+
+    // Several processes (ProcessGroup): sums, over the processes, of values that every local replica
+    // already agrees on (a loss, the reproducible mode's exact integer sums). One process: nothing to do.
+    virtual void sum_across_processes(double* /*data*/, std::size_t /*count*/) {}
+    virtual void sum_across_processes(std::int64_t* /*data*/, std::size_t /*count*/) {}
+};
+
+// A process's place among the processes of a run (MPI ranks): every process holds `local` replicas
+// of a DataParallel; the global replica set is every replica of every process.
+class ProcessGroup {
+public:
+    virtual ~ProcessGroup() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    // A communicator over every replica of every process, given the one over this process's replicas.
+    virtual std::unique_ptr<Communicator> span(std::unique_ptr<Communicator> local, std::size_t local_replicas) = 0;
 };
 
 // Replicas in one process sharing host memory (CPU replicas).

@@ -36,6 +36,9 @@ namespace replica::parallel {
 struct DataParallelOptions {
     // Gradients are all-reduced in buckets of about this many floats, from the last layer's back.
     std::size_t bucket_floats = std::size_t{1} << 20;
+    // Several processes (parallel/mpi.hpp): this process's replicas are part of every process's.
+    // Every process must hold the same number of replicas. Not owned; must outlive the DataParallel.
+    ProcessGroup* processes = nullptr;
 };
 
 namespace detail {
@@ -261,6 +264,8 @@ public:
     };
 
     std::size_t replica_count() const { return replicas_.size(); }
+    // Replicas over every process (replica_count() with one process).
+    std::size_t global_replica_count() const { return replicas_.size() * std::size_t(process_count()); }
     std::span<const Device> devices() const { return devices_; }
     const Device& device() const { return devices_.front(); }
     M& replica(std::size_t r) { return replicas_[r]; }
@@ -287,7 +292,7 @@ public:
     {
         const std::size_t R = replicas_.size();
         each([&](std::size_t r) {
-            const Share s = share(n, R, r);
+            const Share s = share(n, global_replica_count(), global_index(r));
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + s.offset;
             std::size_t next = 0;
@@ -319,6 +324,7 @@ public:
         });
         double total = 0.0;
         for (double l : losses_) total += l;
+        comm_->sum_across_processes(&total, 1);
         return total;
     }
 
@@ -333,7 +339,7 @@ public:
         fixed_.resize(R);
         shard_loss_.assign(shards, 0.0);
         each([&](std::size_t r) {
-            const Share s = share(shards, R, r);
+            const Share s = share(shards, global_replica_count(), global_index(r));
             const std::size_t begin = std::min(n, s.offset * shard), end = std::min(n, (s.offset + s.count) * shard);
             fixed_[r].assign(param_count, 0);
             model::Pass mine = pass;
@@ -343,6 +349,8 @@ public:
         });
         for (std::size_t r = 1; r < R; ++r)   // integer sums: any order gives the same result
             for (std::size_t i = 0; i < param_count; ++i) fixed_[0][i] += fixed_[r][i];
+        comm_->sum_across_processes(fixed_[0].data(), param_count);
+        comm_->sum_across_processes(shard_loss_.data(), shards);   // one contributor per shard: exact
         each([&](std::size_t r) { replicas_[r].set_gradients_fixed(fixed_[0].data()); });
         double total = 0.0;
         for (double l : shard_loss_) total += l;
@@ -385,6 +393,7 @@ private:
         std::vector<backend::AnyContext> contexts;
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, buckets_.size());
+        if (options_.processes != nullptr) comm_ = options_.processes->span(std::move(comm_), replicas_.size());
         losses_.assign(replicas_.size(), 0.0);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
@@ -401,6 +410,12 @@ private:
         if constexpr (std::same_as<Dispatch, Threaded>) pool_->run(f);
         else
             for (std::size_t r = 0; r < replicas_.size(); ++r) f(r);
+    }
+
+    int process_count() const { return options_.processes ? options_.processes->size() : 1; }
+    std::size_t global_index(std::size_t r) const
+    {
+        return (options_.processes ? std::size_t(options_.processes->rank()) : 0) * replicas_.size() + r;
     }
 
     std::vector<Device> devices_;
