@@ -26,12 +26,9 @@ bool have_gpu()
     }();
     return yes;
 }
-#define REQUIRE_GPU()                                                        \
-    do {                                                                     \
-        if (!have_gpu()) {                                                   \
-            WARN("no GPU on this machine: [cuda] test skipped");             \
-            return;                                                          \
-        }                                                                    \
+#define REQUIRE_GPU()                                                             \
+    do {                                                                          \
+        if (!have_gpu()) REPLICA_SKIP("no GPU on this machine: [cuda] test skipped"); \
     } while (0)
 
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f)
@@ -219,12 +216,9 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
 
 namespace {
 bool have_two_gpus() { return have_gpu() && cuda_devices().size() >= 2; }
-#define REQUIRE_TWO_GPUS()                                                         \
-    do {                                                                           \
-        if (!have_two_gpus()) {                                                    \
-            WARN("fewer than 2 GPUs on this machine: multi-GPU [cuda] test skipped"); \
-            return;                                                                \
-        }                                                                          \
+#define REQUIRE_TWO_GPUS()                                                                          \
+    do {                                                                                           \
+        if (!have_two_gpus()) REPLICA_SKIP("fewer than 2 GPUs on this machine: multi-GPU [cuda] test skipped"); \
     } while (0)
 
 std::vector<Device> gpus(std::size_t n)

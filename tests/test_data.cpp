@@ -25,16 +25,6 @@
 namespace fs = std::filesystem;
 using namespace replica;
 
-// Catch2 2.13 has no SKIP: warn and leave the test case.
-#if defined(SKIP)
-#define REPLICA_SKIP(message) SKIP(message)
-#else
-#define REPLICA_SKIP(message)                                                                          \
-    do {                                                                                               \
-        WARN("skipped: " << message);                                                                  \
-        return;                                                                                        \
-    } while (0)
-#endif
 
 using replica::testing::TempDir;
 

@@ -53,10 +53,8 @@ TEST_CASE("Learning-rate schedules", "[cpu]")
 
 TEST_CASE("LeNet learns Fashion-MNIST: one pass over 10,000 images, >= 75% on the test set", "[cpu][fashion-mnist]")
 {
-    if (!have_fashion_mnist()) {
-        WARN("Fashion-MNIST not found in " << data::default_fashion_mnist_dir() << ": install dataset-fashion-mnist");
-        return;
-    }
+    if (!have_fashion_mnist())
+        REPLICA_SKIP("Fashion-MNIST not found in " << data::default_fashion_mnist_dir() << ": install dataset-fashion-mnist");
     const auto train = data::load_fashion_mnist(data::Split::train).slice(0, 10000);
     const auto test = data::load_fashion_mnist(data::Split::test);
     LeNet net{Device::cpu(), 1};
