@@ -1,12 +1,16 @@
 // [mpi]: DataParallel over several processes (run under mpirun -np N) equals one process.
 // Every process checks, the ranks agree on the verdict, and the exit code says it:
 //   - fast mode: 3 SGD steps equal the single model's to 1e-5 relative;
-//   - reproducible mode: bit-identical to the single model.
+//   - reproducible mode: bit-identical to the single model;
+//   - rank 0 writes checkpoints, every rank resumes from them, and so does a single process.
 // Each process holds `local` CPU replicas (argument 1, default 1).
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 
 #include "models.hpp"
 #include "replica/parallel/mpi.hpp"
@@ -47,6 +51,53 @@ int check(parallel::MpiProcessGroup& processes, std::size_t local, std::size_t b
     return failures;
 }
 
+// Checkpoints: rank 0 writes, every rank resumes; the same checkpoint resumes in one process too.
+// Reproducible mode, so every comparison is bit for bit.
+int check_checkpoints(parallel::MpiProcessGroup& processes)
+{
+    // One folder for every rank: rank 0 names it.
+    char name[256] = {};
+    if (processes.rank() == 0)
+        std::snprintf(name, sizeof name, "%s/replica_mpi_%d",
+                      std::filesystem::temp_directory_path().c_str(), int(::getpid()));
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::filesystem::path dir = name, file = dir / "run.ckpt";
+    if (processes.rank() == 0) std::filesystem::create_directories(dir);
+
+    const auto set = data::synthetic_dataset(96, LeNet::input_shape::size, 1, 10, 3);
+    const TrainOptions base{.batch_size = 16, .epochs = 3, .seed = 5, .reproducible = true, .micro_shard = 4,
+                            .progress = false, .log = nullptr};
+    auto train = [&](auto& model, TrainOptions o) {
+        SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+        Trainer{model, opt, o}.fit(set);
+        return parameters(model);
+    };
+    DataParallel<LeNet, Threaded> straight{cpus(1), 0, {.processes = &processes}};
+    const auto expected = train(straight, base);
+
+    TrainOptions first = base;
+    first.epochs = 2;
+    first.checkpoint = file;
+    DataParallel<LeNet, Threaded> part{cpus(1), 0, {.processes = &processes}};
+    train(part, first);
+    MPI_Barrier(MPI_COMM_WORLD);   // rank 0 has written it
+
+    TrainOptions second = base;
+    second.checkpoint = file;
+    second.resume = true;
+    DataParallel<LeNet, Threaded> resumed{cpus(1), 9, {.processes = &processes}};
+    int failures = train(resumed, second) == expected ? 0 : 1;
+    if (processes.rank() == 0) {
+        LeNet alone{Device::cpu(), 9};   // the same run, resumed on one process
+        if (train(alone, second) != expected) ++failures;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (processes.rank() == 0) std::filesystem::remove_all(dir);
+    if (failures) std::fprintf(stderr, "rank %d: resuming from a checkpoint differs from training straight through\n",
+                               processes.rank());
+    return failures;
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -57,6 +108,7 @@ try {
     failures += check<LeNet, SingleThread>(processes, local, 13, "LeNet");
     failures += check<LeNet, Threaded>(processes, local, 13, "LeNet");
     failures += check<ConcatDropoutNet, Threaded>(processes, local, 10, "Concat+Dropout");
+    if (local == 1) failures += check_checkpoints(processes);
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (processes.rank() == 0)

@@ -110,6 +110,7 @@ public:
     std::span<const Device> devices() const { return devices_; }
     // Devices that hold a replica of (part of) the model: all of them with a nested DataParallel.
     std::size_t replica_count() const { return graph::has_data_parallel ? devices_.size() : 1; }
+    int process_rank() const { return 0; }
     std::string description() const
     {
         std::string s = device().name();

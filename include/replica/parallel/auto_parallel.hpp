@@ -103,6 +103,7 @@ public:
             else return 1;
         }, impl_);
     }
+    int process_rank() const { return std::visit([](const auto& m) { return m.process_rank(); }, impl_); }
     template <class T>
     bool holds() const { return std::holds_alternative<T>(impl_); }
     template <class T>

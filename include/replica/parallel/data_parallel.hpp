@@ -264,6 +264,9 @@ public:
     };
 
     std::size_t replica_count() const { return replicas_.size(); }
+    // This process's rank among the processes of the run (0 without a ProcessGroup): rank 0 writes
+    // checkpoints and logs.
+    int process_rank() const { return options_.processes ? options_.processes->rank() : 0; }
     // Replicas over every process (replica_count() with one process).
     std::size_t global_replica_count() const { return replicas_.size() * std::size_t(process_count()); }
     std::span<const Device> devices() const { return devices_; }

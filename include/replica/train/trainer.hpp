@@ -49,8 +49,13 @@ struct TrainOptions {
 template <class M, class Opt>
 class Trainer {
 public:
+    // With several processes only rank 0 writes checkpoints and logs; every rank reads checkpoints.
     Trainer(M& model, Opt& opt, TrainOptions options) : model_(model), opt_(opt), options_(std::move(options))
     {
+        if (model_.process_rank() != 0) {
+            options_.log = nullptr;
+            options_.progress = false;
+        }
         core::require(options_.batch_size > 0, "batch size must be at least 1");
         core::require(options_.checkpoint_every > 0, "checkpoint_every must be at least 1 epoch");
         core::require(!options_.resume || !options_.checkpoint.empty(), "resume needs a checkpoint path");
@@ -117,7 +122,8 @@ public:
             state.history.push_back(record);
             state.epoch = epoch + 1;
             row(record, double(samples) / record.seconds);
-            if (!options_.checkpoint.empty() && (state.epoch % options_.checkpoint_every == 0 || last))
+            if (!options_.checkpoint.empty() && (state.epoch % options_.checkpoint_every == 0 || last) &&
+                model_.process_rank() == 0)
                 save_checkpoint(options_.checkpoint, model_, state);
         }
         return History{state.history};
