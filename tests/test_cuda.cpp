@@ -142,6 +142,17 @@ TEST_CASE("CUDA layers equal CPU layers: linear, activations, dropout, flatten, 
 }
 
 namespace {
+// ||a - b|| / ||a|| over whole parameter vectors.
+double norm_relative(const std::vector<float>& a, const std::vector<float>& b)
+{
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+        norm += double(a[i]) * double(a[i]);
+    }
+    return std::sqrt(diff / norm);
+}
+
 template <class M>
 void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-4)
 {
@@ -155,14 +166,8 @@ void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-4)
         const float b = train_step(gpu, opt_gpu, data.batch(s * batch, batch, s * batch));
         CHECK(std::abs(a - b) < 1e-3 * std::abs(a) + 1e-5);
     }
-    // ||cpu - gpu|| / ||cpu|| over the whole parameter vector.
     const auto a = parameters(cpu), b = parameters(gpu);
-    double diff = 0.0, norm = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-        norm += double(a[i]) * double(a[i]);
-    }
-    const double err = std::sqrt(diff / norm);
+    const double err = norm_relative(a, b);
     CAPTURE(err, max_relative_difference(a, b));
     CHECK(err < tolerance);
 }
@@ -228,15 +233,6 @@ std::vector<Device> gpus(std::size_t n)
     return d;
 }
 
-double norm_relative(const std::vector<float>& a, const std::vector<float>& b)
-{
-    double diff = 0.0, norm = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-        norm += double(a[i]) * double(a[i]);
-    }
-    return std::sqrt(diff / norm);
-}
 
 template <class Model, class Data>
 std::vector<float> three_steps(Model& model, const Data& data, std::size_t batch)

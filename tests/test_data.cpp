@@ -28,26 +28,12 @@ using namespace replica;
 
 using replica::testing::TempDir;
 
-namespace {
-
-// What `f` throws as replica::Error, or "(no error)".
-template <class F>
-std::string error_of(F&& f)
-{
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
-} // namespace
+using replica::testing::error_message;
 
 // `expr` throws replica::Error whose message contains `text`.
 #define REQUIRE_ERROR(expr, text)                                                                      \
     do {                                                                                               \
-        std::string message_ = error_of([&] { (void)(expr); });                                        \
+        std::string message_ = error_message([&] { (void)(expr); });                                        \
         INFO(message_);                                                                                \
         REQUIRE(message_.find(text) != std::string::npos);                                             \
     } while (0)
