@@ -1,6 +1,7 @@
 #pragma once
-// Memory: Buffer<T> owns an allocation on one device; BatchRef / BatchCRef view a batch of samples of
-// a compile-time Shape ((N, dims...) row-major, samples contiguous). Views never own.
+// Memory: Buffer<T> owns an allocation on one device. Everything else views memory as a pointer and a
+// sample count, the shape of a sample being a compile-time Shape: (n, dims...) row-major, samples
+// contiguous (model::ForwardArgs and BackwardArgs are those views for one op).
 
 #include <cstddef>
 #include <cstdlib>
@@ -10,7 +11,6 @@
 #include <utility>
 
 #include "replica/core/error.hpp"
-#include "replica/core/shape.hpp"
 
 namespace replica::core {
 
@@ -72,16 +72,6 @@ private:
     std::size_t size_ = 0;
     Release release_ = nullptr;
     void* owner_ = nullptr;
-};
-
-// A batch of n samples of shape S: n * S::size elements, sample-major.
-template <ShapeType S, class T = float>
-struct BatchRef {
-    using shape = S;
-    T* data;
-    std::size_t n;
-    T* sample(std::size_t i) const { return data + i * S::size; }
-    std::size_t size() const { return n * S::size; }
 };
 
 } // namespace replica::core
