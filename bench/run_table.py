@@ -32,6 +32,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "alexnet-plain": 128, "googlenet": 32, "textcnn": 128, "fcn": 16}
 GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128),
              ("textcnn", 128), ("fcn", 16))
+GPU4_RUNS = (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128), ("textcnn", 128),
+             ("fcn", 16))
+PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu")
 
 
 def network_of(model):
@@ -54,14 +57,20 @@ def sig3(x):
 # Configurations
 
 
-def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0):
+def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False):
     count = len(devices.split(","))
     config = "replica" if blas_threads == 0 else \
         f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
+    if reproducible:
+        config += ", reproducible"
     return {"library": "replica", "config": config, "model": model, "network": network_of(model),
             "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count,
-            "blas_threads": blas_threads or None}
+            "blas_threads": blas_threads or None, "reproducible": reproducible}
+
+
+def gpu_list(count):
+    return ",".join(f"cuda:{i}" for i in range(count))
 
 
 def pytorch_config(model, gpus, batch, scaling="strong", threads=0):
@@ -100,6 +109,26 @@ def preset_configs(preset, pytorch):
             if pytorch and model != "alexnet-plain":
                 runs += [pytorch_config(model, 1, b), pytorch_config(model, 1, b // 2)]
                 runs += [pytorch_config(model, 2, b, scaling) for scaling in ("strong", "weak")]
+    elif preset == "gpu4":
+        # 1 to 4 GPUs, both scalings and dispatch policies, then auto_parallel's measured choice over all
+        # four (strong scaling: it must never pick something slower than fewer GPUs).
+        for model, b in GPU4_RUNS:
+            runs.append(replica_config(model, "cuda:0", b))
+            runs += [replica_config(model, gpu_list(k), b, dispatch, scaling)
+                     for k in (2, 3, 4) for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
+            runs.append(replica_config(model, gpu_list(4), b, "auto"))
+            if pytorch:
+                runs.append(pytorch_config(model, 1, b))
+                runs += [pytorch_config(model, k, b, scaling) for k in (2, 3, 4) for scaling in ("strong", "weak")]
+    elif preset == "reproducible":
+        # The reproducible mode's cost: the same runs in the fast and the reproducible mode.
+        for model, b in (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32)):
+            for devices in ("cuda:0", "cuda:0,cuda:1"):
+                runs += [replica_config(model, devices, b, "threaded", reproducible=r) for r in (False, True)]
+    elif preset == "reproducible-cpu":
+        for devices in ("cpu:0", "cpu:0,cpu:1"):
+            runs += [replica_config("lenet", devices, 64, "threaded", blas_threads=1, reproducible=r)
+                     for r in (False, True)]
     else:
         raise ValueError(f"unknown preset {preset!r}")
     return runs
@@ -116,6 +145,8 @@ def command(cfg, args):
         argv = [args.bench, "--devices", cfg["device_list"], "--dispatch", cfg["dispatch"]] + common
         if cfg["blas_threads"]:
             argv += ["--blas-threads", str(cfg["blas_threads"])]
+        if cfg.get("reproducible"):
+            argv += ["--reproducible"]
         return argv
     argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common
     if cfg["threads"]:
@@ -233,7 +264,8 @@ def one_device_base(r, results):
     (strong) or the same per-device batch (weak); the same model and BLAS threads where there is one."""
     batch = r["global_batch"] if r["scaling"] == "strong" else r["batch"]
     found = [b for b in results if b["library"] == r["library"] and ok(b) and b["devices"] == 1
-             and b["network"] == r["network"] and kind_of(b) == kind_of(r) and b["global_batch"] == batch]
+             and b["network"] == r["network"] and kind_of(b) == kind_of(r) and b["global_batch"] == batch
+             and bool(b.get("reproducible")) == bool(r.get("reproducible"))]
     found.sort(key=lambda b: (b["model"] != r["model"], b.get("blas_threads") != r.get("blas_threads"),
                               b.get("threads") != r.get("threads")))
     return found[0] if found else None
@@ -258,6 +290,20 @@ def ratio_text(r, results):
         b = one_device_base(r, results)
         if b:
             parts.append(f"speed-up {sig3(r['samples_per_s'] / b['samples_per_s'])}")
+    if r.get("reproducible"):
+        fast = [f for f in results if ok(f) and f["library"] == "replica" and not f.get("reproducible")
+                and all(f[k] == r[k] for k in ("model", "device_list", "dispatch", "scaling", "batch"))]
+        if fast:
+            parts.append(f"{sig3(r['median_ms'] / fast[0]['median_ms'])}× the fast mode's time")
+    if r.get("dispatch") == "auto":
+        fixed = [f for f in results if ok(f) and f["library"] == "replica" and f["dispatch"] != "auto"
+                 and f["model"] == r["model"] and f["global_batch"] == r["global_batch"]
+                 and (f["devices"] == 1 or f["scaling"] == "strong")]
+        if fixed:
+            best = max(fixed, key=lambda f: f["samples_per_s"])
+            parts.append(f"{sig3(r['samples_per_s'] / best['samples_per_s'])} of the fastest fixed choice "
+                         f"({best['devices']} device{'s' if best['devices'] > 1 else ''}"
+                         f"{', ' + best['dispatch'] if best['devices'] > 1 else ''})")
     return "; ".join(parts)
 
 
@@ -266,8 +312,12 @@ def cell(text):
 
 
 def config_text(r, models):
-    """The config column: the library (and settings), with the model where a table holds several."""
-    return f"{r['config']} ({r['model']})" if len(models) > 1 and r["library"] == "replica" else r["config"]
+    """The config column: the library (and settings), with the model where a table holds several, and
+    what auto_parallel chose."""
+    text = f"{r['config']} ({r['model']})" if len(models) > 1 and r["library"] == "replica" else r["config"]
+    if r.get("chosen"):
+        text += f" → {r['chosen']}"
+    return text
 
 
 def markdown(doc):
@@ -339,8 +389,10 @@ def write(doc, out):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="run a preset of benchmark configurations; write results.json "
                                             "and results.md")
-    p.add_argument("--preset", required=True, choices=("cpu", "gpu1", "gpu2"),
-                   help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs")
+    p.add_argument("--preset", required=True, choices=PRESETS,
+                   help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs; "
+                        "gpu4: 1 to 4 GPUs and auto_parallel's choice; reproducible(-cpu): fast against "
+                        "reproducible mode")
     p.add_argument("--bench", default="build/bench/train_bench", help="the train_bench program")
     p.add_argument("--out", required=True, help="folder for results.json and results.md (made if missing)")
     p.add_argument("--steps", type=int, help="timed steps per run (default: the programs' own, 20)")

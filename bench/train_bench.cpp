@@ -71,11 +71,13 @@ int run(const Settings& s)
     const char* dispatch = s.dispatch == DispatchChoice::threaded ? "threaded"
                            : s.dispatch == DispatchChoice::measured ? "auto"
                                                                     : "single";
+    const std::string chosen = s.dispatch == DispatchChoice::measured ? model.description() : "";
     if (s.json)
         std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"device\": \"%s\", \"dispatch\": \"%s\", "
+                    "\"chosen\": \"%s\", "
                     "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
                     "\"min_ms\": %.4f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-                    s.model.c_str(), model.replica_count(), s.devices.front().name().c_str(), dispatch,
+                    s.model.c_str(), model.replica_count(), s.devices.front().name().c_str(), dispatch, chosen.c_str(),
                     s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
                     s.steps, median, times.front(), rate, loss);
     else

@@ -303,3 +303,64 @@ TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the othe
     CAPTURE(held[0], held[1]);
     CHECK(std::abs(held[0] - held[1]) <= 0.1 * std::max(held[0], held[1]));
 }
+
+// ---- the reproducible mode on GPUs ----
+
+namespace {
+constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
+
+// 5 steps of 20 samples (shards of 8, 8 and 4: uneven over every GPU count) from `seed`.
+template <class Model, class Data>
+std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed, StepOptions options = kReproducible)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
+    for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), options);
+    return parameters(model);
+}
+
+// Contexts made in its scope use TF32 convolutions, as users get by default.
+struct DefaultMath {
+    DefaultMath() { cuda::default_options().allow_tf32 = true; }
+    ~DefaultMath() { cuda::default_options().allow_tf32 = false; }
+};
+
+template <class M>
+void bit_identical_on_any_gpu_count()
+{
+    const RandomBatches<M> data(100, 4);
+    {   // The exact sum must still be the gradient: close to the fast mode (TF32 off in both).
+        M fast{Device::cuda(0), 1}, exact{Device::cuda(0), 1};
+        const auto a = five_steps(fast, data, 7, {}), b = five_steps(exact, data, 7);
+        CHECK(norm_relative(a, b) < 1e-4);
+        CHECK(norm_relative(parameters(M{Device::cpu(), 1}), b) > 1e-3);   // and it did train
+    }
+    const DefaultMath defaults;
+    M one{Device::cuda(0), 1};
+    const auto expected = five_steps(one, data, 7);
+    M again{Device::cuda(0), 1};
+    CHECK(five_steps(again, data, 7) == expected);   // run to run
+    M other_seed{Device::cuda(0), 2};
+    CHECK(five_steps(other_seed, data, 8) != expected);
+    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+        CAPTURE(n);
+        DataParallel<M, SingleThread> single{gpus(n), 1};
+        DataParallel<M, Threaded> threaded{gpus(n), 1};
+        CHECK(five_steps(single, data, 7) == expected);
+        CHECK(five_steps(threaded, data, 7) == expected);
+    }
+    if (cuda_devices().size() < 2) WARN("one GPU: the reproducible mode was checked across runs, not across GPU counts");
+}
+} // namespace
+
+TEST_CASE("Reproducible mode on GPUs: LeNet is bit-identical on every GPU count and across runs", "[cuda][reproducible]")
+{
+    REQUIRE_GPU();
+    bit_identical_on_any_gpu_count<LeNet>();
+}
+
+TEST_CASE("Reproducible mode on GPUs: Concat and Dropout are bit-identical on every GPU count and across runs",
+          "[cuda][reproducible]")
+{
+    REQUIRE_GPU();
+    bit_identical_on_any_gpu_count<ConcatDropoutNet>();
+}

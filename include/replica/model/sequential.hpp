@@ -12,7 +12,9 @@
 // optimizer's state, and one activation arena that grows to the largest batch seen and is reused
 // from then on, so a warm training step allocates nothing.
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -169,23 +171,7 @@ public:
     void queue_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                 float loss_scale, Hook&& hook = {})
     {
-        visit([&](auto& ctx) {
-            loss_slot_[0] = {};
-            if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
-                fill(ctx, grads_.data(), 0.0f, param_count);
-                hook(std::size_t{0});
-                return;
-            }
-            reserve(ctx, n);
-            const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
-            const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
-            graph_.forward(ctx, pass, forward_args(xd, n));
-            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), loss_slot_.data());
-            graph_.backward(ctx, pass,
-                            BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
-                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
-                            hook);
-        });
+        visit([&](auto& ctx) { queue(ctx, pass, x, labels, n, loss_scale, loss_slot_.data(), hook); });
     }
     double finish()
     {
@@ -225,46 +211,70 @@ public:
         });
     }
 
-    // The reproducible mode's half of a step: samples [0, n) are cut into micro-shards of `shard`
-    // samples (numbered from first_shard, counted from sample 0 of x); each shard's gradient is computed
-    // on its own and added to `acc` in fixed point (core/fixed_point.hpp), and its loss is written to
-    // shard_loss[shard number]. So the result depends on the shard size, never on how many replicas
-    // share the shards or in which order they are summed. CPU replicas only, so far.
-    void add_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                             float loss_scale, std::size_t shard, std::size_t first_shard, std::int64_t* acc,
-                             double* shard_loss)
+    // The reproducible mode's half of a step, in two halves like forward_backward. Samples [0, n) are
+    // cut into micro-shards of `shard` samples, numbered from first_shard; each shard's gradient is
+    // computed on its own and added, in fixed point (core/fixed_point.hpp), to this model's exact
+    // accumulator, which starts from zero. So the sum depends on the shard size, never on how many
+    // replicas share the shards or in which order they are summed. Returns the accumulator (in this
+    // model's memory) for the replicas' exact all-reduce; set_gradients_exact() turns the summed
+    // accumulator into the gradient. Every kernel is deterministic from the first call on (on a GPU:
+    // deterministic cuDNN algorithms chosen by heuristics, kept afterwards).
+    std::int64_t* queue_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                                        float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         if constexpr (graph::has_data_parallel)
             throw Error("the reproducible mode does not cover models with a nested DataParallel yet: use "
                         "DataParallel<WholeModel> (or auto_parallel) instead");
-        visit([&](auto& ctx) {
-            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible)
-                throw Error("the reproducible mode runs on CPU replicas so far: train on cpu devices, or without "
-                            "reproducible = true on GPUs");
+        core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        const std::size_t shards = (n + shard - 1) / shard;
+        if (shard_slots_.size() < shards) shard_slots_ = backend::host_buffer<core::LossSlot>(shards);
+        first_shard_ = first_shard;
+        shard_count_ = shards;
+        return visit([&](auto& ctx) {
+            make_deterministic(ctx);
+            if (exact_.size() != param_count) exact_ = ctx.template allocate<std::int64_t>(param_count);
+            zero_fixed(ctx, exact_.data(), param_count);
+            for (std::size_t k = 0; k < shards; ++k) {
+                const std::size_t begin = k * shard, m = std::min(shard, n - begin);
+                Pass mine = pass;
+                mine.first_sample += begin;
+                queue(ctx, mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale,
+                      &shard_slots_[k], detail::NoHook{});
+                add_fixed(ctx, grads_.data(), exact_.data(), param_count);
+            }
+            return exact_.data();
         });
-        const backend::cpu::ScopedBlasThreads one_thread(1);   // OpenBLAS's sums depend on its thread count
-        for (std::size_t begin = 0, k = first_shard; begin < n; begin += shard, ++k) {
-            const std::size_t m = std::min(shard, n - begin);
-            Pass mine = pass;
-            mine.first_sample += begin;
-            shard_loss[k] = forward_backward(mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale);
-            core::add_fixed(grads_.data(), acc, param_count);
-        }
     }
-    // The reproducible mode's gradient for one model: every shard on this replica, summed exactly.
+    // Waits for the shards and writes their losses to shard_loss[shard number].
+    void finish_shards(double* shard_loss)
+    {
+        visit([](auto& ctx) {
+            ctx.synchronize();
+            check_fixed(ctx);
+        });
+        for (std::size_t k = 0; k < shard_count_; ++k)
+            shard_loss[first_shard_ + k] = loss::template finish<output_shape>(shard_slots_[k]);
+    }
+    // The gradients from the exact accumulator (once the replicas' accumulators have been summed).
+    void set_gradients_exact()
+    {
+        visit([&](auto& ctx) { fixed_to_float(ctx, exact_.data(), grads_.data(), param_count); });
+    }
+    // The reproducible mode's gradient for one model: every shard here, summed exactly.
     double reproducible_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                          float loss_scale, std::size_t shard)
     {
-        fixed_.assign(param_count, 0);
+        // OpenBLAS's sums depend on its thread count: one thread, as on every CPU replica.
+        std::optional<backend::cpu::ScopedBlasThreads> one_thread;
+        if (device().is_cpu()) one_thread.emplace(1);
         shard_loss_.assign((n + shard - 1) / shard, 0.0);
-        add_shard_gradients(pass, x, labels, n, loss_scale, shard, 0, fixed_.data(), shard_loss_.data());
-        set_gradients_fixed(fixed_.data());
+        queue_shard_gradients(pass, x, labels, n, loss_scale, shard, 0);
+        finish_shards(shard_loss_.data());
+        set_gradients_exact();
         double total = 0.0;
         for (double l : shard_loss_) total += l;
         return total;
     }
-    // Replaces the gradients by a fixed-point sum (the reproducible mode's all-reduced result).
-    void set_gradients_fixed(const std::int64_t* acc) { core::fixed_to_float(acc, grads_.data(), param_count); }
 
     // Applies the optimizer to this model's parameters with its gradients.
     template <class Opt>
@@ -335,6 +345,28 @@ private:
         return d;
     }
 
+    // Queues forward, loss (into *slot) and backward over n samples.
+    template <class Ctx, class Hook>
+    void queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+               float loss_scale, core::LossSlot* slot, Hook&& hook)
+    {
+        *slot = {};
+        if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
+            fill(ctx, grads_.data(), 0.0f, param_count);
+            hook(std::size_t{0});
+            return;
+        }
+        reserve(ctx, n);
+        const float* xd = ctx.stage(x, input_stage_.data(), n * input_shape::size);
+        const std::int32_t* ld = ctx.stage(labels, label_stage_.data(), n * label_size);
+        graph_.forward(ctx, pass, forward_args(xd, n));
+        loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
+        graph_.backward(ctx, pass,
+                        BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
+                                     .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
+                        hook);
+    }
+
     template <class Ctx>
     void reserve(Ctx& ctx, std::size_t n)
     {
@@ -380,7 +412,10 @@ private:
     std::size_t capacity_ = 0;
     const float* last_x_ = nullptr;
     std::size_t last_n_ = 0;
-    std::vector<std::int64_t> fixed_;   // reproducible mode
+    // The reproducible mode's exact accumulator and one loss slot per shard.
+    core::Buffer<std::int64_t> exact_;
+    core::Buffer<core::LossSlot> shard_slots_;
+    std::size_t first_shard_ = 0, shard_count_ = 0;
     std::vector<double> shard_loss_;
 };
 

@@ -35,10 +35,15 @@ public:
     // Releases every rank blocked in all_reduce with an Error (a peer failed and will not arrive).
     virtual void abort() = 0;
 
+    // The reproducible mode's sum (one thread calls for all ranks): every rank's buffer of fixed-point
+    // integers, in its replica's memory, becomes the element-wise sum over every replica of every
+    // process. Integer addition is associative, so the result does not depend on the order or grouping
+    // any implementation uses. On a GPU it is queued on the compute stream, after the work that wrote it.
+    virtual void exact_all_reduce(std::span<std::int64_t* const> buffers, std::size_t count) = 0;
+
     // Several processes (ProcessGroup): sums, over the processes, of values that every local replica
-    // already agrees on (a loss, the reproducible mode's exact integer sums). One process: nothing to do.
+    // already agrees on (a loss). One process: nothing to do.
     virtual void sum_across_processes(double* /*data*/, std::size_t /*count*/) {}
-    virtual void sum_across_processes(std::int64_t* /*data*/, std::size_t /*count*/) {}
 };
 
 // A process's place among the processes of a run (MPI ranks): every process holds `local` replicas
@@ -65,6 +70,12 @@ public:
         sum_range(buffers, 0, count);
     }
 
+    void exact_all_reduce(std::span<std::int64_t* const> buffers, std::size_t count) override
+    {
+        core::require(buffers.size() == size(), "exact_all_reduce: one buffer per rank expected");
+        sum_range(buffers, 0, count);
+    }
+
     // Each rank sums its own 1/size slice of the elements (in rank order), then all wait.
     void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t) override
     {
@@ -72,7 +83,7 @@ public:
         arrive();
         const std::size_t per = (count + size() - 1) / size();
         const std::size_t begin = std::min(count, rank * per), end = std::min(count, begin + per);
-        sum_range(buffers_, begin, end);
+        sum_range<float>(buffers_, begin, end);
         arrive();
     }
 
@@ -84,9 +95,10 @@ public:
     }
 
 private:
-    static void sum_range(std::span<float* const> b, std::size_t begin, std::size_t end)
+    template <class T>
+    static void sum_range(std::span<T* const> b, std::size_t begin, std::size_t end)
     {
-        float* acc = b[0];
+        T* acc = b[0];
         for (std::size_t r = 1; r < b.size(); ++r)
             for (std::size_t i = begin; i < end; ++i) acc[i] += b[r][i];
         for (std::size_t r = 1; r < b.size(); ++r)

@@ -332,29 +332,31 @@ public:
     }
 
     // The reproducible mode (see train_step): the global batch is cut into micro-shards of `shard`
-    // samples; replica r takes a contiguous run of whole shards; shard gradients are summed in fixed
-    // point on each replica and then across replicas, exactly, so the gradient and the update are the
-    // same bit for bit on any number of replicas. Returns the loss summed in shard order.
+    // samples; replica r takes a contiguous run of whole shards and sums their gradients in fixed
+    // point; the replicas' sums are added exactly (integers) by the communicator, so the gradient and
+    // the update are the same bit for bit on any number of replicas. Returns the loss summed in shard order.
     double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
                                          std::size_t n, float loss_scale, std::size_t shard)
     {
-        const std::size_t R = replicas_.size(), shards = (n + shard - 1) / shard;
-        fixed_.resize(R);
+        core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        const std::size_t shards = (n + shard - 1) / shard;
         shard_loss_.assign(shards, 0.0);
+        // OpenBLAS's sums depend on its thread count: one thread on every CPU replica.
+        std::optional<backend::cpu::ScopedBlasThreads> one_thread;
+        if (devices_.front().is_cpu()) one_thread.emplace(1);
         each([&](std::size_t r) {
             const Share s = share(shards, global_replica_count(), global_index(r));
             const std::size_t begin = std::min(n, s.offset * shard), end = std::min(n, (s.offset + s.count) * shard);
-            fixed_[r].assign(param_count, 0);
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + begin;
-            replicas_[r].add_shard_gradients(mine, x + begin * input_shape::size, labels + begin * label_size,
-                                             end - begin, loss_scale, shard, s.offset, fixed_[r].data(), shard_loss_.data());
+            exact_ptrs_[r] = replicas_[r].queue_shard_gradients(mine, x + begin * input_shape::size,
+                                                                labels + begin * label_size, end - begin, loss_scale,
+                                                                shard, s.offset);
         });
-        for (std::size_t r = 1; r < R; ++r)   // integer sums: any order gives the same result
-            for (std::size_t i = 0; i < param_count; ++i) fixed_[0][i] += fixed_[r][i];
-        comm_->sum_across_processes(fixed_[0].data(), param_count);
+        each([&](std::size_t r) { replicas_[r].finish_shards(shard_loss_.data()); });
+        comm_->exact_all_reduce(exact_ptrs_, param_count);
         comm_->sum_across_processes(shard_loss_.data(), shards);   // one contributor per shard: exact
-        each([&](std::size_t r) { replicas_[r].set_gradients_fixed(fixed_[0].data()); });
+        each([&](std::size_t r) { replicas_[r].set_gradients_exact(); });
         double total = 0.0;
         for (double l : shard_loss_) total += l;
         return total;
@@ -399,6 +401,7 @@ private:
         if (options_.processes != nullptr) comm_ = options_.processes->span(std::move(comm_), replicas_.size());
         losses_.assign(replicas_.size(), 0.0);
         grad_ptrs_.assign(replicas_.size(), nullptr);
+        exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
             if (devices_.front().is_cpu() && replicas_.size() > 1) blas_ = std::make_unique<backend::cpu::ScopedBlasThreads>(1);
@@ -430,7 +433,7 @@ private:
     std::vector<float*> grad_ptrs_;
     std::unique_ptr<WorkerPool> pool_;
     std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
-    std::vector<std::vector<std::int64_t>> fixed_;   // reproducible mode: per replica, param_count
+    std::vector<std::int64_t*> exact_ptrs_;   // reproducible mode: each replica's exact accumulator
     std::vector<double> shard_loss_;
 };
 

@@ -71,9 +71,12 @@ public:
     void abort() override { local_->abort(); }
 
     void sum_across_processes(double* data, std::size_t count) override { reduce(data, count, MPI_DOUBLE, comms_[0]); }
-    void sum_across_processes(std::int64_t* data, std::size_t count) override
+
+    void exact_all_reduce(std::span<std::int64_t* const> buffers, std::size_t count) override
     {
-        reduce(data, count, MPI_INT64_T, comms_[0]);
+        local_->exact_all_reduce(buffers, count);
+        reduce(buffers[0], count, MPI_INT64_T, comms_[0]);
+        for (std::size_t r = 1; r < buffers.size(); ++r) std::copy(buffers[0], buffers[0] + count, buffers[r]);
     }
 
 private:

@@ -84,6 +84,16 @@ public:
         REPLICA_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, comms_[rank], ctx_[rank].comm_stream()));
     }
 
+    // On the compute streams: ordered after the shard loop that wrote the buffers and before the
+    // conversion back to float, with no events needed.
+    void exact_all_reduce(std::span<std::int64_t* const> buffers, std::size_t count) override
+    {
+        REPLICA_NCCL_CHECK(ncclGroupStart());
+        for (std::size_t r = 0; r < size(); ++r)
+            REPLICA_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], count, ncclInt64, ncclSum, comms_[r], ctx_[r].stream()));
+        REPLICA_NCCL_CHECK(ncclGroupEnd());
+    }
+
     void wait(std::size_t rank) override
     {
         ctx_[rank].activate();

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/fixed_point.hpp"
 #include "replica/core/rng.hpp"
 
 namespace replica::backend::cpu {
@@ -50,6 +51,18 @@ inline void add(const Context&, const float* src, float* dst, std::size_t count)
 {
     for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
+
+// The reproducible mode's exact sums (core/fixed_point.hpp). Out-of-range terms throw at once, so
+// there is nothing left for check_fixed to report.
+inline void add_fixed(const Context&, const float* g, std::int64_t* acc, std::size_t count) { core::add_fixed(g, acc, count); }
+inline void fixed_to_float(const Context&, const std::int64_t* acc, float* g, std::size_t count)
+{
+    core::fixed_to_float(acc, g, count);
+}
+inline void zero_fixed(const Context&, std::int64_t* acc, std::size_t count) { std::memset(acc, 0, count * sizeof(std::int64_t)); }
+inline void check_fixed(const Context&) {}
+// CPU kernels are deterministic already (BLAS thread counts are the caller's business).
+inline void make_deterministic(const Context&) {}
 
 // Channel slices of (n, channels, pixels) tensors, for Concat: dst[:, offset:offset+c] = src (n, c, pixels)
 inline void copy_channels_in(const Context&, const float* src, std::size_t n, std::size_t c,

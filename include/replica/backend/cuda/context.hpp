@@ -19,6 +19,7 @@
 #include "replica/backend/cuda/check.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
+#include "replica/core/fixed_point.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/core/window.hpp"
 
@@ -86,6 +87,7 @@ struct State {
     core::Buffer<float> ones;
     core::Buffer<double> reduce;          // device scalars for loss and metric reductions
     double* host_reduce = nullptr;        // pinned mirror
+    core::FixedStatus* fixed_status = nullptr;   // pinned: the reproducible mode's range check
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
     std::map<ConvKey, ConvPlan> conv_plans;
 
@@ -100,15 +102,15 @@ struct State {
         REPLICA_CHECK(cublasSetStream(cublas, stream));
         REPLICA_CHECK(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));   // FP32 GEMMs, as PyTorch by default
         REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
+        REPLICA_CHECK(cudaMallocHost(&fixed_status, sizeof(core::FixedStatus)));
+        *fixed_status = {};
         REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
     }
     State(const State&) = delete;
     State& operator=(const State&) = delete;
-    ~State()
+    void drop_conv_plans()
     {
-        cudaSetDevice(device.index());
-        cudaStreamSynchronize(stream);
         for (auto& [key, p] : conv_plans) {
             cudnnDestroyTensorDescriptor(p.x);
             cudnnDestroyTensorDescriptor(p.y);
@@ -117,10 +119,18 @@ struct State {
             cudnnDestroyFilterDescriptor(p.w);
             cudnnDestroyConvolutionDescriptor(p.conv);
         }
+        conv_plans.clear();
+    }
+    ~State()
+    {
+        cudaSetDevice(device.index());
+        cudaStreamSynchronize(stream);
+        drop_conv_plans();
         workspace = {};
         ones = {};
         reduce = {};
         cudaFreeHost(host_reduce);
+        cudaFreeHost(fixed_status);
         cudaEventDestroy(marker);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);

@@ -106,6 +106,18 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
 }
 } // namespace detail
 
+// The reproducible mode: from now on only deterministic algorithms, chosen by heuristics (a measured
+// choice can differ from one run to the next). Plans made before are dropped and made again.
+inline void make_deterministic(const Context& ctx)
+{
+    auto& s = ctx.state();
+    if (s.options.deterministic && !s.options.benchmark) return;
+    ctx.synchronize();
+    s.options.deterministic = true;
+    s.options.benchmark = false;
+    s.drop_conv_plans();
+}
+
 template <core::Window g>
 std::size_t conv_scratch_size(const Context&, int, std::size_t) { return 0; }
 template <core::Window g>

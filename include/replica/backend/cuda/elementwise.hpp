@@ -6,6 +6,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/fixed_point.hpp"
 #include "replica/core/rng.hpp"
 
 namespace replica::backend::cuda {
@@ -37,6 +38,22 @@ __global__ void fill(float* dst, float value, std::size_t count)
 __global__ void add(const float* src, float* dst, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] += src[i];
+}
+__global__ void add_fixed(const float* g, std::int64_t* acc, std::size_t count, core::FixedStatus* status)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        std::int64_t v;
+        if (core::to_fixed(g[i], v)) acc[i] += v;
+        else {
+            status->bad = 1;
+            status->value = g[i];
+        }
+    }
+}
+__global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count) g[i] = core::from_fixed(acc[i]);
 }
 } // namespace kernels
 
@@ -73,6 +90,32 @@ inline void add(const Context& ctx, const float* src, float* dst, std::size_t co
     kernels::add<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(src, dst, count);
     detail::check_launch("add");
 }
+// The reproducible mode's exact sums (core/fixed_point.hpp), with the CPU's per-element rules. An
+// out-of-range term is flagged in pinned memory; check_fixed reports it once the stream has finished.
+inline void add_fixed(const Context& ctx, const float* g, std::int64_t* acc, std::size_t count)
+{
+    kernels::add_fixed<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count,
+                                                                                      ctx.state().fixed_status);
+    detail::check_launch("add_fixed");
+}
+inline void fixed_to_float(const Context& ctx, const std::int64_t* acc, float* g, std::size_t count)
+{
+    kernels::fixed_to_float<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(acc, g, count);
+    detail::check_launch("fixed_to_float");
+}
+inline void zero_fixed(const Context& ctx, std::int64_t* acc, std::size_t count)
+{
+    if (count) REPLICA_CHECK(cudaMemsetAsync(acc, 0, count * sizeof(std::int64_t), ctx.stream()));
+}
+// Call after synchronising the stream.
+inline void check_fixed(const Context& ctx)
+{
+    core::FixedStatus& s = *ctx.state().fixed_status;
+    if (!s.bad) return;
+    s.bad = 0;
+    throw core::fixed_range_error(std::to_string(s.value));
+}
+
 // dst[:, offset:offset+c] = src (n, c, pixels), as one strided copy.
 inline void copy_channels_in(const Context& ctx, const float* src, std::size_t n, std::size_t c, std::size_t pixels,
                              float* dst, std::size_t channels, std::size_t offset)
