@@ -45,8 +45,9 @@ inline constexpr bool wraps_automatically = !contains_data_parallel<M> && !disab
 
 // How auto_parallel runs replicas: a policy, or `measured`: time a few training steps of every
 // candidate (1 device; 2..N devices with each policy) on synthetic data and keep the fastest, in
-// samples per second. With strong scaling the 1-device candidate runs the same global batch, so the
-// choice is never slower than one device.
+// samples per second, preferring fewer devices unless more are faster by a margin. With strong
+// scaling the 1-device candidate runs the same global batch, so the choice is never slower than one
+// device (as far as timing a few steps can tell).
 enum class DispatchChoice { single, threaded, measured };
 
 inline DispatchChoice parse_dispatch(std::string_view text)
@@ -63,7 +64,8 @@ struct AutoOptions {
     // For DispatchChoice::measured:
     std::size_t batch_size = 64;      // as the Trainer will use it (global with strong scaling)
     Scaling scaling = Scaling::strong;
-    std::size_t steps = 5;            // timed steps per candidate, after one untimed step
+    std::size_t steps = 5;            // timed steps per candidate (twice), after two untimed steps
+    double margin = 0.05;             // how much faster more devices must be to be chosen
     std::ostream* log = &std::cerr;   // one line: every candidate's speed and the choice
 };
 
@@ -159,7 +161,10 @@ private:
         return Impl(std::in_place_index<1>, std::move(model), std::move(devices), o.data_parallel);
     }
 
-    // Samples per second of every candidate; returns the fastest (device count, policy).
+    // Samples per second of every candidate; returns the chosen (device count, policy). Every candidate
+    // is timed twice, in forward and then in reverse order, and keeps its better figure, so neither the
+    // first candidate's cold start nor drift in the machine's speed decides. More devices must beat
+    // every candidate with fewer by AutoOptions::margin: when it is close, fewer devices win.
     static std::pair<std::size_t, DispatchChoice> measure(const M& model, const std::vector<Device>& devices,
                                                           const AutoOptions& o)
     {
@@ -173,47 +178,59 @@ private:
         for (std::size_t i = 0; i < labels.size(); ++i)
             labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
 
-        std::size_t best_count = 1;
-        DispatchChoice best_dispatch = DispatchChoice::single;
-        double best_rate = 0.0;
+        struct Candidate {
+            std::size_t count;
+            DispatchChoice dispatch;
+            double rate = 0.0;
+        };
+        std::vector<Candidate> candidates{{1, DispatchChoice::single}};
+        for (std::size_t k = 2; k <= devices.size(); ++k)
+            for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded}) candidates.push_back({k, d});
+        auto time = [&](Candidate& c) {
+            M copy{devices.front()};
+            copy.set_parameters(w);
+            AutoOptions ok = o;
+            ok.dispatch = c.dispatch;
+            Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + std::ptrdiff_t(c.count)}, ok);
+            const std::size_t n = global_batch(o.batch_size, c.count, o.scaling);
+            c.rate = std::max(c.rate, double(n) / time_steps(candidate, x.data(), labels.data(), n, o.steps));
+        };
+        if (candidates.size() > 1) {
+            for (auto& c : candidates) time(c);
+            for (auto c = candidates.rbegin(); c != candidates.rend(); ++c) time(*c);
+        }
+
+        const Candidate* best = &candidates.front();
         std::string report = "auto_parallel measured (samples/s):";
-        for (std::size_t k = 1; k <= devices.size(); ++k)
-            for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded}) {
-                if (k == 1 && d == DispatchChoice::threaded) continue;
-                M copy{devices.front()};
-                copy.set_parameters(w);
-                AutoOptions ok = o;
-                ok.dispatch = d;
-                Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + k}, ok);
-                const std::size_t n = global_batch(o.batch_size, k, o.scaling);
-                const double rate = double(n) / time_steps(candidate, x.data(), labels.data(), n, o.steps);
-                report += " " + std::to_string(k) + (k == 1 ? " device " : d == DispatchChoice::threaded ? " threaded " : " single ") +
-                          std::to_string(long(rate));
-                if (rate > best_rate) {
-                    best_rate = rate;
-                    best_count = k;
-                    best_dispatch = d;
-                }
-            }
+        for (const auto& c : candidates) {
+            report += " " + std::to_string(c.count) +
+                      (c.count == 1 ? " device " : c.dispatch == DispatchChoice::threaded ? " threaded " : " single ") +
+                      std::to_string(long(c.rate));
+            const double needed = c.count == best->count ? 1.0 : 1.0 + o.margin;
+            if (c.rate > best->rate * needed) best = &c;
+        }
         if (o.log)
-            *o.log << report << "; chose " << best_count << (best_count == 1 ? " device" : " devices")
-                   << (best_count == 1 ? "" : best_dispatch == DispatchChoice::threaded ? ", threaded" : ", single")
+            *o.log << report << "; chose " << best->count << (best->count == 1 ? " device" : " devices")
+                   << (best->count == 1 ? "" : best->dispatch == DispatchChoice::threaded ? ", threaded" : ", single")
+                   << (best->count > 1 || candidates.size() == 1 ? "" : " (more devices were not faster by " +
+                                                                            std::to_string(int(o.margin * 100)) + "%)")
                    << std::endl;
-        return {best_count, best_dispatch};
+        return {best->count, best->dispatch};
     }
 
-    // Median seconds of a training step (after one untimed step).
+    // Median seconds of a training step (after two untimed steps).
     static double time_steps(Impl& m, const float* x, const std::int32_t* labels, std::size_t n, std::size_t steps)
     {
+        constexpr std::size_t warmup = 2;
         train::SGD opt{{.lr = 1e-6f}};
         std::vector<double> t;
-        for (std::size_t i = 0; i <= steps; ++i) {
+        for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
             std::visit([&](auto& model) {
                 model.forward_backward(model::Pass{.first_sample = i * n}, x, labels, n, 1.0f / float(n));
                 model.update(opt);
             }, m);
-            if (i > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            if (i >= warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(t.begin(), t.end());
         return t[t.size() / 2];
