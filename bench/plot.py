@@ -4,6 +4,7 @@ one panel per network.
 
     python3 bench/plot.py /tmp/bench-cpu/results.json            # writes /tmp/bench-cpu/results.png
     python3 bench/plot.py results/h200x2 --out h200x2.png
+    python3 bench/plot.py docs/results/gpu4.json --lines --out gpu4.png    # samples/s against device count
 """
 
 import argparse
@@ -34,10 +35,63 @@ def group_of(r):
     return f"{devices}{scaling}\nbatch {batch_text(r)}"
 
 
+def line_of(r):
+    """The line a run belongs to in --lines: library, scaling and (ours) dispatch; None for runs off any line."""
+    if r["dispatch"] == "auto" or r.get("reproducible"):
+        return None
+    if r["library"] == "pytorch":
+        return f"pytorch DDP, {r['scaling']}"
+    return f"replica {r['dispatch']}, {r['scaling']}"
+
+
+def plot_lines(plt, doc, results, out):
+    """Samples/s against the number of devices: one panel per model and batch, one line per library,
+    scaling and dispatch (the 1-device run starts every line of its library)."""
+    panels = list(dict.fromkeys((r["model"] if r["library"] == "replica" else r["network"], r["batch"])
+                                for r in results if r["library"] == "replica"))
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False)
+    styles = {"replica threaded, strong": ("#2ca02c", "-"), "replica single, strong": ("#1f77b4", "-"),
+              "replica threaded, weak": ("#2ca02c", "--"), "replica single, weak": ("#1f77b4", "--"),
+              "pytorch DDP, strong": ("#ff7f0e", "-"), "pytorch DDP, weak": ("#ff7f0e", "--")}
+    for ax, (model, batch) in zip(axes.flat, panels):
+        network = next(r["network"] for r in results if r["model"] == model)
+        runs = [r for r in results if r["batch"] == batch and
+                (r["model"] == model if r["library"] == "replica" else r["network"] == network)]
+        for line, (colour, dash) in styles.items():
+            library = "pytorch" if line.startswith("pytorch") else "replica"
+            points = {r["devices"]: r["samples_per_s"] for r in runs if line_of(r) == line}
+            single = [r for r in runs if r["library"] == library and r["devices"] == 1 and line_of(r)]
+            if not points:
+                continue
+            if single:
+                points[1] = max(r["samples_per_s"] for r in single)
+            xs = sorted(points)
+            ax.plot(xs, [points[x] for x in xs], dash, color=colour, marker="o", markersize=4, label=line)
+        ax.set_xticks(sorted({r["devices"] for r in runs}))
+        ax.set_xlabel("GPUs" if kind_of(runs[0]) == "cuda" else "devices")
+        ax.set_ylabel("samples/s")
+        ax.set_title(f"{model}, batch {batch} (per device when weak)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    m = doc.get("machine", {})
+    where = ", ".join(m["gpus"]) if m.get("gpus") else m.get("cpu") or ""
+    fig.suptitle(f"Scaling, preset {doc.get('preset', '?')}: {m.get('hostname', '')} ({where})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="bar chart of samples/s from run_table.py's results.json")
     p.add_argument("results", help="results.json, or the folder holding it")
     p.add_argument("--out", help="the PNG to write (default: results.png beside results.json)")
+    p.add_argument("--lines", action="store_true", help="samples/s against the number of devices instead of bars")
     args = p.parse_args(argv)
     path = os.path.join(args.results, "results.json") if os.path.isdir(args.results) else args.results
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), "results.png")
@@ -57,6 +111,8 @@ def main(argv=None):
     if not results:
         print(f"plot.py: no successful runs in {path}", file=sys.stderr)
         return 1
+    if args.lines:
+        return plot_lines(plt, doc, results, out)
     networks = list(dict.fromkeys(r["network"] for r in results))
     # Series in the order they first ran, ours before PyTorch's.
     series = list(dict.fromkeys(series_of(r) for r in results))
