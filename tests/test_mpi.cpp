@@ -4,10 +4,18 @@
 //   - reproducible mode: bit-identical to the single model;
 //   - rank 0 writes checkpoints, every rank resumes from them, and so does a single process.
 // Each process holds `local` CPU replicas (argument 1, default 1).
+//
+// `replica_mpi_tests dies` / `hangs` (run by tests/mpi_failure.sh under mpirun --enable-recovery):
+// after a checkpointed epoch, rank 1 is killed (or stops answering); every other rank must stop with
+// the documented error within the timeout, and the checkpoint must still load.
 
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <string>
+#include <thread>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -98,10 +106,60 @@ int check_checkpoints(parallel::MpiProcessGroup& processes)
     return failures;
 }
 
+// A rank dies or hangs in the middle of training. Survivors print one "survivor" line each and leave
+// with _Exit (MPI_Finalize could wait for the lost rank): 0 when they saw the documented error within
+// the timeout and the checkpoint rank 0 wrote before the failure still loads, 1 otherwise.
+[[noreturn]] void lose_a_rank(int& argc, char**& argv, const std::string& how)
+{
+    constexpr auto timeout = std::chrono::seconds(3);
+    parallel::MpiProcessGroup processes(argc, argv, timeout);
+    char name[256] = {};
+    if (processes.rank() == 0)
+        std::snprintf(name, sizeof name, "%s/replica_mpi_fail_%d.ckpt", std::filesystem::temp_directory_path().c_str(),
+                      int(::getpid()));
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::filesystem::path file = name;
+    const auto set = data::synthetic_dataset(96, LeNet::input_shape::size, 1, 10, 3);
+    TrainOptions o{.batch_size = 16, .epochs = 1, .seed = 5, .checkpoint = file, .progress = false, .log = nullptr};
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    DataParallel<LeNet, Threaded> dp{cpus(1), 0, {.processes = &processes}};
+    Trainer{dp, opt, o}.fit(set);   // epoch 1, checkpointed by rank 0
+    const auto after_first = parameters(dp);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    if (processes.rank() == 1) {
+        if (how == "dies") std::raise(SIGKILL);
+        std::this_thread::sleep_for(3 * timeout);   // hangs, then leaves quietly
+        std::_Exit(0);
+    }
+    o.epochs = 3;
+    o.resume = true;
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+        Trainer{dp, opt, o}.fit(set);
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    bool ok = error.find("no answer from the other processes") != std::string::npos && waited < 2.0 * 3;
+    if (processes.rank() == 0) {   // the checkpoint of epoch 1 is intact
+        LeNet check{Device::cpu(), 7};
+        const auto state = load_checkpoint(file, check);
+        ok = ok && state.epoch == 1 && parameters(check) == after_first;
+        std::filesystem::remove(file);
+    }
+    std::printf("survivor rank %d: %s after %.1f s: %s\n", processes.rank(), ok ? "stopped as documented" : "FAILED",
+                waited, error.empty() ? "(no error)" : error.c_str());
+    std::fflush(stdout);
+    std::_Exit(ok ? 0 : 1);
+}
+
 } // namespace
 
 int main(int argc, char** argv)
 try {
+    if (argc > 1 && (std::string(argv[1]) == "dies" || std::string(argv[1]) == "hangs")) lose_a_rank(argc, argv, argv[1]);
     parallel::MpiProcessGroup processes(argc, argv);
     const std::size_t local = argc > 1 ? std::size_t(std::atoi(argv[1])) : 1;
     int failures = 0;
