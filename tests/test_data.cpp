@@ -491,3 +491,36 @@ TEST_CASE("synthetic_dataset is deterministic and not all zero", "[cpu][data]")
     REQUIRE_ERROR(synthetic_dataset(0, 20, 1, 7, 1), "> 0");
     REQUIRE_ERROR(synthetic_dataset(5, 20, 1, 0, 1), "> 0");
 }
+
+TEST_CASE("Loader::only gathers one process's part of each batch, the same samples as the whole", "[cpu][data][loader]")
+{
+    const Dataset set = numbered_dataset(50);
+    Loader whole(set, 16, 3);   // batches of 16, 16, 16 and 2
+    std::vector<std::unique_ptr<Loader>> parts;
+    for (std::size_t p = 0; p < 3; ++p) {
+        parts.push_back(std::make_unique<Loader>(set, 16, 3));
+        parts.back()->only([p](std::size_t n) { return parallel::share(n, 3, p); });
+    }
+    for (std::uint64_t epoch : {0, 1}) {
+        whole.start_epoch(epoch);
+        for (auto& l : parts) l->start_epoch(epoch);
+        while (auto all = whole.next()) {
+            for (std::size_t p = 0; p < 3; ++p) {
+                const auto mine = parts[p]->next();
+                REQUIRE(mine);
+                CHECK(mine->size == all->size);
+                CHECK(mine->first_sample == all->first_sample);
+                const auto s = parallel::share(all->size, 3, p);
+                for (std::size_t i = s.offset; i < s.offset + s.count; ++i) {
+                    CHECK(mine->labels[i] == all->labels[i]);
+                    CHECK(mine->inputs[3 * i + 2] == all->inputs[3 * i + 2]);
+                }
+            }
+        }
+        for (auto& l : parts) CHECK(!l->next());
+    }
+    Loader bad(set, 16, 3);
+    bad.only([](std::size_t n) { return parallel::Share{n - 1, 2}; });
+    bad.start_epoch(0);
+    CHECK(error_message([&] { bad.next(); }).find("outside the batch") != std::string::npos);
+}

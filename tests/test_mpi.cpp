@@ -59,6 +59,34 @@ int check(parallel::MpiProcessGroup& processes, std::size_t local, std::size_t b
     return failures;
 }
 
+// The Trainer: each process gathers only its part of every batch (Loader::only); the result equals
+// one process's, in the fast mode to 1e-5 and in the reproducible mode bit for bit.
+int check_trainer(parallel::MpiProcessGroup& processes, std::size_t local)
+{
+    const auto set = data::synthetic_dataset(70, LeNet::input_shape::size, 1, 10, 4);   // batches 16 x 4 + 6
+    int failures = 0;
+    for (bool reproducible : {false, true}) {
+        const TrainOptions o{.batch_size = 16, .epochs = 2, .seed = 3, .reproducible = reproducible, .micro_shard = 4,
+                             .progress = false, .log = nullptr};
+        auto train = [&](auto& model) {
+            SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+            Trainer{model, opt, o}.fit(set);
+            return parameters(model);
+        };
+        LeNet single{Device::cpu(), 4};
+        const auto expected = train(single);
+        DataParallel<LeNet, Threaded> dp{cpus(local), 4, {.processes = &processes}};
+        const auto got = train(dp);
+        const double err = max_relative_difference(expected, got);
+        if (reproducible ? got != expected : err >= 1e-5) {
+            std::fprintf(stderr, "rank %d: Trainer (%s) differs from one process, max relative error %g\n",
+                         processes.rank(), reproducible ? "reproducible" : "fast", err);
+            ++failures;
+        }
+    }
+    return failures;
+}
+
 // Checkpoints: rank 0 writes, every rank resumes; the same checkpoint resumes in one process too.
 // Reproducible mode, so every comparison is bit for bit.
 int check_checkpoints(parallel::MpiProcessGroup& processes)
@@ -166,6 +194,7 @@ try {
     failures += check<LeNet, SingleThread>(processes, local, 13, "LeNet");
     failures += check<LeNet, Threaded>(processes, local, 13, "LeNet");
     failures += check<ConcatDropoutNet, Threaded>(processes, local, 10, "Concat+Dropout");
+    failures += check_trainer(processes, local);
     if (local == 1) failures += check_checkpoints(processes);
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
+#include "replica/parallel/scaling.hpp"
 
 namespace replica::data {
 
@@ -46,6 +48,10 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // The Batch returned by next() stays valid until the following next(), start_epoch() or the
 // destructor. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
+//
+// Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
+// [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
+// written. A DataParallel spanning processes reads exactly its process's part (process_share).
 class Loader {
 public:
     Loader(const Dataset& set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
@@ -84,6 +90,13 @@ public:
 
     Loader(const Loader&) = delete;
     Loader& operator=(const Loader&) = delete;
+
+    // Gather only part(n) = {offset, count} of each n-sample batch (see above). Call before start_epoch.
+    void only(std::function<parallel::Share(std::size_t)> part)
+    {
+        wait_idle();
+        part_ = std::move(part);
+    }
 
     std::size_t batches_per_epoch() const { return batches_; }
     std::size_t batch_size() const { return batch_size_; }
@@ -155,7 +168,10 @@ private:
         Slot& slot = slots_[k % 2];
         const std::size_t in = set_.input_size, out = set_.label_size;
         const std::size_t* samples = order_.data() + k * batch_size_;
-        for (std::size_t i = 0, n = batch_samples(k); i < n; ++i) {
+        const std::size_t n = batch_samples(k);
+        const parallel::Share part = part_ ? part_(n) : parallel::Share{0, n};
+        core::require(part.offset + part.count <= n, "Loader::only: the part lies outside the batch");
+        for (std::size_t i = part.offset; i < part.offset + part.count; ++i) {
             const std::size_t s = samples[i];
             if (in) std::memcpy(slot.inputs.data() + i * in, set_.inputs.data() + s * in, in * sizeof(float));
             if (out) std::memcpy(slot.labels.data() + i * out, set_.labels.data() + s * out, out * sizeof(std::int32_t));
@@ -190,6 +206,7 @@ private:
     std::size_t batches_ = 0;
     std::vector<std::size_t> order_; // this epoch's samples in visiting order; written only while idle
     Slot slots_[2];                  // batch k is gathered into slots_[k % 2]
+    std::function<parallel::Share(std::size_t)> part_;   // only(): written only while idle
 
     // Caller thread only.
     std::uint64_t epoch_ = 0;

@@ -106,6 +106,14 @@ public:
         }, impl_);
     }
     int process_rank() const { return std::visit([](const auto& m) { return m.process_rank(); }, impl_); }
+    // See DataParallel::process_share; one model in one process trains on every sample.
+    Share process_share(std::size_t n, std::size_t shard) const
+    {
+        return std::visit([&](const auto& m) -> Share {
+            if constexpr (requires { m.process_share(n, shard); }) return m.process_share(n, shard);
+            else return {0, n};
+        }, impl_);
+    }
     template <class T>
     bool holds() const { return std::holds_alternative<T>(impl_); }
     template <class T>

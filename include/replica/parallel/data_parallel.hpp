@@ -269,6 +269,14 @@ public:
     int process_rank() const { return options_.processes ? options_.processes->rank() : 0; }
     // Replicas over every process (replica_count() with one process).
     std::size_t global_replica_count() const { return replicas_.size() * std::size_t(process_count()); }
+    // The samples of an n-sample batch that this process's replicas train on (shard: the reproducible
+    // mode's micro-shard, 0 in the fast mode). Contiguous, since a process's replicas are consecutive
+    // global replicas; a Loader gathers only these (Loader::only), so no process reads the others'.
+    Share process_share(std::size_t n, std::size_t shard) const
+    {
+        const Share first = samples_of(0, n, shard), last = samples_of(replicas_.size() - 1, n, shard);
+        return {first.offset, last.offset + last.count - first.offset};
+    }
     std::span<const Device> devices() const { return devices_; }
     const Device& device() const { return devices_.front(); }
     M& replica(std::size_t r) { return replicas_[r]; }
@@ -295,7 +303,7 @@ public:
     {
         const std::size_t R = replicas_.size();
         each([&](std::size_t r) {
-            const Share s = share(n, global_replica_count(), global_index(r));
+            const Share s = samples_of(r, n, 0);
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + s.offset;
             std::size_t next = 0;
@@ -345,13 +353,12 @@ public:
         std::optional<backend::cpu::ScopedBlasThreads> one_thread;
         if (devices_.front().is_cpu()) one_thread.emplace(1);
         each([&](std::size_t r) {
-            const Share s = share(shards, global_replica_count(), global_index(r));
-            const std::size_t begin = std::min(n, s.offset * shard), end = std::min(n, (s.offset + s.count) * shard);
+            const Share s = samples_of(r, n, shard);
             model::Pass mine = pass;
-            mine.first_sample = pass.first_sample + begin;
-            exact_ptrs_[r] = replicas_[r].queue_shard_gradients(mine, x + begin * input_shape::size,
-                                                                labels + begin * label_size, end - begin, loss_scale,
-                                                                shard, s.offset);
+            mine.first_sample = pass.first_sample + s.offset;
+            exact_ptrs_[r] = replicas_[r].queue_shard_gradients(mine, x + s.offset * input_shape::size,
+                                                                labels + s.offset * label_size, s.count, loss_scale,
+                                                                shard, s.offset / shard);
         });
         each([&](std::size_t r) { replicas_[r].finish_shards(shard_loss_.data()); });
         comm_->exact_all_reduce(exact_ptrs_, param_count);
@@ -422,6 +429,15 @@ private:
     std::size_t global_index(std::size_t r) const
     {
         return (options_.processes ? std::size_t(options_.processes->rank()) : 0) * replicas_.size() + r;
+    }
+    // The samples of an n-sample batch that local replica r trains on: its share of the samples (fast
+    // mode, shard = 0) or of the micro-shards of `shard` samples (reproducible mode), by global index.
+    Share samples_of(std::size_t r, std::size_t n, std::size_t shard) const
+    {
+        if (shard == 0) return share(n, global_replica_count(), global_index(r));
+        const Share s = share((n + shard - 1) / shard, global_replica_count(), global_index(r));
+        const std::size_t begin = std::min(n, s.offset * shard);
+        return {begin, std::min(n, (s.offset + s.count) * shard) - begin};
     }
 
     std::vector<Device> devices_;

@@ -90,6 +90,10 @@ public:
         const float base_lr = opt_.options().lr *
                               (options_.scaling == parallel::Scaling::weak && options_.scale_lr ? float(model_.replica_count()) : 1.0f);
         data::Loader loader(train_set, batch, options_.seed, /*shuffle=*/true);
+        if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
+            loader.only([this](std::size_t n) {
+                return model_.process_share(n, options_.reproducible ? options_.micro_shard : 0);
+            });
         const std::size_t steps = loader.batches_per_epoch();
         Progress progress(options_.progress);
         if (state.epoch == 0 && state.history.empty()) header();
