@@ -3,6 +3,7 @@
 //
 //   train_bench --model lenet --devices cpu:0 --steps 50
 //   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
+//   mpirun -np 2 train_bench --model alexnet-plain --json      # two processes, each with its share of the GPUs
 //
 // Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it).
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "support/args.hpp"
+#include "support/processes.hpp"
 #include "replica/data/synthetic.hpp"
 #include "replica/replica.hpp"
 
@@ -30,16 +32,22 @@ struct Settings {
     bool json;
     int blas_threads;
     StepOptions step;
+    parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
 };
 
 template <class M>
 int run(const Settings& s)
 {
     const std::size_t batch = s.batch ? s.batch : default_batch_size<M>;
+    if (s.processes && parallel::contains_data_parallel<M>)
+        throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
     auto model = auto_parallel(M{s.devices}, s.devices,
-                               {.dispatch = s.dispatch, .batch_size = batch ? batch : 64, .scaling = s.scaling});
+                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes},
+                                .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
-    const std::size_t global = parallel::global_batch(batch, model.replica_count(), s.scaling);
+    std::size_t replicas = model.replica_count();   // over every process
+    if constexpr (requires { model.global_replica_count(); }) replicas = model.global_replica_count();
+    const std::size_t global = parallel::global_batch(batch, replicas, s.scaling);
     // Two distinct batches, alternated, so no step sees the data of the step before.
     // In page-locked memory under CUDA, as the Loader's batches are: each step copies its batch to the
     // devices asynchronously, as training from a host-side loader does.
@@ -72,17 +80,21 @@ int run(const Settings& s)
                            : s.dispatch == DispatchChoice::measured ? "auto"
                                                                     : "single";
     const std::string chosen = s.dispatch == DispatchChoice::measured ? model.description() : "";
+    if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
+    const int processes = s.processes ? s.processes->size() : 1;
     if (s.json)
-        std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"device\": \"%s\", \"dispatch\": \"%s\", "
-                    "\"chosen\": \"%s\", "
+        std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"processes\": %d, \"device\": \"%s\", "
+                    "\"dispatch\": \"%s\", \"chosen\": \"%s\", "
                     "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
                     "\"min_ms\": %.4f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-                    s.model.c_str(), model.replica_count(), s.devices.front().name().c_str(), dispatch, chosen.c_str(),
+                    s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(),
                     s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
                     s.steps, median, times.front(), rate, loss);
     else
-        std::printf("%s on %s: batch %zu (global %zu), median step %.3f ms (min %.3f), %.0f samples/s, loss %.4f\n",
-                    s.model.c_str(), model.description().c_str(), batch, global, median, times.front(), rate, loss);
+        std::printf("%s on %s%s: batch %zu (global %zu), median step %.3f ms (min %.3f), %.0f samples/s, loss %.4f\n",
+                    s.model.c_str(), model.description().c_str(),
+                    processes > 1 ? (" in each of " + std::to_string(processes) + " processes").c_str() : "", batch,
+                    global, median, times.front(), rate, loss);
     return 0;
 }
 
@@ -90,12 +102,14 @@ int run(const Settings& s)
 
 int main(int argc, char** argv)
 try {
+    const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
     examples::Args args("train_bench", "median training-step time of a standard network on synthetic data");
     args.option("model", "lenet", "lenet, alexnet (features replicated), alexnet-plain, googlenet, textcnn or fcn")
         .option("batch", "0", "batch size (0: the network's default); global with strong scaling, per device with weak")
         .option("steps", "20", "timed steps")
         .option("warmup", "3", "untimed steps first")
-        .option("devices", "all", "all, or a list such as cpu:0,cpu:1 or cuda:0,cuda:1")
+        .option("devices", "all", "all, or a list such as cpu:0,cpu:1 or cuda:0,cuda:1 (under mpirun: each process "
+                                  "takes its share)")
         .option("dispatch", "single", "single, threaded or auto (measure every choice, keep the fastest)")
         .option("scaling", "strong", "strong or weak")
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
@@ -103,11 +117,13 @@ try {
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
-    Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"),
-               args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices")),
+    auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
+    if (processes) devices = parallel::process_devices(*processes, devices);
+    Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"), devices,
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
-               StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")}};
+               StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
+               processes.get()};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

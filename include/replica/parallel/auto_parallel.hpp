@@ -105,6 +105,14 @@ public:
             else return 1;
         }, impl_);
     }
+    // Replicas over every process (replica_count() in one process).
+    std::size_t global_replica_count() const
+    {
+        return std::visit([](const auto& m) -> std::size_t {
+            if constexpr (requires { m.global_replica_count(); }) return m.global_replica_count();
+            else return m.replica_count();
+        }, impl_);
+    }
     int process_rank() const { return std::visit([](const auto& m) { return m.process_rank(); }, impl_); }
     // See DataParallel::process_share; one model in one process trains on every sample.
     Share process_share(std::size_t n, std::size_t shard) const
@@ -147,6 +155,14 @@ private:
     static Impl make(M&& model, std::vector<Device> devices, AutoOptions o)
     {
         core::require(!devices.empty(), "auto_parallel needs at least one device");
+        if (o.dispatch == DispatchChoice::measured && o.data_parallel.processes != nullptr) {
+            // Every process must make the same choice, and timing them apart would not say what they
+            // do together: this process's devices, one thread each.
+            if (o.log && o.data_parallel.processes->rank() == 0)
+                *o.log << "auto_parallel: several processes, so no measuring: every process's devices, threaded"
+                       << std::endl;
+            o.dispatch = DispatchChoice::threaded;
+        }
         if (o.dispatch == DispatchChoice::measured) {
             const auto [count, dispatch] = measure(model, devices, o);
             devices.erase(devices.begin() + std::ptrdiff_t(count), devices.end());
@@ -157,7 +173,7 @@ private:
 
     static Impl build(M&& model, std::vector<Device> devices, const AutoOptions& o)
     {
-        if (devices.size() == 1) {
+        if (devices.size() == 1 && o.data_parallel.processes == nullptr) {
             if (model.device() == devices.front()) return Impl(std::in_place_index<0>, std::move(model));
             M moved{devices.front()};
             moved.set_parameters(model.parameters());

@@ -11,14 +11,17 @@
 // forms, so SingleThread and Threaded dispatch agree bit for bit.
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "replica/core/device.hpp"
 #include "replica/core/error.hpp"
 
 namespace replica::parallel {
@@ -53,9 +56,34 @@ public:
     virtual ~ProcessGroup() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
-    // A communicator over every replica of every process, given the one over this process's replicas.
+    // This process among the processes on its machine (to split the machine's GPUs between them).
+    virtual int local_rank() const { return 0; }
+    virtual int local_size() const { return 1; }
+    // How long any wait for the other processes may last before it throws Error.
+    virtual std::chrono::seconds timeout() const { return std::chrono::seconds(120); }
+
+    // A communicator over every replica of every process, given the one over this process's replicas
+    // (CPU replicas: host memory).
     virtual std::unique_ptr<Communicator> span(std::unique_ptr<Communicator> local, std::size_t local_replicas) = 0;
+    // Rank 0's `bytes` bytes at `data`, on every process (an NCCL unique id).
+    virtual void broadcast(void* data, std::size_t bytes) = 0;
+    // In-place sums over the processes, bounded by timeout().
+    virtual void sum(double* data, std::size_t count) = 0;
 };
+
+// This process's share of a machine's devices when local_size() processes run on it: a contiguous
+// 1/local_size() of `machine` (every process must get as many), e.g. GPUs 2-3 of 4 for local rank 1
+// of 2. One process per machine keeps them all; so does every process given the one CPU device.
+inline std::vector<Device> process_devices(const ProcessGroup& processes, const std::vector<Device>& machine)
+{
+    if (machine.size() == 1 && machine.front().is_cpu()) return machine;
+    const std::size_t local = std::size_t(processes.local_size()), mine = machine.size() / local;
+    core::require(mine > 0 && machine.size() % local == 0,
+                  std::to_string(local) + " processes on this machine cannot share its " + std::to_string(machine.size()) +
+                      " devices evenly: start a number of processes per machine that divides it");
+    const auto first = machine.begin() + std::ptrdiff_t(mine * std::size_t(processes.local_rank()));
+    return {first, first + std::ptrdiff_t(mine)};
+}
 
 // Replicas in one process sharing host memory (CPU replicas).
 class HostCommunicator final : public Communicator {

@@ -404,8 +404,7 @@ private:
         buckets_ = detail::make_buckets<typename M::graph>(options_.bucket_floats);
         std::vector<backend::AnyContext> contexts;
         for (const auto& m : replicas_) contexts.push_back(m.context());
-        comm_ = make_communicator(contexts, buckets_.size());
-        if (options_.processes != nullptr) comm_ = options_.processes->span(std::move(comm_), replicas_.size());
+        comm_ = make_communicator(contexts, buckets_.size(), options_.processes);
         losses_.assign(replicas_.size(), 0.0);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         exact_ptrs_.assign(replicas_.size(), nullptr);

@@ -1,6 +1,6 @@
 #pragma once
 // MpiProcessGroup: data parallelism over several processes (and machines), launched by mpirun or
-// srun, for CPU replicas. Include it only in programs built with MPI (dependency('mpi')).
+// srun. Include it only in programs built with MPI (dependency('mpi')).
 //
 //   parallel::MpiProcessGroup processes(argc, argv);   // MPI_Init_thread .. MPI_Finalize
 //   DataParallel<LeNet, Threaded> dp{{Device::cpu(0)}, 0, {.processes = &processes}};
@@ -10,6 +10,9 @@
 // communicator), then over the processes (MPI_Iallreduce, one duplicated MPI communicator per local
 // replica, so that local replicas reduce concurrently). Every wait for other processes is bounded:
 // after `timeout` without an answer it throws Error naming the rank, instead of hanging.
+//
+// GPU replicas do not go through MPI: every GPU of every process joins one NCCL communicator whose
+// unique id rank 0 broadcasts over MPI (parallel/communicators.hpp); only losses are summed over MPI.
 
 // The C API only: the deprecated C++ bindings warn under -Wextra.
 #define OMPI_SKIP_MPICXX 1
@@ -34,6 +37,25 @@ inline void check_mpi(int code, const char* call)
     int length = 0;
     MPI_Error_string(code, text, &length);
     throw Error(std::string(call) + " failed: " + std::string(text, std::size_t(length)));
+}
+
+// In-place sum over the processes of comm, waiting at most `timeout` (then Error naming the rank).
+inline void bounded_sum(void* data, std::size_t count, MPI_Datatype type, MPI_Comm comm, int rank,
+                        std::chrono::seconds timeout)
+{
+    if (count == 0) return;
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(count), type, MPI_SUM, comm, &request), "MPI_Iallreduce");
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int done = 0;;) {
+        check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) return;
+        if (std::chrono::steady_clock::now() > deadline)
+            throw Error("rank " + std::to_string(rank) + ": no answer from the other processes for " +
+                        std::to_string(timeout.count()) + " s in a gradient all-reduce: a process died or "
+                        "hangs; stopping (the last checkpoint is intact)");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
 }
 } // namespace detail
 
@@ -80,22 +102,9 @@ public:
     }
 
 private:
-    // In-place sum over the processes, waiting at most timeout_.
     void reduce(void* data, std::size_t count, MPI_Datatype type, MPI_Comm comm)
     {
-        if (count == 0) return;
-        MPI_Request request;
-        detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(count), type, MPI_SUM, comm, &request), "MPI_Iallreduce");
-        const auto deadline = std::chrono::steady_clock::now() + timeout_;
-        for (int done = 0;;) {
-            detail::check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-            if (done) return;
-            if (std::chrono::steady_clock::now() > deadline)
-                throw Error("rank " + std::to_string(rank_) + ": no answer from the other processes for " +
-                            std::to_string(timeout_.count()) + " s in a gradient all-reduce: a process died or "
-                            "hangs; stopping (the last checkpoint is intact)");
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+        detail::bounded_sum(data, count, type, comm, rank_, timeout_);
     }
 
     std::unique_ptr<Communicator> local_;
@@ -121,16 +130,36 @@ public:
         }
         MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
         MPI_Comm_size(MPI_COMM_WORLD, &size_);
+        MPI_Comm node;
+        detail::check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                          "MPI_Comm_split_type");
+        MPI_Comm_rank(node, &local_rank_);
+        MPI_Comm_size(node, &local_size_);
+        MPI_Comm_free(&node);
+        detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
     }
     MpiProcessGroup(const MpiProcessGroup&) = delete;
     MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
     ~MpiProcessGroup() override
     {
+        MPI_Comm_free(&comm_);
         if (owner_) MPI_Finalize();
     }
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
+    int local_rank() const override { return local_rank_; }
+    int local_size() const override { return local_size_; }
+    std::chrono::seconds timeout() const override { return timeout_; }
+
+    void broadcast(void* data, std::size_t bytes) override
+    {
+        detail::check_mpi(MPI_Bcast(data, int(bytes), MPI_BYTE, 0, comm_), "MPI_Bcast");
+    }
+    void sum(double* data, std::size_t count) override
+    {
+        detail::bounded_sum(data, count, MPI_DOUBLE, comm_, rank_, timeout_);
+    }
 
     std::unique_ptr<Communicator> span(std::unique_ptr<Communicator> local, std::size_t local_replicas) override
     {
@@ -140,7 +169,8 @@ public:
 private:
     std::chrono::seconds timeout_;
     bool owner_ = false;
-    int rank_ = 0, size_ = 1;
+    int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+    MPI_Comm comm_ = MPI_COMM_NULL;   // the group's own broadcasts and sums
 };
 
 } // namespace replica::parallel

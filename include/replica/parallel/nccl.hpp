@@ -1,8 +1,10 @@
 #pragma once
-// NcclCommunicator: GPU replicas of one process, one NCCL communicator per GPU, created once for the
-// device set (ncclCommInitAll). Reductions run on each GPU's communication stream and start when the
-// compute stream has produced the bucket (an event per rank and bucket), so they overlap the rest of
-// backward. Only under nvcc.
+// NcclCommunicator: GPU replicas, one NCCL communicator per GPU, created once for the device set:
+// the GPUs of one process (ncclCommInitAll), or every GPU of every process of a ProcessGroup
+// (ncclCommInitRank with a unique id that rank 0 broadcasts). Reductions run on each GPU's
+// communication stream and start when the compute stream has produced the bucket (an event per rank
+// and bucket), so they overlap the rest of backward. Across processes every wait on the GPUs is
+// bounded (a watchdog in the contexts' synchronize). Only under nvcc.
 
 #include <nccl.h>
 
@@ -35,6 +37,40 @@ public:
         for (const auto& c : ctx_) devices.push_back(c.device().index());
         comms_.resize(ctx_.size());
         REPLICA_NCCL_CHECK(ncclCommInitAll(comms_.data(), int(ctx_.size()), devices.data()));
+        make_events(buckets);
+    }
+
+    // Every GPU of every process: this process's GPUs are global ranks rank * local .. rank * local +
+    // local - 1 of size * local (every process must hold as many). Losses are summed through
+    // `processes`, which must outlive the communicator.
+    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets, ProcessGroup& processes)
+        : ctx_(std::move(contexts)), processes_(&processes)
+    {
+        const double local = double(ctx_.size());
+        double counts[2] = {local, local * local};   // equal counts everywhere iff size * sum(l^2) == sum(l)^2
+        processes.sum(counts, 2);
+        core::require(double(processes.size()) * counts[1] == counts[0] * counts[0],
+                      "every process must hold as many GPUs (this one holds " + std::to_string(ctx_.size()) +
+                          "): give each process the same number of devices");
+        ncclUniqueId id{};
+        if (processes.rank() == 0) REPLICA_NCCL_CHECK(ncclGetUniqueId(&id));
+        processes.broadcast(&id, sizeof id);
+        const int ranks = int(ctx_.size()) * processes.size(), first = int(ctx_.size()) * processes.rank();
+        comms_.resize(ctx_.size());
+        REPLICA_NCCL_CHECK(ncclGroupStart());
+        for (std::size_t r = 0; r < ctx_.size(); ++r) {
+            ctx_[r].activate();
+            REPLICA_NCCL_CHECK(ncclCommInitRank(&comms_[r], ranks, id, first + int(r)));
+        }
+        REPLICA_NCCL_CHECK(ncclGroupEnd());
+        make_events(buckets);
+        for (std::size_t r = 0; r < ctx_.size(); ++r)
+            ctx_[r].state().watchdog = [this, r](double waited) { watch(r, waited); };
+    }
+
+private:
+    void make_events(std::size_t buckets)
+    {
         events_.resize(ctx_.size());
         done_.resize(ctx_.size());
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
@@ -44,16 +80,36 @@ public:
             REPLICA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
         }
     }
+
+    // While rank r's context waits: stop on an NCCL error or after the group's timeout.
+    void watch(std::size_t r, double waited)
+    {
+        ncclResult_t state = ncclSuccess;
+        if (comms_[r] != nullptr) ncclCommGetAsyncError(comms_[r], &state);
+        const bool failed = state != ncclSuccess && state != ncclInProgress;
+        const double limit = double(processes_->timeout().count());
+        if (!failed && waited <= limit) return;
+        abort();
+        const std::string who = "rank " + std::to_string(processes_->rank()) + ": ";
+        if (failed)
+            throw Error(who + "NCCL reported " + ncclGetErrorString(state) + " (a process died or the network failed); "
+                        "stopping (the last checkpoint is intact). Rerun with NCCL_DEBUG=INFO for details");
+        throw Error(who + "no answer from the other processes for " + std::to_string(long(limit)) +
+                    " s in a gradient all-reduce: a process died or hangs; stopping (the last checkpoint is intact)");
+    }
+
+public:
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
     ~NcclCommunicator() override
     {
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
+            ctx_[r].state().watchdog = nullptr;
             cudaSetDevice(ctx_[r].device().index());
             cudaStreamSynchronize(ctx_[r].comm_stream());
             for (auto e : events_[r]) cudaEventDestroy(e);
             cudaEventDestroy(done_[r]);
-            ncclCommDestroy(comms_[r]);
+            if (comms_[r] != nullptr) ncclCommDestroy(comms_[r]);
         }
     }
 
@@ -103,8 +159,14 @@ public:
 
     void abort() override
     {
-        for (auto c : comms_) ncclCommAbort(c);
+        for (auto c : comms_)
+            if (c != nullptr) ncclCommAbort(c);
         comms_.assign(comms_.size(), nullptr);
+    }
+
+    void sum_across_processes(double* data, std::size_t count) override
+    {
+        if (processes_ != nullptr) processes_->sum(data, count);
     }
 
 private:
@@ -112,6 +174,7 @@ private:
     std::vector<ncclComm_t> comms_;
     std::vector<std::vector<cudaEvent_t>> events_;
     std::vector<cudaEvent_t> done_;
+    ProcessGroup* processes_ = nullptr;   // several processes
 };
 
 } // namespace replica::parallel

@@ -63,7 +63,7 @@ public:
 
     std::size_t global_batch() const
     {
-        return parallel::global_batch(options_.batch_size, model_.replica_count(), options_.scaling);
+        return parallel::global_batch(options_.batch_size, replicas(), options_.scaling);
     }
 
     History fit(const data::Dataset& train_set, const data::Dataset& validation_set = {})
@@ -88,7 +88,7 @@ public:
 
         const std::size_t batch = global_batch();
         const float base_lr = opt_.options().lr *
-                              (options_.scaling == parallel::Scaling::weak && options_.scale_lr ? float(model_.replica_count()) : 1.0f);
+                              (options_.scaling == parallel::Scaling::weak && options_.scale_lr ? float(replicas()) : 1.0f);
         data::Loader loader(train_set, batch, options_.seed, /*shuffle=*/true);
         if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
             loader.only([this](std::size_t n) {
@@ -134,6 +134,13 @@ public:
     }
 
 private:
+    // Replicas of every process: weak scaling's global batch (and scaled lr) grow with them.
+    std::size_t replicas() const
+    {
+        if constexpr (requires { model_.global_replica_count(); }) return model_.global_replica_count();
+        else return model_.replica_count();
+    }
+
     void check_fits(const data::Dataset& set, const char* which) const
     {
         core::require(set.input_size == M::input_shape::size,

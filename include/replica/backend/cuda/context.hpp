@@ -9,10 +9,13 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "replica/backend/cuda/allocator.hpp"
@@ -90,6 +93,9 @@ struct State {
     core::FixedStatus* fixed_status = nullptr;   // pinned: the reproducible mode's range check
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
     std::map<ConvKey, ConvPlan> conv_plans;
+    // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
+    // waited so far); it throws to stop waiting for a peer that died or hangs.
+    std::function<void(double)> watchdog;
 
     explicit State(Device d) : device(d), options(default_options())
     {
@@ -195,7 +201,21 @@ public:
         if (n) REPLICA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(T), cudaMemcpyDefault, stream()));
         return staging;
     }
-    void synchronize() const { REPLICA_CHECK(cudaStreamSynchronize(stream())); }
+    void synchronize() const
+    {
+        if (!state_->watchdog) {
+            REPLICA_CHECK(cudaStreamSynchronize(stream()));
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        for (;;) {
+            const cudaError_t e = cudaStreamQuery(stream());
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) REPLICA_CHECK(e);
+            state_->watchdog(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
 
     // The work queued so far on the compute stream, for another stream (of any device) to wait for.
     // One event per context, re-recorded: wait for it before the next mark().
