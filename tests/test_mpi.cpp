@@ -5,6 +5,10 @@
 //   - rank 0 writes checkpoints, every rank resumes from them, and so does a single process.
 // Each process holds `local` CPU replicas (argument 1, default 1).
 //
+// `replica_mpi_cuda_tests gpu` (built by nvcc, run under mpirun -np 2 on a machine with 2 GPUs): each
+// process drives one GPU; 3 steps equal one process driving both GPUs (fast mode, to 1e-5) and one
+// GPU (reproducible mode, bit for bit). Exits 77 (skipped) with fewer than 2 GPUs.
+//
 // `replica_mpi_tests dies` / `hangs` (run by tests/mpi_failure.sh under mpirun --enable-recovery):
 // after a checkpointed epoch, rank 1 is killed (or stops answering); every other rank must stop with
 // the documented error within the timeout, and the checkpoint must still load.
@@ -183,10 +187,64 @@ int check_checkpoints(parallel::MpiProcessGroup& processes)
     std::_Exit(ok ? 0 : 1);
 }
 
+#if defined(REPLICA_CUDA)
+// Failures on this rank; 77 when there are not two GPUs to test on.
+int check_gpus(int& argc, char**& argv)
+{
+    parallel::MpiProcessGroup processes(argc, argv);
+    int gpus = int(cuda_devices().size()), fewest = gpus;
+    MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (processes.size() != 2 || fewest < 2) {
+        if (processes.rank() == 0)
+            std::printf("skipped: needs 2 processes on a machine with 2 GPUs (have %d processes, %d GPUs)\n",
+                        processes.size(), fewest);
+        return 77;
+    }
+    const std::size_t batch = 13;
+    const RandomBatches<LeNet> data(3 * batch, 9);
+    const std::vector<Device> both{Device::cuda(0), Device::cuda(1)};
+    const std::vector<Device> mine = parallel::process_devices(processes, both);   // one each
+    int failures = 0;
+    for (bool reproducible : {false, true}) {
+        const StepOptions options{.reproducible = reproducible, .micro_shard = 4};
+        // One process driving both GPUs (rank 0 computes it; every rank compares with it).
+        std::vector<float> expected(LeNet::param_count);
+        if (processes.rank() == 0) {
+            DataParallel<LeNet, Threaded> one_process{both, 2};
+            expected = three_steps(one_process, data, batch, options);
+            if (reproducible) {
+                LeNet one_gpu{Device::cuda(0), 2};
+                if (three_steps(one_gpu, data, batch, options) != expected) {
+                    std::fprintf(stderr, "reproducible: 2 GPUs in one process differ from 1 GPU\n");
+                    ++failures;
+                }
+            }
+        }
+        MPI_Bcast(expected.data(), int(expected.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+        DataParallel<LeNet, Threaded> spread{mine, 2, {.processes = &processes}};
+        const auto got = three_steps(spread, data, batch, options);
+        const double err = max_relative_difference(expected, got);
+        if (reproducible ? got != expected : err >= 1e-5) {
+            std::fprintf(stderr, "rank %d: %s: one GPU per process differs from one process with both, max relative "
+                         "error %g\n", processes.rank(), reproducible ? "reproducible" : "fast", err);
+            ++failures;
+        }
+    }
+    int total = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (processes.rank() == 0)
+        std::printf("2 processes x 1 GPU: %s\n", total == 0 ? "equal to one process driving both" : "FAILED");
+    return total == 0 ? 0 : 1;
+}
+#endif
+
 } // namespace
 
 int main(int argc, char** argv)
 try {
+#if defined(REPLICA_CUDA)
+    if (argc > 1 && std::string(argv[1]) == "gpu") return check_gpus(argc, argv);
+#endif
     if (argc > 1 && (std::string(argv[1]) == "dies" || std::string(argv[1]) == "hangs")) lose_a_rank(argc, argv, argv[1]);
     parallel::MpiProcessGroup processes(argc, argv);
     const std::size_t local = argc > 1 ? std::size_t(std::atoi(argv[1])) : 1;
