@@ -364,3 +364,35 @@ TEST_CASE("Reproducible mode on GPUs: Concat and Dropout are bit-identical on ev
     REQUIRE_GPU();
     bit_identical_on_any_gpu_count<ConcatDropoutNet>();
 }
+
+// ---- inputs copied ahead (train_step's `next`) ----
+
+namespace {
+// 5 steps of 20 samples; with `ahead`, each step names the next batch so that it is copied meanwhile;
+// `detour` names a batch the following step does not train on (the copy must be dropped, not used).
+template <class Model, class Data>
+std::vector<float> five_steps_ahead(Model& model, const Data& data, bool ahead, bool detour = false)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 5; ++s) {
+        const auto b = data.batch(s * 20, 20, s * 20), next = data.batch((s + 1) * 20 % 100, 20, (s + 1) * 20);
+        const auto wrong = data.batch(80, 20, 0);
+        train_step(model, opt, b, {}, !ahead ? nullptr : detour && s % 2 == 0 ? &wrong : &next);
+    }
+    return parameters(model);
+}
+} // namespace
+
+TEST_CASE("Copying the next batch ahead changes nothing but the time", "[cuda]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<LeNet> data(100, 6);
+    LeNet plain{Device::cuda(0), 3}, ahead{Device::cuda(0), 3}, detour{Device::cuda(0), 3};
+    const auto expected = five_steps_ahead(plain, data, false);
+    CHECK(five_steps_ahead(ahead, data, true) == expected);
+    CHECK(five_steps_ahead(detour, data, true, true) == expected);
+    if (cuda_devices().size() >= 2) {
+        DataParallel<LeNet, Threaded> two{gpus(2), 3}, two_ahead{gpus(2), 3};
+        CHECK(five_steps_ahead(two_ahead, data, true) == five_steps_ahead(two, data, false));
+    }
+}

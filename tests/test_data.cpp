@@ -439,21 +439,27 @@ TEST_CASE("Loader refuses bad arguments", "[cpu][data][loader]")
     REQUIRE_ERROR(loader.next(), "start_epoch");
 }
 
-TEST_CASE("Loader's batch stays valid while the next one is gathered", "[cpu][data][loader]")
+TEST_CASE("Loader's batch stays valid while the two next ones are fetched and gathered", "[cpu][data][loader]")
 {
     const Dataset set = synthetic_dataset(1000, 256, 1, 10, 3);
     Loader loader(set, 100, 9);
     std::vector<std::size_t> order(1000);
     epoch_order(9, 0, order);
+    auto intact = [&](const Batch& b, std::size_t k) {
+        for (std::size_t i = 0; i < b.size; ++i) {
+            const std::size_t s = order[k * 100 + i];
+            REQUIRE(std::equal(b.inputs + i * 256, b.inputs + (i + 1) * 256, set.inputs.begin() + s * 256));
+            REQUIRE(b.labels[i] == set.labels[s]);
+        }
+    };
     loader.start_epoch(0);
     std::size_t k = 0;
+    std::optional<Batch> previous;
     while (std::optional<Batch> batch = loader.next()) {
-        // By now the worker is writing batch k + 1 into the other buffer: batch k must be intact.
-        for (std::size_t i = 0; i < batch->size; ++i) {
-            const std::size_t s = order[k * 100 + i];
-            REQUIRE(std::equal(batch->inputs + i * 256, batch->inputs + (i + 1) * 256, set.inputs.begin() + s * 256));
-            REQUIRE(batch->labels[i] == set.labels[s]);
-        }
+        // The worker is now writing batch k + 1 into a third buffer: batches k - 1 and k must be intact.
+        if (previous) intact(*previous, k - 1);
+        intact(*batch, k);
+        previous = batch;
         ++k;
     }
     CHECK(k == 10);

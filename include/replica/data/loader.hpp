@@ -45,8 +45,9 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 //
 // Batch k of epoch e holds samples order[k * batch_size, ...) of epoch_order(seed, e) (or 0, 1, ...
 // without shuffle); its first_sample is e * set.count + k * batch_size and its seed the loader's.
-// The Batch returned by next() stays valid until the following next(), start_epoch() or the
-// destructor. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
+// The Batch returned by next() stays valid until the second next() after it, start_epoch() or the
+// destructor: a caller holds two batches (this step's, and the next one to copy to the GPUs ahead)
+// while the loader gathers a third. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
 //
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
@@ -129,9 +130,9 @@ public:
             std::rethrow_exception(error);
         }
         ++next_batch_;
-        // The other slot held the batch returned by the previous call: the caller is done with it.
+        // Its slot held the batch returned two calls ago: the caller is done with that one.
         if (next_batch_ < batches_) request(next_batch_);
-        const Slot& slot = slots_[k % 2];
+        const Slot& slot = slots_[k % kSlots];
         return Batch{slot.inputs.data(), slot.labels.data(), batch_samples(k),
                      epoch_ * set_.count + k * batch_size_, seed_};
     }
@@ -152,7 +153,7 @@ private:
         return std::exchange(error_, nullptr);
     }
 
-    // Asks the worker to gather batch k into slot k % 2. Only when idle.
+    // Asks the worker to gather batch k into slot k % kSlots. Only when idle.
     void request(std::size_t k)
     {
         {
@@ -165,7 +166,7 @@ private:
 
     void gather(std::size_t k)
     {
-        Slot& slot = slots_[k % 2];
+        Slot& slot = slots_[k % kSlots];
         const std::size_t in = set_.input_size, out = set_.label_size;
         const std::size_t* samples = order_.data() + k * batch_size_;
         const std::size_t n = batch_samples(k);
@@ -205,7 +206,8 @@ private:
     bool shuffle_;
     std::size_t batches_ = 0;
     std::vector<std::size_t> order_; // this epoch's samples in visiting order; written only while idle
-    Slot slots_[2];                  // batch k is gathered into slots_[k % 2]
+    static constexpr std::size_t kSlots = 3;
+    Slot slots_[kSlots];             // batch k is gathered into slots_[k % kSlots]
     std::function<parallel::Share(std::size_t)> part_;   // only(): written only while idle
 
     // Caller thread only.

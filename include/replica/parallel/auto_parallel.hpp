@@ -141,6 +141,10 @@ public:
     {
         return std::visit([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); }, impl_);
     }
+    void stage_next(const float* x, const std::int32_t* labels, std::size_t n)
+    {
+        std::visit([&](auto& m) { m.stage_next(x, labels, n); }, impl_);
+    }
     template <class Opt>
     void update(const Opt& opt) { std::visit([&](auto& m) { m.update(opt); }, impl_); }
     Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)

@@ -339,6 +339,15 @@ public:
         return total;
     }
 
+    // The next step's batch (see Sequential::stage_next): each replica copies its share ahead.
+    void stage_next(const float* x, const std::int32_t* labels, std::size_t n)
+    {
+        for (std::size_t r = 0; r < replicas_.size(); ++r) {
+            const Share s = samples_of(r, n, 0);
+            replicas_[r].stage_next(x + s.offset * input_shape::size, labels + s.offset * label_size, s.count);
+        }
+    }
+
     // The reproducible mode (see train_step): the global batch is cut into micro-shards of `shard`
     // samples; replica r takes a contiguous run of whole shards and sums their gradients in fixed
     // point; the replicas' sums are added exactly (integers) by the communicator, so the gradient and

@@ -104,9 +104,12 @@ public:
             progress.start_epoch(epoch, options_.epochs, steps);
             double loss_sum = 0.0;
             std::size_t samples = 0, step = 0;
-            while (auto b = loader.next()) {
+            // Two batches at hand: this step's, and the next one, which GPU replicas copy meanwhile.
+            for (auto b = loader.next(), next = loader.next(); b; b = next, next = loader.next()) {
                 opt_.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
-                loss_sum += double(train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard})) * double(b->size);
+                loss_sum += double(train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard},
+                                              next ? &*next : nullptr)) *
+                            double(b->size);
                 samples += b->size;
                 ++step;
                 ++state.step;

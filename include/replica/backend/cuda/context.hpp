@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA context of one replica: its device, a compute stream and a communication stream, cuDNN
+// The CUDA context of one replica: its device, a compute, a communication and a copy stream, cuDNN
 // and cuBLAS handles bound to the compute stream, a workspace, a caching allocator, and the per-layer
 // plans (cuDNN descriptors and algorithms) chosen once per shape. Only under nvcc.
 //
@@ -82,7 +82,8 @@ namespace detail {
 struct State {
     Device device;
     Options options;
-    cudaStream_t stream = nullptr, comm = nullptr;
+    cudaStream_t stream = nullptr, comm = nullptr, copy = nullptr;
+    cudaEvent_t fence = nullptr, copied = nullptr;   // the copy stream's order against the compute stream
     cudnnHandle_t cudnn = nullptr;
     cublasHandle_t cublas = nullptr;
     std::unique_ptr<CachingAllocator> allocator;
@@ -102,6 +103,9 @@ struct State {
         REPLICA_CHECK(cudaSetDevice(d.index()));
         REPLICA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         REPLICA_CHECK(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+        REPLICA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+        REPLICA_CHECK(cudaEventCreateWithFlags(&fence, cudaEventDisableTiming));
+        REPLICA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
         REPLICA_CHECK(cudnnCreate(&cudnn));
         REPLICA_CHECK(cudnnSetStream(cudnn, stream));
         REPLICA_CHECK(cublasCreate(&cublas));
@@ -140,6 +144,10 @@ struct State {
         cudaEventDestroy(marker);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);
+        cudaStreamSynchronize(copy);
+        cudaEventDestroy(fence);
+        cudaEventDestroy(copied);
+        cudaStreamDestroy(copy);
         cudaStreamDestroy(comm);
         cudaStreamDestroy(stream);
     }
@@ -201,6 +209,27 @@ public:
         if (n) REPLICA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(T), cudaMemcpyDefault, stream()));
         return staging;
     }
+    // Copies that overlap compute (the next step's input while this one runs): copy_async() queues
+    // on the copy stream, after the compute work queued before begin_copies() and not waiting for
+    // anything queued on the compute stream after it; end_copies() returns the event that compute
+    // work must wait for (wait()) before reading what was copied. One set of copies at a time.
+    void begin_copies() const
+    {
+        activate();
+        REPLICA_CHECK(cudaEventRecord(state_->fence, stream()));
+        REPLICA_CHECK(cudaStreamWaitEvent(state_->copy, state_->fence, 0));
+    }
+    template <class T>
+    void copy_async(T* dst, const T* host, std::size_t n) const
+    {
+        if (n) REPLICA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(T), cudaMemcpyDefault, state_->copy));
+    }
+    core::Event end_copies() const
+    {
+        REPLICA_CHECK(cudaEventRecord(state_->copied, state_->copy));
+        return {state_->copied};
+    }
+
     void synchronize() const
     {
         if (!state_->watchdog) {
