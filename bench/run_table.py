@@ -34,7 +34,7 @@ GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlene
              ("textcnn", 128), ("fcn", 16))
 GPU4_RUNS = (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128), ("textcnn", 128),
              ("fcn", 16))
-PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu")
+PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu")
 
 
 def network_of(model):
@@ -57,16 +57,19 @@ def sig3(x):
 # Configurations
 
 
-def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False):
+def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False,
+                   processes=1):
     count = len(devices.split(","))
     config = "replica" if blas_threads == 0 else \
         f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
     if reproducible:
         config += ", reproducible"
+    if processes > 1:
+        config += f", {processes} processes (mpirun)"
     return {"library": "replica", "config": config, "model": model, "network": network_of(model),
             "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count,
-            "blas_threads": blas_threads or None, "reproducible": reproducible}
+            "blas_threads": blas_threads or None, "reproducible": reproducible, "processes": processes}
 
 
 def gpu_list(count):
@@ -125,6 +128,19 @@ def preset_configs(preset, pytorch):
         for model, b in (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32)):
             for devices in ("cuda:0", "cuda:0,cuda:1"):
                 runs += [replica_config(model, devices, b, "threaded", reproducible=r) for r in (False, True)]
+    elif preset in ("mpi2", "mpi-cpu"):
+        # One process driving 2 devices against 2 processes with one each (mpirun), and DDP.
+        if preset == "mpi2":
+            models, devices = [(m, DEFAULT_BATCH[m]) for m in ("lenet", "alexnet-plain", "googlenet", "textcnn", "fcn")], gpu_list(2)
+        else:
+            models, devices = [("lenet", 64)], "cpu:0,cpu:1"
+        for model, b in models:
+            for scaling in ("strong", "weak"):
+                runs.append(replica_config(model, devices, b, "threaded", scaling, blas_threads=0 if preset == "mpi2" else 1))
+                runs.append(replica_config(model, devices, b, "threaded", scaling, processes=2,
+                                           blas_threads=0 if preset == "mpi2" else 1))
+                if pytorch and preset == "mpi2":
+                    runs.append(pytorch_config(model, 2, b, scaling))
     elif preset == "reproducible-cpu":
         for devices in ("cpu:0", "cpu:0,cpu:1"):
             runs += [replica_config("lenet", devices, 64, "threaded", blas_threads=1, reproducible=r)
@@ -143,6 +159,9 @@ def command(cfg, args):
         common += ["--warmup", str(args.warmup)]
     if cfg["library"] == "replica":
         argv = [args.bench, "--devices", cfg["device_list"], "--dispatch", cfg["dispatch"]] + common
+        if cfg.get("processes", 1) > 1:   # each process takes its share of the devices
+            argv = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+                    str(cfg["processes"]), "-x", "NCCL_NVLS_ENABLE=0", "-x", "OPENBLAS_CORETYPE"] + argv
         if cfg["blas_threads"]:
             argv += ["--blas-threads", str(cfg["blas_threads"])]
         if cfg.get("reproducible"):
@@ -295,6 +314,11 @@ def ratio_text(r, results):
                 and all(f[k] == r[k] for k in ("model", "device_list", "dispatch", "scaling", "batch"))]
         if fast:
             parts.append(f"{sig3(r['median_ms'] / fast[0]['median_ms'])}× the fast mode's time")
+    if r.get("processes", 1) > 1:
+        one = [f for f in results if ok(f) and f["library"] == "replica" and f.get("processes", 1) == 1
+               and all(f[k] == r[k] for k in ("model", "device_list", "dispatch", "scaling", "batch"))]
+        if one:
+            parts.append(f"{sig3(r['median_ms'] / one[0]['median_ms'])}× one process's time")
     if r.get("dispatch") == "auto":
         fixed = [f for f in results if ok(f) and f["library"] == "replica" and f["dispatch"] != "auto"
                  and f["model"] == r["model"] and f["global_batch"] == r["global_batch"]
@@ -392,12 +416,13 @@ def parse_args(argv=None):
     p.add_argument("--preset", required=True, choices=PRESETS,
                    help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs; "
                         "gpu4: 1 to 4 GPUs and auto_parallel's choice; reproducible(-cpu): fast against "
-                        "reproducible mode")
+                        "reproducible mode; mpi2 (mpi-cpu): one process with 2 devices against 2 processes")
     p.add_argument("--bench", default="build/bench/train_bench", help="the train_bench program")
     p.add_argument("--out", required=True, help="folder for results.json and results.md (made if missing)")
     p.add_argument("--steps", type=int, help="timed steps per run (default: the programs' own, 20)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: the programs' own, 3)")
     p.add_argument("--pytorch", action="store_true", help="also run bench/pytorch_bench.py")
+    p.add_argument("--mpirun", default="mpirun", help="the MPI launcher for runs of several processes")
     p.add_argument("--python", default=sys.executable, help="the Python with PyTorch (default: this one)")
     p.add_argument("--pytorch-arg", action="append", default=[], metavar="ARG",
                    help="pass ARG on to pytorch_bench.py, e.g. --pytorch-arg=--tf32=off (repeatable)")

@@ -236,6 +236,44 @@ int check_gpus(int& argc, char**& argv)
         std::printf("2 processes x 1 GPU: %s\n", total == 0 ? "equal to one process driving both" : "FAILED");
     return total == 0 ? 0 : 1;
 }
+
+// `gpu-hangs`: two processes, one GPU each; after a step together rank 1 stops answering. Rank 0's
+// NCCL all-reduce cannot finish: the watchdog must stop it with the documented error within the
+// timeout. Prints "survivor ... stopped as documented" (read by tests/mpi_failure.sh-like checks).
+[[noreturn]] void gpu_rank_hangs(int& argc, char**& argv)
+{
+    constexpr auto timeout = std::chrono::seconds(5);
+    parallel::MpiProcessGroup processes(argc, argv, timeout);
+    int gpus = int(cuda_devices().size()), fewest = gpus;
+    MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (processes.size() != 2 || fewest < 2) {
+        if (processes.rank() == 0) std::printf("skipped: needs 2 processes on a machine with 2 GPUs\n");
+        std::_Exit(77);
+    }
+    const RandomBatches<LeNet> data(64, 9);
+    const std::vector<Device> mine = parallel::process_devices(processes, {Device::cuda(0), Device::cuda(1)});
+    DataParallel<LeNet, Threaded> spread{mine, 2, {.processes = &processes}};
+    SGD opt{{.lr = 0.05f}};
+    train_step(spread, opt, data.batch(0, 32, 0));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (processes.rank() == 1) {
+        std::this_thread::sleep_for(3 * timeout);
+        std::_Exit(0);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+        train_step(spread, opt, data.batch(32, 32, 32));
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const bool ok = error.find("no answer from the other processes") != std::string::npos && waited < 2.0 * 5;
+    std::printf("survivor rank 0: %s after %.1f s: %s\n", ok ? "stopped as documented" : "FAILED", waited,
+                error.empty() ? "(no error)" : error.c_str());
+    std::fflush(stdout);
+    std::_Exit(ok ? 0 : 1);
+}
 #endif
 
 } // namespace
@@ -244,6 +282,7 @@ int main(int argc, char** argv)
 try {
 #if defined(REPLICA_CUDA)
     if (argc > 1 && std::string(argv[1]) == "gpu") return check_gpus(argc, argv);
+    if (argc > 1 && std::string(argv[1]) == "gpu-hangs") gpu_rank_hangs(argc, argv);
 #endif
     if (argc > 1 && (std::string(argv[1]) == "dies" || std::string(argv[1]) == "hangs")) lose_a_rank(argc, argv, argv[1]);
     parallel::MpiProcessGroup processes(argc, argv);
