@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -86,6 +87,14 @@ int check_trainer(parallel::MpiProcessGroup& processes, std::size_t local)
             std::fprintf(stderr, "rank %d: Trainer (%s) differs from one process, max relative error %g\n",
                          processes.rank(), reproducible ? "reproducible" : "fast", err);
             ++failures;
+        }
+        if (reproducible) {   // evaluation shared between the processes: the same metrics
+            const Metrics alone = evaluate(single, set), shared = evaluate(dp, set);
+            if (alone.accuracy != shared.accuracy || std::abs(alone.loss - shared.loss) > 1e-9 * std::abs(alone.loss)) {
+                std::fprintf(stderr, "rank %d: evaluation over processes gives loss %.12g, accuracy %g; one process %.12g, %g\n",
+                             processes.rank(), shared.loss, shared.accuracy, alone.loss, alone.accuracy);
+                ++failures;
+            }
         }
     }
     return failures;

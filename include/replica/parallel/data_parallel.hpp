@@ -384,19 +384,22 @@ public:
         each([&](std::size_t r) { replicas_[r].update(opt); });
     }
 
+    // Loss sum and correct predictions over n samples: each replica of each process takes its share,
+    // and the totals are summed over the processes.
     typename M::Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
     {
         std::vector<typename M::Evaluation> parts(replicas_.size());
         each([&](std::size_t r) {
-            const Share s = share(n, replicas_.size(), r);
+            const Share s = samples_of(r, n, 0);
             parts[r] = replicas_[r].evaluate(x + s.offset * input_shape::size, labels + s.offset * label_size, s.count);
         });
-        typename M::Evaluation total;
+        double total[2] = {0.0, 0.0};
         for (const auto& p : parts) {
-            total.loss_sum += p.loss_sum;
-            total.correct += p.correct;
+            total[0] += p.loss_sum;
+            total[1] += double(p.correct);
         }
-        return total;
+        comm_->sum_across_processes(total, 2);
+        return {total[0], std::size_t(total[1] + 0.5)};
     }
 
     void predict(const float* x, std::size_t n, float* out)
