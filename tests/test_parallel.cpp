@@ -205,6 +205,27 @@ TEST_CASE("Strong and weak scaling: global batch and steps per epoch", "[cpu][pa
     CHECK(parallel::share(2, 3, 2).count == 0);
 }
 
+TEST_CASE("auto_parallel takes more devices only when they beat every smaller choice by the margin", "[cpu][parallel]")
+{
+    using D = DispatchChoice;
+    auto pick = [](std::vector<parallel::Candidate> c) {
+        const auto& chosen = c[parallel::choose(c, 0.05)];
+        return std::pair{chosen.count, chosen.dispatch};
+    };
+    // 4% faster is not enough; the faster policy of a device count wins.
+    CHECK(pick({{1, D::single, 100}, {2, D::single, 104}, {2, D::threaded, 103}}) == std::pair{std::size_t{1}, D::single});
+    CHECK(pick({{1, D::single, 100}, {2, D::single, 110}, {2, D::threaded, 130}}) == std::pair{std::size_t{2}, D::threaded});
+    // 3 devices beat 2 by only 2%: 2 devices; by 9%: 3 devices.
+    CHECK(pick({{1, D::single, 100}, {2, D::threaded, 110}, {3, D::threaded, 112}}) == std::pair{std::size_t{2}, D::threaded});
+    CHECK(pick({{1, D::single, 100}, {2, D::threaded, 110}, {3, D::threaded, 120}}) == std::pair{std::size_t{3}, D::threaded});
+    // A slower larger choice never wins, even after a clearly faster middle one.
+    CHECK(pick({{1, D::single, 100}, {2, D::threaded, 150}, {4, D::threaded, 140}}) == std::pair{std::size_t{2}, D::threaded});
+    // GoogLeNet-32 on 4 H200s as first measured: 3 threaded only 8% over 1 device.
+    CHECK(pick({{1, D::single, 1806}, {2, D::single, 834}, {2, D::threaded, 1419}, {3, D::single, 583},
+                {3, D::threaded, 1949}}) == std::pair{std::size_t{3}, D::threaded});
+    CHECK(parallel::choose(std::vector<parallel::Candidate>{{1, D::single, 0}}, 0.05) == 0);
+}
+
 TEST_CASE("auto_parallel can measure every choice and keep the fastest", "[cpu][parallel]")
 {
     LeNet net{Device::cpu(), 3};

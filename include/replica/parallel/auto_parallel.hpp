@@ -13,8 +13,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iostream>
 #include <cstdint>
+#include <iostream>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -68,6 +69,28 @@ struct AutoOptions {
     double margin = 0.05;             // how much faster more devices must be to be chosen
     std::ostream* log = &std::cerr;   // one line: every candidate's speed and the choice
 };
+
+// A configuration auto_parallel measures: the first `count` devices, with a dispatch policy.
+struct Candidate {
+    std::size_t count;
+    DispatchChoice dispatch;
+    double rate = 0.0;   // samples per second, measured
+};
+
+// The index of the chosen candidate (candidates[0] is the 1-device one): the fastest of those that
+// beat every candidate with fewer devices by `margin` (and the 1-device one), so more devices are
+// taken only when they clearly pay.
+inline std::size_t choose(std::span<const Candidate> candidates, double margin)
+{
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < candidates.size(); ++i) {
+        double fewer = 0.0;
+        for (const auto& c : candidates)
+            if (c.count < candidates[i].count) fewer = std::max(fewer, c.rate);
+        if (candidates[i].rate > fewer * (1.0 + margin) && candidates[i].rate > candidates[best].rate) best = i;
+    }
+    return best;
+}
 
 template <class M>
 class AutoParallel {
@@ -206,11 +229,6 @@ private:
         for (std::size_t i = 0; i < labels.size(); ++i)
             labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
 
-        struct Candidate {
-            std::size_t count;
-            DispatchChoice dispatch;
-            double rate = 0.0;
-        };
         std::vector<Candidate> candidates{{1, DispatchChoice::single}};
         for (std::size_t k = 2; k <= devices.size(); ++k)
             for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded}) candidates.push_back({k, d});
@@ -228,15 +246,12 @@ private:
             for (auto c = candidates.rbegin(); c != candidates.rend(); ++c) time(*c);
         }
 
-        const Candidate* best = &candidates.front();
+        const Candidate* best = &candidates[choose(candidates, o.margin)];
         std::string report = "auto_parallel measured (samples/s):";
-        for (const auto& c : candidates) {
+        for (const auto& c : candidates)
             report += " " + std::to_string(c.count) +
                       (c.count == 1 ? " device " : c.dispatch == DispatchChoice::threaded ? " threaded " : " single ") +
                       std::to_string(long(c.rate));
-            const double needed = c.count == best->count ? 1.0 : 1.0 + o.margin;
-            if (c.rate > best->rate * needed) best = &c;
-        }
         if (o.log)
             *o.log << report << "; chose " << best->count << (best->count == 1 ? " device" : " devices")
                    << (best->count == 1 ? "" : best->dispatch == DispatchChoice::threaded ? ", threaded" : ", single")
