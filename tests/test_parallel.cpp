@@ -245,3 +245,25 @@ TEST_CASE("auto_parallel can measure every choice and keep the fastest", "[cpu][
     CHECK(model.replica_count() == (one ? 1u : 2u));
     CHECK(model.holds<LeNet>() == one);
 }
+
+TEST_CASE("process_devices gives each process on a machine its contiguous share", "[cpu][parallel]")
+{
+    // A stand-in for MPI: `local` processes on this machine, this one the `mine`-th.
+    struct Machine final : parallel::ProcessGroup {
+        int mine, local;
+        Machine(int m, int l) : mine(m), local(l) {}
+        int rank() const override { return mine; }
+        int size() const override { return local; }
+        int local_rank() const override { return mine; }
+        int local_size() const override { return local; }
+        std::unique_ptr<parallel::Communicator> span(std::unique_ptr<parallel::Communicator> c, std::size_t) override { return c; }
+        void broadcast(void*, std::size_t) override {}
+        void sum(double*, std::size_t) override {}
+    };
+    const std::vector<Device> four = cpus(4);
+    CHECK(parallel::process_devices(Machine(0, 1), four) == four);
+    CHECK(parallel::process_devices(Machine(1, 2), four) == std::vector<Device>{Device::cpu(2), Device::cpu(3)});
+    CHECK(parallel::process_devices(Machine(3, 4), four) == std::vector<Device>{Device::cpu(3)});
+    CHECK(parallel::process_devices(Machine(1, 2), {Device::cpu()}) == std::vector<Device>{Device::cpu()});   // shared CPU
+    CHECK(error_message([&] { parallel::process_devices(Machine(0, 3), four); }).find("evenly") != std::string::npos);
+}
