@@ -34,7 +34,7 @@ GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlene
              ("textcnn", 128), ("fcn", 16))
 GPU4_RUNS = (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128), ("textcnn", 128),
              ("fcn", 16))
-PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu")
+PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu", "graphs")
 
 
 def network_of(model):
@@ -58,7 +58,7 @@ def sig3(x):
 
 
 def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False,
-                   processes=1):
+                   processes=1, graphs=False):
     count = len(devices.split(","))
     config = "replica" if blas_threads == 0 else \
         f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
@@ -69,7 +69,8 @@ def replica_config(model, devices, batch, dispatch="single", scaling="strong", b
     return {"library": "replica", "config": config, "model": model, "network": network_of(model),
             "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count,
-            "blas_threads": blas_threads or None, "reproducible": reproducible, "processes": processes}
+            "blas_threads": blas_threads or None, "reproducible": reproducible, "processes": processes,
+            "graphs_requested": graphs}
 
 
 def gpu_list(count):
@@ -141,6 +142,14 @@ def preset_configs(preset, pytorch):
                                            blas_threads=0 if preset == "mpi2" else 1))
                 if pytorch and preset == "mpi2":
                     runs.append(pytorch_config(model, 2, b, scaling))
+    elif preset == "graphs":
+        # Eager steps against steps replayed from CUDA graphs, on 1 GPU and 2 threaded, PyTorch beside.
+        for model in ("lenet", "alexnet-plain", "googlenet", "textcnn", "fcn"):
+            b = DEFAULT_BATCH[model]
+            for devices in ("cuda:0", "cuda:0,cuda:1"):
+                runs += [replica_config(model, devices, b, "threaded", graphs=g) for g in (False, True)]
+            if pytorch:
+                runs.append(pytorch_config(model, 1, b))
     elif preset == "reproducible-cpu":
         for devices in ("cpu:0", "cpu:0,cpu:1"):
             runs += [replica_config("lenet", devices, 64, "threaded", blas_threads=1, reproducible=r)
@@ -166,6 +175,9 @@ def command(cfg, args):
             argv += ["--blas-threads", str(cfg["blas_threads"])]
         if cfg.get("reproducible"):
             argv += ["--reproducible"]
+        if cfg.get("graphs_requested"):
+            argv += ["--graphs"]
+        argv += args.replica_arg
         return argv
     argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common
     if cfg["threads"]:
@@ -416,12 +428,15 @@ def parse_args(argv=None):
     p.add_argument("--preset", required=True, choices=PRESETS,
                    help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs; "
                         "gpu4: 1 to 4 GPUs and auto_parallel's choice; reproducible(-cpu): fast against "
-                        "reproducible mode; mpi2 (mpi-cpu): one process with 2 devices against 2 processes")
+                        "reproducible mode; mpi2 (mpi-cpu): one process with 2 devices against 2 processes; graphs: eager "
+                        "against CUDA graphs")
     p.add_argument("--bench", default="build/bench/train_bench", help="the train_bench program")
     p.add_argument("--out", required=True, help="folder for results.json and results.md (made if missing)")
     p.add_argument("--steps", type=int, help="timed steps per run (default: the programs' own, 20)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: the programs' own, 3)")
     p.add_argument("--pytorch", action="store_true", help="also run bench/pytorch_bench.py")
+    p.add_argument("--replica-arg", action="append", default=[], metavar="ARG",
+                   help="pass ARG on to train_bench, e.g. --replica-arg=--graphs (repeatable)")
     p.add_argument("--mpirun", default="mpirun", help="the MPI launcher for runs of several processes")
     p.add_argument("--python", default=sys.executable, help="the Python with PyTorch (default: this one)")
     p.add_argument("--pytorch-arg", action="append", default=[], metavar="ARG",
@@ -468,6 +483,8 @@ def main(argv=None):
         entry["cmd"] = shlex.join(argv)
         if record:
             entry.update(record)
+            if record.get("graphs"):
+                entry["config"] += ", graphs"
             print(f"{sig3(record['median_ms'])} ms, {sig3(record['samples_per_s'])} samples/s", file=sys.stderr)
         else:
             failed += 1

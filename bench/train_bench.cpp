@@ -86,12 +86,17 @@ int run(const Settings& s)
     const std::string chosen = s.dispatch == DispatchChoice::measured ? model.description() : "";
     if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
     const int processes = s.processes ? s.processes->size() : 1;
+#if defined(REPLICA_CUDA)
+    const bool graphs = backend::cuda::default_options().graphs;
+#else
+    const bool graphs = false;
+#endif
     if (s.json)
         std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"processes\": %d, \"device\": \"%s\", "
-                    "\"dispatch\": \"%s\", \"chosen\": \"%s\", "
+                    "\"dispatch\": \"%s\", \"chosen\": \"%s\", \"graphs\": %s, "
                     "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
                     "\"min_ms\": %.4f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-                    s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(),
+                    s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(), graphs ? "true" : "false",
                     s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
                     s.steps, median, times.front(), rate, loss);
     else
@@ -119,8 +124,14 @@ try {
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
+        .flag("graphs", "GPUs: capture each training step in a CUDA graph and replay it")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
+#if defined(REPLICA_CUDA)
+    backend::cuda::default_options().graphs = args.on("graphs");
+#else
+    core::require(!args.on("graphs"), "--graphs needs GPUs: run train_bench_cuda");
+#endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);
     Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"), devices,

@@ -396,3 +396,53 @@ TEST_CASE("Copying the next batch ahead changes nothing but the time", "[cuda]")
         CHECK(five_steps_ahead(two_ahead, data, true) == five_steps_ahead(two, data, false));
     }
 }
+
+// ---- CUDA graphs (backend::cuda::Options::graphs) ----
+
+namespace {
+// Contexts made in its scope capture their training steps in CUDA graphs.
+struct Graphs {
+    Graphs() { cuda::default_options().graphs = true; }
+    ~Graphs() { cuda::default_options().graphs = false; }
+};
+
+// 6 steps of 16 samples (step 1 eager, step 2 captured, later ones replayed, the staging buffers
+// alternating as the next batch is copied ahead), then one of 10 (another batch size: eager).
+template <class Model, class Data>
+std::vector<float> steps_for_graphs(Model& model, const Data& data)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 6; ++s) {
+        const auto b = data.batch(s * 16, 16, s * 16, 5), next = data.batch((s + 1) * 16, 16, (s + 1) * 16, 5);
+        train_step(model, opt, b, {}, &next);
+    }
+    train_step(model, opt, data.batch(96, 10, 96, 5));
+    return parameters(model);
+}
+} // namespace
+
+TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit for bit", "[cuda]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<ConcatDropoutNet> drop(112, 8);   // dropout: masks move with the sample index
+    const RandomBatches<LeNet> lenet(112, 8);
+    ConcatDropoutNet eager{Device::cuda(0), 4};
+    LeNet lenet_eager{Device::cuda(0), 4};
+    const auto expected = steps_for_graphs(eager, drop), lenet_expected = steps_for_graphs(lenet_eager, lenet);
+    std::vector<float> two_expected;
+    if (cuda_devices().size() >= 2) {
+        DataParallel<LeNet, Threaded> two{gpus(2), 4};
+        two_expected = steps_for_graphs(two, lenet);
+    }
+    const Graphs on;
+    ConcatDropoutNet replayed{Device::cuda(0), 4};
+    LeNet lenet_replayed{Device::cuda(0), 4};
+    CHECK(steps_for_graphs(replayed, drop) == expected);
+    CHECK(steps_for_graphs(lenet_replayed, lenet) == lenet_expected);
+    if (cuda_devices().size() >= 2) {   // each replica's graph holds its bucketed NCCL all-reduce
+        DataParallel<LeNet, Threaded> two{gpus(2), 4};
+        CHECK(steps_for_graphs(two, lenet) == two_expected);
+        DataParallel<LeNet, SingleThread> single{gpus(2), 4};   // grouped all-reduce: runs eagerly
+        CHECK(norm_relative(steps_for_graphs(single, lenet), two_expected) < 1e-6);
+    }
+}

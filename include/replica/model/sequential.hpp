@@ -178,6 +178,10 @@ public:
     // A step on other data drops it. Nothing to do on the CPU.
     void stage_next(const float* x, const std::int32_t* labels, std::size_t n) { next_ = {x, labels, n, 0, {}}; }
 
+    // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
+    // with SingleThread dispatch forbids it (its grouped all-reduce spans every GPU).
+    void allow_graphs(bool yes) { graphs_allowed_ = yes; }
+
     double finish()
     {
         visit([](auto& ctx) { ctx.synchronize(); });
@@ -363,12 +367,41 @@ private:
         }
         reserve(ctx, n);
         const auto [xd, ld] = input(ctx, x, labels, n);
-        graph_.forward(ctx, pass, forward_args(xd, n));
-        loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
-        graph_.backward(ctx, pass,
-                        BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
-                                     .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
-                        hook);
+        auto work = [&](const Pass& p) {
+            graph_.forward(ctx, p, forward_args(xd, n));
+            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
+            graph_.backward(ctx, p,
+                            BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
+                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
+                            hook);
+        };
+        if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
+            if (graphs_allowed_ && ctx.options().graphs && slot == loss_slot_.data()) {
+                replay_or_capture(ctx, pass, xd == input_stage_[0].data() ? 0 : 1, n, work);
+                return;
+            }
+        work(pass);
+    }
+
+    // CUDA graphs: the first step of a (batch size, staging buffer) runs eagerly (plans, workspaces and
+    // scratch grow then), the second is captured, and later ones replay it. Dropout reads the step's
+    // seed and first sample from device memory, so the captured kernels get offset 0.
+    template <class Ctx, class Work>
+    void replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work)
+    {
+        const typename Ctx::GraphKey key{n, slot};
+        ctx.set_step(pass.seed, pass.first_sample);
+        if (auto exec = ctx.graph(key)) return ctx.launch(exec);
+        if (ctx.first_time(key)) return work(pass);
+        ctx.begin_capture();
+        try {
+            work(Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training});
+        } catch (const std::exception& e) {
+            ctx.abandon_capture();
+            throw Error(std::string("capturing a training step in a CUDA graph failed: ") + e.what() +
+                        ". Turn backend::cuda::default_options().graphs off");
+        }
+        ctx.launch(ctx.end_capture(key));
     }
 
     // The n samples at x (and labels, unless null) in this model's memory: on the CPU x itself; on a
@@ -409,6 +442,7 @@ private:
         const std::size_t out = output_shape::size;
         arena_ = ctx.template allocate<float>(n * (graph::saved_size + 2 * out) + graph_.scratch_size(ctx, n));
         if constexpr (!Ctx::host_visible) {
+            ctx.drop_graphs();   // they point into the buffers replaced here
             if (ahead_.x != nullptr) ctx.wait(ahead_.ready);   // a copy ahead must not land in freed memory
             ahead_ = {};
             for (int slot : {0, 1}) {
@@ -456,6 +490,7 @@ private:
     };
     Ahead ahead_;   // being copied (or copied) into staging buffer ahead_.slot, for the step on x
     Ahead next_;    // registered by stage_next: copied when the current step is queued
+    bool graphs_allowed_ = true;
     core::Buffer<float> input_grad_;                                          // nested replicas on a device
     core::Buffer<core::LossSlot> loss_slot_ = backend::host_buffer<core::LossSlot>(1);
     std::size_t capacity_ = 0;

@@ -311,9 +311,14 @@ public:
             auto reduce_ready = [&](std::size_t ready_from) {
                 float* g = replicas_[r].gradient_data();
                 for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next) {
-                    if constexpr (std::same_as<Dispatch, Threaded>)
+                    if constexpr (std::same_as<Dispatch, Threaded>) {
                         comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first, next);
-                    else comm_->produced(r, next);
+                        // After the last bucket: later work waits for the reductions (inside the step, so
+                        // that a CUDA graph capturing it holds the reductions whole).
+                        if (next + 1 == buckets_.size()) comm_->wait(r);
+                    } else {
+                        comm_->produced(r, next);
+                    }
                 }
             };
             try {
@@ -418,6 +423,7 @@ private:
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, buckets_.size(), options_.processes);
         losses_.assign(replicas_.size(), 0.0);
+        for (auto& m : replicas_) m.allow_graphs(std::same_as<Dispatch, Threaded>);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {

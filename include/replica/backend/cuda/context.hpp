@@ -12,10 +12,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <compare>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "replica/backend/cuda/allocator.hpp"
@@ -33,6 +36,23 @@ struct Options {
     bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
     bool deterministic = false;   // only deterministic cuDNN algorithms
     bool benchmark = false;       // choose convolution algorithms by measuring, not by heuristics
+    // Capture a model's training step (forward, loss, backward and, under Threaded dispatch, its
+    // gradient all-reduce) in a CUDA graph once per batch size and replay it, so that a step costs one
+    // launch on the host. Off until it has been measured on a GPU (docs/design.md).
+    bool graphs = false;
+};
+
+// What a captured step reads from device memory because it changes from step to step (kernel
+// arguments are frozen at capture): the dropout masks' seed and global first sample.
+struct StepParams {
+    std::uint64_t seed = 0, first_sample = 0;
+};
+
+// Graphs are kept per (batch size, staging buffer) of a context.
+struct GraphKey {
+    std::size_t n;
+    int slot;
+    friend auto operator<=>(const GraphKey&, const GraphKey&) = default;
 };
 inline Options& default_options()
 {
@@ -97,6 +117,23 @@ struct State {
     // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
     // waited so far); it throws to stop waiting for a peer that died or hangs.
     std::function<void(double)> watchdog;
+    // CUDA graphs (Options::graphs): the replayable steps, the keys seen once (the first step of a
+    // key runs eagerly, growing plans, workspaces and scratch), and the step's parameters.
+    std::map<GraphKey, cudaGraphExec_t> graphs;
+    std::map<GraphKey, bool> warmed;
+    bool capturing = false;
+    StepParams* step_host = nullptr;            // pinned
+    core::Buffer<StepParams> step_device;
+    void* cublas_workspace = nullptr;           // ours, so that cuBLAS allocates nothing inside a capture
+    static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
+
+    // A buffer a captured step uses moved or grew: every graph is stale.
+    void drop_graphs()
+    {
+        for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+        graphs.clear();
+        warmed.clear();
+    }
 
     explicit State(Device d) : device(d), options(default_options())
     {
@@ -114,13 +151,18 @@ struct State {
         REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
         REPLICA_CHECK(cudaMallocHost(&fixed_status, sizeof(core::FixedStatus)));
         *fixed_status = {};
+        REPLICA_CHECK(cudaMallocHost(&step_host, sizeof(StepParams)));
+        *step_host = {};
         REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
+        cublas_workspace = allocator->allocate(kCublasWorkspace);
+        REPLICA_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspace));
     }
     State(const State&) = delete;
     State& operator=(const State&) = delete;
     void drop_conv_plans()
     {
+        drop_graphs();
         for (auto& [key, p] : conv_plans) {
             cudnnDestroyTensorDescriptor(p.x);
             cudnnDestroyTensorDescriptor(p.y);
@@ -136,6 +178,10 @@ struct State {
         cudaSetDevice(device.index());
         cudaStreamSynchronize(stream);
         drop_conv_plans();
+        drop_graphs();
+        step_device = {};
+        allocator->release(cublas_workspace);
+        cudaFreeHost(step_host);
         workspace = {};
         ones = {};
         reduce = {};
@@ -157,6 +203,7 @@ struct State {
 class Context {
 public:
     static constexpr bool host_visible = false;
+    using GraphKey = cuda::GraphKey;
 
     explicit Context(Device device) : state_(make(device)) {}
 
@@ -209,6 +256,55 @@ public:
         if (n) REPLICA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(T), cudaMemcpyDefault, stream()));
         return staging;
     }
+    // CUDA graphs (Options::graphs). set_step() queues the step's parameters into device memory (the
+    // captured dropout kernels read them there); begin_capture() .. end_capture() record what this
+    // thread queues on the compute stream, and on streams that join it, into a graph kept under `key`;
+    // launch() replays one. A failed capture leaves the stream usable (abandon_capture()).
+    void set_step(std::uint64_t seed, std::uint64_t first_sample) const
+    {
+        auto& st = *state_;
+        if (st.step_device.size() == 0) st.step_device = allocate<StepParams>(1);
+        *st.step_host = {seed, first_sample};   // the last step has finished: nothing reads it now
+        REPLICA_CHECK(cudaMemcpyAsync(st.step_device.data(), st.step_host, sizeof(StepParams), cudaMemcpyHostToDevice,
+                                      stream()));
+    }
+    const StepParams* step_params() const { return state_->capturing ? state_->step_device.data() : nullptr; }
+    cudaGraphExec_t graph(const GraphKey& key) const
+    {
+        auto it = state_->graphs.find(key);
+        return it == state_->graphs.end() ? nullptr : it->second;
+    }
+    // True the first time a key is seen: that step runs eagerly.
+    bool first_time(const GraphKey& key) const { return !std::exchange(state_->warmed[key], true); }
+    void begin_capture() const
+    {
+        activate();
+        REPLICA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+        state_->capturing = true;
+    }
+    cudaGraphExec_t end_capture(const GraphKey& key) const
+    {
+        state_->capturing = false;
+        cudaGraph_t g = nullptr;
+        REPLICA_CHECK(cudaStreamEndCapture(stream(), &g));
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        REPLICA_CHECK(e);
+        state_->graphs[key] = exec;
+        return exec;
+    }
+    void abandon_capture() const
+    {
+        state_->capturing = false;
+        cudaGraph_t g = nullptr;
+        if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        cudaGetLastError();
+    }
+    void launch(cudaGraphExec_t exec) const { REPLICA_CHECK(cudaGraphLaunch(exec, stream())); }
+    // A buffer captured steps use (the model's activations) moved.
+    void drop_graphs() const { state_->drop_graphs(); }
+
     // Copies that overlap compute (the next step's input while this one runs): copy_async() queues
     // on the copy stream, after the compute work queued before begin_copies() and not waiting for
     // anything queued on the compute stream after it; end_copies() returns the event that compute
@@ -264,7 +360,10 @@ public:
     void* workspace(std::size_t bytes) const
     {
         auto& w = state_->workspace;
-        if (w.size() < bytes) w = allocate<unsigned char>(bytes);
+        if (w.size() < bytes) {
+            state_->drop_graphs();
+            w = allocate<unsigned char>(bytes);
+        }
         return w.data();
     }
     // n ones (bias gradients as a GEMV).
@@ -272,6 +371,7 @@ public:
     {
         auto& o = state_->ones;
         if (o.size() < n) {
+            state_->drop_graphs();
             o = allocate<float>(n);
             std::vector<float> host(n, 1.0f);
             upload(o.data(), host.data(), n);

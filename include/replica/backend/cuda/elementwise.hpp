@@ -20,9 +20,15 @@ __global__ void relu_backward(const float* y, const float* dy, float* dx, std::s
 {
     REPLICA_GRID_LOOP(i, count) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
+// In a captured step (step != null) the seed and the first sample come from device memory, and
+// first_sample is an offset from the step's first sample.
 __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample, const float* x,
-                        float* y, std::size_t size, std::size_t count)
+                        float* y, std::size_t size, std::size_t count, const StepParams* step)
 {
+    if (step != nullptr) {
+        seed = step->seed;
+        first_sample += step->first_sample;
+    }
     const float scale = 1.0f / (1.0f - p);
     REPLICA_GRID_LOOP(i, count)
     {
@@ -72,7 +78,7 @@ inline void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::
                           std::uint64_t first_sample, const float* x, float* y, std::size_t n, std::size_t size)
 {
     kernels::dropout<<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(p, seed, layer, first_sample, x, y,
-                                                                                       size, n * size);
+                                                                                       size, n * size, ctx.step_params());
     detail::check_launch("dropout");
 }
 inline void copy(const Context& ctx, const float* src, float* dst, std::size_t count)

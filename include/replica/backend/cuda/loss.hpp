@@ -79,6 +79,7 @@ inline double* element_scratch(const Context& ctx, std::size_t count)
 {
     auto& b = ctx.state().reduce;
     if (b.size() < count + 2) {
+        ctx.drop_graphs();
         ctx.synchronize();
         b = ctx.allocate<double>(count + 2);
     }
