@@ -27,6 +27,7 @@
 #include "replica/layers/loss.hpp"
 #include "replica/model/chain.hpp"
 #include "replica/model/input.hpp"
+#include "replica/model/staging.hpp"
 
 namespace replica::model {
 
@@ -176,7 +177,7 @@ public:
     // The step after the next one queued will train on these n samples (host memory that stays
     // unchanged until then): on a GPU their copy runs on the copy stream while that step computes.
     // A step on other data drops it. Nothing to do on the CPU.
-    void stage_next(const float* x, const std::int32_t* labels, std::size_t n) { next_ = {x, labels, n, 0, {}}; }
+    void stage_next(const float* x, const std::int32_t* labels, std::size_t n) { staging_.announce(x, labels, n); }
 
     // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
     // with SingleThread dispatch forbids it (its grouped all-reduce spans every GPU).
@@ -196,7 +197,7 @@ public:
     {
         return visit([&](auto& ctx) -> const float* {
             reserve(ctx, n);
-            last_x_ = input(ctx, x, nullptr, n).first;
+            last_x_ = staging_.take(ctx, x, nullptr, n).first;
             last_n_ = n;
             if (n) graph_.forward(ctx, pass, forward_args(last_x_, n));
             return y(n);
@@ -306,7 +307,7 @@ public:
         if (n == 0) return {};
         return visit([&](auto& ctx) {
             reserve(ctx, n);
-            const auto [xd, ld] = input(ctx, x, labels, n);
+            const auto [xd, ld] = staging_.take(ctx, x, labels, n);
             graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
             loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr, loss_slot_.data());
             const std::size_t correct = loss::template correct<output_shape>(ctx, y(n), ld, n);   // waits
@@ -320,7 +321,7 @@ public:
         if (n == 0) return;
         visit([&](auto& ctx) {
             reserve(ctx, n);
-            const float* xd = input(ctx, x, nullptr, n).first;
+            const float* xd = staging_.take(ctx, x, nullptr, n).first;
             graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
             ctx.download(out, y(n), n * output_shape::size);
             ctx.synchronize();
@@ -360,13 +361,13 @@ private:
     {
         *slot = {};
         if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
-            input(ctx, nullptr, nullptr, 0);
+            staging_.take(ctx, nullptr, nullptr, 0);   // drops a copy ahead meant for this step
             fill(ctx, grads_.data(), 0.0f, param_count);
             hook(std::size_t{0});
             return;
         }
         reserve(ctx, n);
-        const auto [xd, ld] = input(ctx, x, labels, n);
+        const auto [xd, ld] = staging_.take(ctx, x, labels, n);
         auto work = [&](const Pass& p) {
             graph_.forward(ctx, p, forward_args(xd, n));
             loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
@@ -377,7 +378,7 @@ private:
         };
         if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
             if (graphs_allowed_ && ctx.options().graphs && slot == loss_slot_.data()) {
-                replay_or_capture(ctx, pass, xd == input_stage_[0].data() ? 0 : 1, n, work);
+                replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work);
                 return;
             }
         work(pass);
@@ -404,37 +405,6 @@ private:
         ctx.launch(ctx.end_capture(key));
     }
 
-    // The n samples at x (and labels, unless null) in this model's memory: on the CPU x itself; on a
-    // GPU one of two staging buffers, either filled ahead (stage_next: the copy ran during the step
-    // before, on the copy stream) or copied now on the compute stream. Then starts copying the next
-    // step's input, if registered, into the other buffer while this step computes. The compute stream
-    // waits for every copy ahead before going on, used or not, so no buffer is written while read.
-    template <class Ctx>
-    std::pair<const float*, const std::int32_t*> input(Ctx& ctx, const float* x, const std::int32_t* labels, std::size_t n)
-    {
-        if constexpr (Ctx::host_visible) {
-            return {x, labels};
-        } else {
-            const bool ready = ahead_.x != nullptr && ahead_.x == x && ahead_.labels == labels && ahead_.n == n;
-            const int slot = ready ? ahead_.slot : ahead_.x != nullptr ? 1 - ahead_.slot : 0;
-            if (ahead_.x != nullptr) ctx.wait(ahead_.ready);
-            if (!ready) {
-                ctx.stage(x, input_stage_[slot].data(), n * input_shape::size);
-                if (labels) ctx.stage(labels, label_stage_[slot].data(), n * label_size);
-            }
-            ahead_ = {};
-            if (next_.x != nullptr && next_.n > 0 && next_.n <= capacity_) {
-                const int other = 1 - slot;
-                ctx.begin_copies();
-                ctx.copy_async(input_stage_[other].data(), next_.x, next_.n * input_shape::size);
-                ctx.copy_async(label_stage_[other].data(), next_.labels, next_.n * label_size);
-                ahead_ = {next_.x, next_.labels, next_.n, other, ctx.end_copies()};
-            }
-            next_ = {};
-            return {input_stage_[slot].data(), label_stage_[slot].data()};
-        }
-    }
-
     template <class Ctx>
     void reserve(Ctx& ctx, std::size_t n)
     {
@@ -443,12 +413,7 @@ private:
         arena_ = ctx.template allocate<float>(n * (graph::saved_size + 2 * out) + graph_.scratch_size(ctx, n));
         if constexpr (!Ctx::host_visible) {
             ctx.drop_graphs();   // they point into the buffers replaced here
-            if (ahead_.x != nullptr) ctx.wait(ahead_.ready);   // a copy ahead must not land in freed memory
-            ahead_ = {};
-            for (int slot : {0, 1}) {
-                input_stage_[slot] = ctx.template allocate<float>(n * input_shape::size);
-                label_stage_[slot] = ctx.template allocate<std::int32_t>(n * label_size);
-            }
+            staging_.reserve(ctx, n);
             input_grad_ = ctx.template allocate<float>(n * input_shape::size);
         }
         capacity_ = n;
@@ -478,18 +443,7 @@ private:
     graph graph_;
     core::Buffer<float> params_, grads_, state_;
     core::Buffer<float> arena_;
-    // Device inputs: two staging buffers, so that the next step's input is copied while this one computes.
-    core::Buffer<float> input_stage_[2];
-    core::Buffer<std::int32_t> label_stage_[2];
-    struct Ahead {
-        const float* x = nullptr;
-        const std::int32_t* labels = nullptr;
-        std::size_t n = 0;
-        int slot = 0;
-        core::Event ready = {};
-    };
-    Ahead ahead_;   // being copied (or copied) into staging buffer ahead_.slot, for the step on x
-    Ahead next_;    // registered by stage_next: copied when the current step is queued
+    Staging<input_shape::size, label_size> staging_;   // inputs in device memory, the next one copied ahead
     bool graphs_allowed_ = true;
     core::Buffer<float> input_grad_;                                          // nested replicas on a device
     core::Buffer<core::LossSlot> loss_slot_ = backend::host_buffer<core::LossSlot>(1);
