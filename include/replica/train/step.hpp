@@ -27,15 +27,15 @@ struct StepOptions {
 
 // Mean loss over the batch (every labelled element of it), after the update. `next`, the batch the
 // following step will train on (its memory unchanged until then), lets GPU replicas copy it while this
-// step computes (fast mode; models with a nested DataParallel copy at the start of each step).
+// step computes (in the fast mode; the reproducible mode copies each micro-shard at its turn).
 template <class M, class Opt>
 float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepOptions& options = {},
                  const data::Batch* next = nullptr)
 {
     core::require(batch.size > 0, "train_step: the batch is empty");
+    core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
     if constexpr (requires { model.stage_next(next->inputs, next->labels, next->size); })
         if (next != nullptr && !options.reproducible) model.stage_next(next->inputs, next->labels, next->size);
-    core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
     const float scale = float(1.0 / elements);
