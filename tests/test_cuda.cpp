@@ -358,6 +358,19 @@ TEST_CASE("Reproducible mode on GPUs: LeNet is bit-identical on every GPU count 
     bit_identical_on_any_gpu_count<LeNet>();
 }
 
+TEST_CASE("Reproducible mode on GPUs: a nested DataParallel equals the plain model bit for bit", "[cuda][reproducible]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<SmallAlexNetPlain> data(100, 4);
+    SmallAlexNetPlain plain{Device::cuda(0), 6};
+    const auto expected = five_steps(plain, data, 7);
+    for (std::size_t n = 1; n <= cuda_devices().size(); ++n) {
+        CAPTURE(n);
+        SmallAlexNet<Threaded> nested{gpus(n), 6};
+        CHECK(five_steps(nested, data, 7) == expected);
+    }
+}
+
 TEST_CASE("Reproducible mode on GPUs: Concat and Dropout are bit-identical on every GPU count and across runs",
           "[cuda][reproducible]")
 {

@@ -51,6 +51,28 @@ TEST_CASE("Reproducible mode: Concat and Dropout are bit-identical on 1-4 replic
     bit_identical_on_any_replica_count<ConcatDropoutNet>();
 }
 
+TEST_CASE("Reproducible mode: a nested DataParallel is bit-identical on 1-3 replicas and to the plain model",
+          "[cpu][reproducible]")
+{
+    const RandomBatches<SmallAlexNetPlain> data(100, 4);
+    SmallAlexNetPlain plain{Device::cpu(), 6};
+    const auto expected = five_steps(plain, data, 7);
+    for (std::size_t replicas : {1, 2, 3}) {
+        CAPTURE(replicas);
+        SmallAlexNet<SingleThread> one_thread{cpus(replicas), 6};
+        SmallAlexNet<Threaded> threaded{cpus(replicas), 6};
+        CHECK(five_steps(one_thread, data, 7) == expected);
+        CHECK(five_steps(threaded, data, 7) == expected);
+        // The replicas that sat out took replica 0's parameters: a fast step after agrees with the plain model's.
+        SGD opt{{.lr = 0.05f}};
+        SmallAlexNetPlain plain_again{Device::cpu(), 6};
+        five_steps(plain_again, data, 7);
+        train_step(plain_again, opt, data.batch(0, 20, 100));
+        train_step(threaded, opt, data.batch(0, 20, 100));
+        CHECK(max_relative_difference(parameters(plain_again), parameters(threaded)) < 1e-5);
+    }
+}
+
 TEST_CASE("Reproducible mode: close to the fast mode", "[cpu][reproducible]")
 {
     const RandomBatches<LeNet> data(100, 4);

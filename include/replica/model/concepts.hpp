@@ -39,6 +39,9 @@ struct Pass {
     std::uint64_t seed = 0;           // the run's seed: dropout masks
     std::uint64_t first_sample = 0;   // global index of the first sample of this call
     bool training = true;             // dropout on, activations kept for backward
+    // The reproducible mode: a nested DataParallel runs the whole call on its first replica, so the
+    // floats do not depend on how many replicas it has (the micro-shards are the unit of work then).
+    bool whole = false;
 };
 
 // What an op is built with, once per replica.

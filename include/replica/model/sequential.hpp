@@ -179,6 +179,19 @@ public:
     // A step on other data drops it. Nothing to do on the CPU.
     void stage_next(const float* x, const std::int32_t* labels, std::size_t n) { staging_.announce(x, labels, n); }
 
+    // Parameters and optimizer state (state_size values) copied from w and state, memory of this
+    // device or another, once `after` has happened there (a nested DataParallel's replicas after an
+    // update made on its first replica).
+    void copy_state_from(const float* w, const float* state, std::size_t state_size, core::Event after)
+    {
+        visit([&](auto& ctx) {
+            ctx.wait(after);
+            if (state_.size() != state_size) state_ = ctx.template allocate<float>(state_size);
+            ctx.download(params_.data(), w, param_count);
+            ctx.download(state_.data(), state, state_size);
+        });
+    }
+
     // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
     // with SingleThread dispatch forbids it (its grouped all-reduce spans every GPU).
     void allow_graphs(bool yes) { graphs_allowed_ = yes; }
@@ -232,9 +245,6 @@ public:
     std::int64_t* queue_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
-        if constexpr (graph::has_data_parallel)
-            throw Error("the reproducible mode does not cover models with a nested DataParallel yet: use "
-                        "DataParallel<WholeModel> (or auto_parallel) instead");
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
         const std::size_t shards = (n + shard - 1) / shard;
         if (shard_slots_.size() < shards) shard_slots_ = backend::host_buffer<core::LossSlot>(shards);
@@ -248,6 +258,7 @@ public:
                 const std::size_t begin = k * shard, m = std::min(shard, n - begin);
                 Pass mine = pass;
                 mine.first_sample += begin;
+                mine.whole = true;   // a nested DataParallel computes each shard on its first replica
                 queue(ctx, mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale,
                       &shard_slots_[k], detail::NoHook{});
                 add_fixed(ctx, grads_.data(), exact_.data(), param_count);

@@ -155,8 +155,10 @@ public:
         void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a)
         {
             const core::Event input_ready = ctx.mark();
+            const std::size_t active = pass.whole ? 1 : replica_count();
             each([&](std::size_t r) {
-                const Share s = share(a.n, replica_count(), r);
+                if (r >= active) return;
+                const Share s = share(a.n, active, r);
                 const model::Pass mine = shifted(pass, s);
                 if (r == 0) {
                     ctx.activate();
@@ -172,7 +174,7 @@ public:
                 });
             });
             ctx.activate();   // the replicas made their own devices current
-            for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);
+            for (std::size_t r = 1; r < active; ++r) ctx.wait(gathered_[r]);
         }
 
         template <class Ctx>
@@ -184,8 +186,11 @@ public:
                 comm_ = make_communicator(contexts, 1);
             }
             const core::Event grad_ready = ctx.mark();
+            const std::size_t active = pass.whole ? 1 : replica_count();
+            whole_ = pass.whole;
             each([&](std::size_t r) {
-                const Share s = share(a.n, replica_count(), r);
+                if (r >= active) return;
+                const Share s = share(a.n, active, r);
                 const model::Pass mine = shifted(pass, s);
                 float* dx = a.dx ? a.dx + s.offset * input_shape::size : nullptr;
                 if (r == 0) {
@@ -202,7 +207,7 @@ public:
                 m.visit([&](auto& c) { gathered_[r] = c.mark(); });
             });
             ctx.activate();
-            if (replica_count() == 1) return;
+            if (active == 1) return;   // (whole: the others take replica 0's result at the update)
             for (std::size_t r = 1; r < replica_count(); ++r) ctx.wait(gathered_[r]);   // input gradients
             grad_ptrs_[0] = a.dparams;
             for (std::size_t r = 1; r < replica_count(); ++r) grad_ptrs_[r] = others_[r - 1].gradient_data();
@@ -215,6 +220,14 @@ public:
         template <class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
         {
+            if (whole_) {   // only replica 0 has the gradient: update it, then copy it to the others
+                ctx.activate();
+                opt.apply(ctx, w, g, state, param_count);
+                const core::Event updated = ctx.mark();
+                for (auto& m : others_) m.copy_state_from(w, state, param_count * Opt::state_per_param, updated);
+                ctx.activate();
+                return;
+            }
             each([&](std::size_t r) {
                 if (r == 0) {
                     ctx.activate();
@@ -260,6 +273,7 @@ public:
         std::vector<float*> grad_ptrs_;
         std::vector<core::Event> gathered_;
         std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
+        bool whole_ = false;   // the last backward ran whole on replica 0 (reproducible mode)
         std::unique_ptr<WorkerPool> pool_;
     };
 

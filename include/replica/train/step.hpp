@@ -19,8 +19,8 @@ struct StepOptions {
     // micro-shards of `micro_shard` samples whatever the device count, each shard's gradient is
     // computed on its own, and shard gradients are summed exactly (64-bit fixed point), so neither
     // the replica count nor the reduction order changes a bit. Costs speed (small GEMMs per shard).
-    // CPU and GPU replicas (on a GPU: deterministic cuDNN algorithms from then on); models without a
-    // nested DataParallel.
+    // CPU and GPU replicas (on a GPU: deterministic cuDNN algorithms from then on); a nested
+    // DataParallel runs each shard on its first device.
     bool reproducible = false;
     std::size_t micro_shard = 8;
 };
