@@ -45,8 +45,7 @@ int run(const Settings& s)
                                {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes},
                                 .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
-    std::size_t replicas = model.replica_count();   // over every process
-    if constexpr (requires { model.global_replica_count(); }) replicas = model.global_replica_count();
+    const std::size_t replicas = model.global_replica_count();   // over every process
     const std::size_t global = parallel::global_batch(batch, replicas, s.scaling);
     // Two distinct batches, alternated, so no step sees the data of the step before.
     // In page-locked memory under CUDA, as the Loader's batches are: each batch goes to the devices

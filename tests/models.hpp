@@ -57,6 +57,17 @@ inline std::vector<Device> cpus(std::size_t n)
     return d;
 }
 
+// The reproducible mode as the tests run it, and its standard run: 5 SGD steps of 20 samples from
+// `seed` (micro-shards of 8, 8 and 4: uneven over every replica count).
+inline constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
+template <class Model, class Data>
+std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed, StepOptions options = kReproducible)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
+    for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), options);
+    return parameters(model);
+}
+
 // Largest |a - b| / (|a| + |b| + floor) over elements: a relative error that stays meaningful near 0.
 inline double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-3)
 {

@@ -307,17 +307,6 @@ TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the othe
 // ---- the reproducible mode on GPUs ----
 
 namespace {
-constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
-
-// 5 steps of 20 samples (shards of 8, 8 and 4: uneven over every GPU count) from `seed`.
-template <class Model, class Data>
-std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed, StepOptions options = kReproducible)
-{
-    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
-    for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), options);
-    return parameters(model);
-}
-
 // Contexts made in its scope use TF32 convolutions, as users get by default.
 struct DefaultMath {
     DefaultMath() { cuda::default_options().allow_tf32 = true; }

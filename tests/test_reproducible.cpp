@@ -9,17 +9,6 @@ using namespace replica::testing;
 
 namespace {
 
-constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
-
-// 5 steps of 20 samples (shards of 8, 8 and 4: uneven over every replica count) from `seed`.
-template <class Model, class Data>
-std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed)
-{
-    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
-    for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), kReproducible);
-    return parameters(model);
-}
-
 template <class M>
 void bit_identical_on_any_replica_count()
 {

@@ -113,6 +113,8 @@ public:
     std::span<const Device> devices() const { return devices_; }
     // Devices that hold a replica of (part of) the model: all of them with a nested DataParallel.
     std::size_t replica_count() const { return graph::has_data_parallel ? devices_.size() : 1; }
+    // Over every process: a Sequential lives in one (a DataParallel spans processes).
+    std::size_t global_replica_count() const { return replica_count(); }
     int process_rank() const { return 0; }
     std::string description() const
     {

@@ -131,10 +131,7 @@ public:
     // Replicas over every process (replica_count() in one process).
     std::size_t global_replica_count() const
     {
-        return std::visit([](const auto& m) -> std::size_t {
-            if constexpr (requires { m.global_replica_count(); }) return m.global_replica_count();
-            else return m.replica_count();
-        }, impl_);
+        return std::visit([](const auto& m) { return m.global_replica_count(); }, impl_);
     }
     int process_rank() const { return std::visit([](const auto& m) { return m.process_rank(); }, impl_); }
     // See DataParallel::process_share; one model in one process trains on every sample.

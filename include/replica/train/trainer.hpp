@@ -138,11 +138,7 @@ public:
 
 private:
     // Replicas of every process: weak scaling's global batch (and scaled lr) grow with them.
-    std::size_t replicas() const
-    {
-        if constexpr (requires { model_.global_replica_count(); }) return model_.global_replica_count();
-        else return model_.replica_count();
-    }
+    std::size_t replicas() const { return model_.global_replica_count(); }
 
     void check_fits(const data::Dataset& set, const char* which) const
     {

@@ -52,31 +52,17 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     constexpr int kMax = 16;
     int found = 0;
     cudnnHandle_t h = ctx.cudnn();
-    {
-        cudnnConvolutionFwdAlgoPerf_t perf[kMax];
-        REPLICA_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMax, &found, perf));
-        p.fwd = perf[pick(perf, found, det)].algo;
-        std::size_t ws = 0;
-        REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &ws));
-        p.workspace = std::max(p.workspace, ws);
-    }
-    {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
-        REPLICA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMax, &found, perf));
-        p.bwd_data = perf[pick(perf, found, det)].algo;
-        std::size_t ws = 0;
-        REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &ws));
-        p.workspace = std::max(p.workspace, ws);
-    }
-    {
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
-        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &found, perf));
-        p.bwd_filter = perf[pick(perf, found, det)].algo;
-        std::size_t ws = 0;
-        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &ws));
-        p.workspace = std::max(p.workspace, ws);
-    }
-    if (ctx.options().benchmark) {
+    if (!ctx.options().benchmark) {
+        cudnnConvolutionFwdAlgoPerf_t f[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMax, &found, f));
+        p.fwd = f[pick(f, found, det)].algo;
+        cudnnConvolutionBwdDataAlgoPerf_t d[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMax, &found, d));
+        p.bwd_data = d[pick(d, found, det)].algo;
+        cudnnConvolutionBwdFilterAlgoPerf_t b[kMax];
+        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &found, b));
+        p.bwd_filter = b[pick(b, found, det)].algo;
+    } else {
         // Measure with scratch tensors of the right sizes, then keep the fastest (deterministic) ones.
         auto x = ctx.allocate<float>(n * g.c * g.h * g.w);
         auto y = ctx.allocate<float>(n * std::size_t(cout) * g.oh * g.ow);
@@ -95,12 +81,12 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
         REPLICA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, x.data(), p.y, y.data(), p.conv, p.w, w.data(),
                                                                     kMax, &found, b, ws, limit));
         p.bwd_filter = b[pick(b, found, det)].algo;
-        std::size_t s1 = 0, s2 = 0, s3 = 0;
-        REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &s1));
-        REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
-        REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
-        p.workspace = std::max({s1, s2, s3});
     }
+    std::size_t s1 = 0, s2 = 0, s3 = 0;
+    REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &s1));
+    REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
+    REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
+    p.workspace = std::max({s1, s2, s3});
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, p).first->second;
 }

@@ -47,21 +47,31 @@ __device__ inline void covering(int i, int k, int s, int p, int out, int& lo, in
     hi = min(top / s + 1, out);
 }
 
+// Input element i of an (n * c) planes of h x w input: its plane, its place in the plane, and the
+// output windows [ylo, yhi) x [xlo, xhi) that contain it (backward passes gather over them).
+struct Covered {
+    std::size_t plane;
+    int at, ylo, yhi, xlo, xhi;
+};
+__device__ inline Covered covered_by(const core::Window& g, std::size_t i)
+{
+    Covered c{i / (g.h * g.w), int(i % (g.h * g.w)), 0, 0, 0, 0};
+    covering(c.at / g.w, g.kh, g.sh, g.ph, g.oh, c.ylo, c.yhi);
+    covering(c.at % g.w, g.kw, g.sw, g.pw, g.ow, c.xlo, c.xhi);
+    return c;
+}
+
 __global__ void max_pool_backward(core::Window g, const float* arg, const float* dy, float* dx, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t plane = i / (g.h * g.w);
-        const int at = int(i % (g.h * g.w)), iy = at / g.w, ix = at % g.w;
-        int ylo, yhi, xlo, xhi;
-        covering(iy, g.kh, g.sh, g.ph, g.oh, ylo, yhi);
-        covering(ix, g.kw, g.sw, g.pw, g.ow, xlo, xhi);
-        const float* ap = arg + plane * g.oh * g.ow;
-        const float* dyp = dy + plane * g.oh * g.ow;
+        const Covered c = covered_by(g, i);
+        const float* ap = arg + c.plane * g.oh * g.ow;
+        const float* dyp = dy + c.plane * g.oh * g.ow;
         float sum = 0.0f;
-        for (int oy = ylo; oy < yhi; ++oy)
-            for (int ox = xlo; ox < xhi; ++ox)
-                if (int(ap[oy * g.ow + ox]) == at) sum += dyp[oy * g.ow + ox];
+        for (int oy = c.ylo; oy < c.yhi; ++oy)
+            for (int ox = c.xlo; ox < c.xhi; ++ox)
+                if (int(ap[oy * g.ow + ox]) == c.at) sum += dyp[oy * g.ow + ox];
         dx[i] = sum;
     }
 }
@@ -85,15 +95,11 @@ __global__ void avg_pool_backward(core::Window g, const float* dy, float* dx, st
 {
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t plane = i / (g.h * g.w);
-        const int at = int(i % (g.h * g.w)), iy = at / g.w, ix = at % g.w;
-        int ylo, yhi, xlo, xhi;
-        covering(iy, g.kh, g.sh, g.ph, g.oh, ylo, yhi);
-        covering(ix, g.kw, g.sw, g.pw, g.ow, xlo, xhi);
-        const float* dyp = dy + plane * g.oh * g.ow;
+        const Covered c = covered_by(g, i);
+        const float* dyp = dy + c.plane * g.oh * g.ow;
         float s = 0.0f;
-        for (int oy = ylo; oy < yhi; ++oy)
-            for (int ox = xlo; ox < xhi; ++ox) s += dyp[oy * g.ow + ox];
+        for (int oy = c.ylo; oy < c.yhi; ++oy)
+            for (int ox = c.xlo; ox < c.xhi; ++ox) s += dyp[oy * g.ow + ox];
         dx[i] = s * (1.0f / float(g.kh * g.kw));
     }
 }
