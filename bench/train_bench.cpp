@@ -86,7 +86,9 @@ int run(const Settings& s)
     if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
     const int processes = s.processes ? s.processes->size() : 1;
 #if defined(REPLICA_CUDA)
-    const bool graphs = backend::cuda::default_options().graphs;
+    // Replicas of a DataParallel run eagerly (docs/design.md), so graphs are used on one device only.
+    const bool graphs = backend::cuda::default_options().graphs && replicas == 1 && !s.devices.front().is_cpu() &&
+                        !parallel::contains_data_parallel<M>;
 #else
     const bool graphs = false;
 #endif
@@ -123,13 +125,11 @@ try {
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
-        .flag("graphs", "GPUs: capture each training step in a CUDA graph and replay it")
+        .flag("eager", "GPUs: run every step eagerly (default: a model on one GPU captures its step in a CUDA graph and replays it)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
 #if defined(REPLICA_CUDA)
-    backend::cuda::default_options().graphs = args.on("graphs");
-#else
-    core::require(!args.on("graphs"), "--graphs needs GPUs: run train_bench_cuda");
+    backend::cuda::default_options().graphs = !args.on("eager");
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);

@@ -3,11 +3,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <chrono>
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "replica/core/error.hpp"
 
@@ -49,6 +54,24 @@ std::string error_message(F&& f)
         return e.what();
     }
     return "no error";
+}
+
+// "" when a and b hold the same floats bit for bit; otherwise how they differ, in one line (Catch
+// would print every element of a parameter vector: megabytes, and minutes, for LeNet).
+inline std::string differences(const std::vector<float>& a, const std::vector<float>& b)
+{
+    if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+    std::size_t count = 0, first = 0;
+    double largest = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i])) continue;
+        if (count++ == 0) first = i;
+        largest = std::max(largest, std::abs(double(a[i]) - double(b[i])));
+    }
+    if (count == 0) return "";
+    return std::to_string(count) + " of " + std::to_string(a.size()) + " differ, first at " + std::to_string(first) +
+           " (" + std::to_string(a[first]) + " vs " + std::to_string(b[first]) + "), largest difference " +
+           std::to_string(largest);
 }
 
 } // namespace replica::testing

@@ -8,9 +8,11 @@
 
 #include <nccl.h>
 
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "replica/backend/cuda/context.hpp"
@@ -57,18 +59,49 @@ public:
         processes.broadcast(&id, sizeof id);
         const int ranks = int(ctx_.size()) * processes.size(), first = int(ctx_.size()) * processes.rank();
         comms_.resize(ctx_.size());
+        // Non-blocking initialisation, polled, so that a process that died before joining stops the
+        // others after the group's timeout instead of leaving them in ncclCommInitRank for ever.
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
         REPLICA_NCCL_CHECK(ncclGroupStart());
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
             ctx_[r].activate();
-            REPLICA_NCCL_CHECK(ncclCommInitRank(&comms_[r], ranks, id, first + int(r)));
+            REPLICA_NCCL_CHECK(ncclCommInitRankConfig(&comms_[r], ranks, id, first + int(r), &config));
         }
         REPLICA_NCCL_CHECK(ncclGroupEnd());
+        for (std::size_t r = 0; r < ctx_.size(); ++r) settle(r, "creating the NCCL communicator");
         make_events(buckets);
         for (std::size_t r = 0; r < ctx_.size(); ++r)
             ctx_[r].state().watchdog = [this, r](double waited) { watch(r, waited); };
     }
 
 private:
+    // A non-blocking communicator (the one across processes) may answer a call with ncclInProgress:
+    // wait until rank r's communicator has finished it before the next call, bounded by the group's
+    // timeout, so that a process that died or never joined stops this one with an error.
+    void settle(std::size_t r, const char* what)
+    {
+        if (processes_ == nullptr) return;   // blocking communicators: every call has finished
+        const auto start = std::chrono::steady_clock::now();
+        for (;;) {
+            ncclResult_t state = ncclInProgress;
+            if (comms_[r] != nullptr) REPLICA_NCCL_CHECK(ncclCommGetAsyncError(comms_[r], &state));
+            if (state == ncclSuccess) return;
+            const bool late = std::chrono::steady_clock::now() - start > processes_->timeout();
+            if (state == ncclInProgress && !late) {
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+                continue;
+            }
+            abort();
+            throw Error("rank " + std::to_string(processes_->rank()) + ": " + what +
+                        (state != ncclInProgress ? std::string(" failed: ") + ncclGetErrorString(state)
+                                                 : " got no answer from the other processes within " +
+                                                       std::to_string(long(processes_->timeout().count())) + " s") +
+                        " (a process died, hangs, or cannot reach this one); stopping (the last checkpoint is intact). "
+                        "Rerun with NCCL_DEBUG=INFO for details");
+        }
+    }
+
     void make_events(std::size_t buckets)
     {
         events_.resize(ctx_.size());
@@ -131,6 +164,7 @@ public:
         for (std::size_t r = 0; r < size(); ++r)
             REPLICA_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], count, ncclFloat, ncclSum, comms_[r], ctx_[r].comm_stream()));
         REPLICA_NCCL_CHECK(ncclGroupEnd());
+        for (std::size_t r = 0; r < size(); ++r) settle(r, "a gradient all-reduce");
     }
 
     void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t bucket) override
@@ -138,6 +172,7 @@ public:
         produced(rank, bucket);
         REPLICA_CHECK(cudaStreamWaitEvent(ctx_[rank].comm_stream(), events_[rank][bucket], 0));
         REPLICA_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, comms_[rank], ctx_[rank].comm_stream()));
+        settle(rank, "a gradient all-reduce");
     }
 
     // On the compute streams: ordered after the shard loop that wrote the buffers and before the
@@ -148,6 +183,7 @@ public:
         for (std::size_t r = 0; r < size(); ++r)
             REPLICA_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], count, ncclInt64, ncclSum, comms_[r], ctx_[r].stream()));
         REPLICA_NCCL_CHECK(ncclGroupEnd());
+        for (std::size_t r = 0; r < size(); ++r) settle(r, "an exact all-reduce");
     }
 
     void wait(std::size_t rank) override

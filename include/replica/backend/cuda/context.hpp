@@ -36,10 +36,11 @@ struct Options {
     bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
     bool deterministic = false;   // only deterministic cuDNN algorithms
     bool benchmark = false;       // choose convolution algorithms by measuring, not by heuristics
-    // Capture a model's training step (forward, loss, backward and, under Threaded dispatch, its
-    // gradient all-reduce) in a CUDA graph once per batch size and replay it, so that a step costs one
-    // launch on the host. Off until it has been measured on a GPU (docs/design.md).
-    bool graphs = false;
+    // Capture a model's training step (forward, loss and backward) in a CUDA graph once per batch
+    // size and staging buffer and replay it, so that a step costs one launch on the host (LeNet on an
+    // H200: 0.32 instead of 0.76 ms; GoogLeNet-32: 10.1 instead of 13.8 ms). Models on one device;
+    // DataParallel replicas, nested DataParallel and the reproducible mode run eagerly.
+    bool graphs = true;
 };
 
 // What a captured step reads from device memory because it changes from step to step (kernel
@@ -75,8 +76,7 @@ inline std::vector<Device> visible_devices()
 
 // A cuDNN convolution prepared for one geometry and batch size.
 struct ConvPlan {
-    cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
-    cudnnTensorDescriptor_t in_bias = nullptr;   // one value per input channel (transposed convolutions)
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
     cudnnFilterDescriptor_t w = nullptr;
     cudnnConvolutionDescriptor_t conv = nullptr;
     cudnnConvolutionFwdAlgo_t fwd{};
@@ -166,8 +166,6 @@ struct State {
         for (auto& [key, p] : conv_plans) {
             cudnnDestroyTensorDescriptor(p.x);
             cudnnDestroyTensorDescriptor(p.y);
-            cudnnDestroyTensorDescriptor(p.bias);
-            cudnnDestroyTensorDescriptor(p.in_bias);
             cudnnDestroyFilterDescriptor(p.w);
             cudnnDestroyConvolutionDescriptor(p.conv);
         }

@@ -12,13 +12,65 @@
 namespace replica::backend::cuda {
 
 namespace kernels {
+// Activations and sums read and write four floats at a time where the pointers allow it (the
+// *4 kernels; one float4 per thread and step of the grid loop): these passes are bound by memory.
+__device__ inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
+__device__ inline float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
 __global__ void relu_forward(const float* x, float* y, std::size_t count)
 {
-    REPLICA_GRID_LOOP(i, count) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    REPLICA_GRID_LOOP(i, count) y[i] = relu(x[i]);
+}
+__global__ void relu_forward4(const float4* x, float4* y, std::size_t quads)
+{
+    REPLICA_GRID_LOOP(i, quads)
+    {
+        const float4 v = x[i];
+        y[i] = make_float4(relu(v.x), relu(v.y), relu(v.z), relu(v.w));
+    }
 }
 __global__ void relu_backward(const float* y, const float* dy, float* dx, std::size_t count)
 {
-    REPLICA_GRID_LOOP(i, count) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    REPLICA_GRID_LOOP(i, count) dx[i] = relu_grad(y[i], dy[i]);
+}
+__global__ void relu_backward4(const float4* y, const float4* dy, float4* dx, std::size_t quads)
+{
+    REPLICA_GRID_LOOP(i, quads)
+    {
+        const float4 a = y[i], d = dy[i];
+        dx[i] = make_float4(relu_grad(a.x, d.x), relu_grad(a.y, d.y), relu_grad(a.z, d.z), relu_grad(a.w, d.w));
+    }
+}
+__global__ void add4(const float4* src, float4* dst, std::size_t quads)
+{
+    REPLICA_GRID_LOOP(i, quads)
+    {
+        const float4 a = src[i];
+        float4 b = dst[i];
+        b.x += a.x;
+        b.y += a.y;
+        b.z += a.z;
+        b.w += a.w;
+        dst[i] = b;
+    }
+}
+// y (n, channels, s) += b[channel]; the *4 form needs s % 4 == 0 (a quad never spans two channels).
+__global__ void add_channel_bias(const float* b, float* y, std::size_t count, unsigned channels, unsigned s)
+{
+    REPLICA_GRID_LOOP(i, count) y[i] += b[(i / s) % channels];
+}
+__global__ void add_channel_bias4(const float* b, float4* y, std::size_t quads, unsigned channels, unsigned s4)
+{
+    REPLICA_GRID_LOOP(i, quads)
+    {
+        const float v = b[(i / s4) % channels];
+        float4 t = y[i];
+        t.x += v;
+        t.y += v;
+        t.z += v;
+        t.w += v;
+        y[i] = t;
+    }
 }
 // In a captured step (step != null) the seed and the first sample come from device memory, and
 // first_sample is an offset from the step's first sample.
@@ -63,15 +115,53 @@ __global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t co
 }
 } // namespace kernels
 
+namespace detail {
+template <class... P>
+bool quad_aligned(const P*... p)
+{
+    return ((reinterpret_cast<std::uintptr_t>(p) % alignof(float4) == 0) && ...);
+}
+} // namespace detail
+
+// Each runs the float4 kernel over the whole quads when every pointer is 16-byte aligned, and the
+// scalar kernel over the rest (or over everything).
 inline void relu_forward(const Context& ctx, const float* x, float* y, std::size_t count)
 {
-    kernels::relu_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, count);
+    std::size_t done = 0;
+    if (detail::quad_aligned(x, y) && count >= 4) {
+        done = count / 4 * 4;
+        kernels::relu_forward4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
+            reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), count / 4);
+    }
+    if (done < count)
+        kernels::relu_forward<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(x + done, y + done,
+                                                                                                      count - done);
     detail::check_launch("relu_forward");
 }
 inline void relu_backward(const Context& ctx, const float* y, const float* dy, float* dx, std::size_t count)
 {
-    kernels::relu_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(y, dy, dx, count);
+    std::size_t done = 0;
+    if (detail::quad_aligned(y, dy, dx) && count >= 4) {
+        done = count / 4 * 4;
+        kernels::relu_backward4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
+            reinterpret_cast<const float4*>(y), reinterpret_cast<const float4*>(dy), reinterpret_cast<float4*>(dx), count / 4);
+    }
+    if (done < count)
+        kernels::relu_backward<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(
+            y + done, dy + done, dx + done, count - done);
     detail::check_launch("relu_backward");
+}
+// y (n, channels, s) += b (channels): a convolution's bias.
+inline void add_channel_bias(const Context& ctx, const float* b, float* y, std::size_t n, std::size_t channels, std::size_t s)
+{
+    const std::size_t count = n * channels * s;
+    if (s % 4 == 0 && detail::quad_aligned(y))
+        kernels::add_channel_bias4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
+            b, reinterpret_cast<float4*>(y), count / 4, unsigned(channels), unsigned(s / 4));
+    else
+        kernels::add_channel_bias<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(b, y, count, unsigned(channels),
+                                                                                                  unsigned(s));
+    detail::check_launch("add_channel_bias");
 }
 // Same rule as the CPU kernel: the mask is a pure function of (seed, layer, global sample, element).
 inline void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::uint32_t layer,
@@ -93,7 +183,14 @@ inline void fill(const Context& ctx, float* dst, float value, std::size_t count)
 }
 inline void add(const Context& ctx, const float* src, float* dst, std::size_t count)
 {
-    kernels::add<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(src, dst, count);
+    std::size_t done = 0;
+    if (detail::quad_aligned(src, dst) && count >= 4) {
+        done = count / 4 * 4;
+        kernels::add4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
+            reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst), count / 4);
+    }
+    if (done < count)
+        kernels::add<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(src + done, dst + done, count - done);
     detail::check_launch("add");
 }
 // The reproducible mode's exact sums (core/fixed_point.hpp), with the CPU's per-element rules. An
