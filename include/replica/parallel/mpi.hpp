@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "replica/core/backoff.hpp"
 #include "replica/parallel/communicator.hpp"
 
 namespace replica::parallel {
@@ -46,15 +47,15 @@ inline void bounded_sum(void* data, std::size_t count, MPI_Datatype type, MPI_Co
     if (count == 0) return;
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(count), type, MPI_SUM, comm, &request), "MPI_Iallreduce");
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const core::Backoff wait;
     for (int done = 0;;) {
         check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) return;
-        if (std::chrono::steady_clock::now() > deadline)
+        if (wait.waited() > double(timeout.count()))
             throw Error("rank " + std::to_string(rank) + ": no answer from the other processes for " +
                         std::to_string(timeout.count()) + " s in a gradient all-reduce: a process died or "
                         "hangs; stopping (the last checkpoint is intact)");
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        wait.pause();
     }
 }
 } // namespace detail

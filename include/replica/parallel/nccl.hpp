@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/core/backoff.hpp"
 #include "replica/parallel/communicator.hpp"
 
 namespace replica::parallel {
@@ -82,14 +83,14 @@ private:
     void settle(std::size_t r, const char* what)
     {
         if (processes_ == nullptr) return;   // blocking communicators: every call has finished
-        const auto start = std::chrono::steady_clock::now();
+        const core::Backoff wait;
         for (;;) {
             ncclResult_t state = ncclInProgress;
             if (comms_[r] != nullptr) REPLICA_NCCL_CHECK(ncclCommGetAsyncError(comms_[r], &state));
             if (state == ncclSuccess) return;
-            const bool late = std::chrono::steady_clock::now() - start > processes_->timeout();
+            const bool late = wait.waited() > double(processes_->timeout().count());
             if (state == ncclInProgress && !late) {
-                std::this_thread::sleep_for(std::chrono::microseconds(200));
+                wait.pause();
                 continue;
             }
             abort();

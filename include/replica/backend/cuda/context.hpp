@@ -23,6 +23,7 @@
 
 #include "replica/backend/cuda/allocator.hpp"
 #include "replica/backend/cuda/check.hpp"
+#include "replica/core/backoff.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/fixed_point.hpp"
@@ -330,13 +331,13 @@ public:
             REPLICA_CHECK(cudaStreamSynchronize(stream()));
             return;
         }
-        const auto start = std::chrono::steady_clock::now();
+        const core::Backoff wait;
         for (;;) {
             const cudaError_t e = cudaStreamQuery(stream());
             if (e == cudaSuccess) return;
             if (e != cudaErrorNotReady) REPLICA_CHECK(e);
-            state_->watchdog(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
+            state_->watchdog(wait.waited());
+            wait.pause();
         }
     }
 
