@@ -75,7 +75,7 @@ inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
 inline void channel_sums(const Context& ctx, const float* dy, float* db, std::size_t channels, std::size_t n,
                          std::size_t s, float* partial)
 {
-    core::require(n * s < (std::size_t(1) << 32), "a bias gradient over more than 2^32 values per channel: use a smaller batch");
+    core::require(n * s < (std::size_t(1) << 31), "a bias gradient over 2^31 values or more per channel: use a smaller batch");
     const unsigned parts = bias_parts(channels, n * s), per_part = unsigned((n * s + parts - 1) / parts);
     kernels::channel_partial_sums<<<dim3(parts, unsigned(channels)), kThreads, 0, ctx.stream()>>>(
         dy, partial, unsigned(channels), unsigned(n), unsigned(s), per_part);
