@@ -25,6 +25,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 
@@ -372,6 +373,9 @@ def markdown(doc):
     steps = sorted({r["steps"] for r in results if ok(r)})
     if steps:
         lines.append(f"Median over {', '.join(map(str, steps))} timed steps after warm-up.")
+    if doc.get("repeat", 1) > 1:
+        lines.append(f"Every configuration ran in {doc['repeat']} processes, in interleaved rounds; the table gives "
+                     "the median of their medians (each run's figures are in results.json, `runs_ms`).")
     lines += ["", "ratio: our median step time over PyTorch's for the same network, devices, scaling and batch "
               "(below 1: replica is faster). speed-up: samples/s over the same library's 1-device run at the "
               "same global batch (strong scaling) or the same batch per device (weak scaling); ideal: the "
@@ -444,6 +448,10 @@ def parse_args(argv=None):
     p.add_argument("--models", help="only these models, comma-separated (e.g. lenet,fcn)")
     p.add_argument("--append", action="store_true", help="add to the results already in DIR/results.json")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default: 900)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run every configuration this many times, in interleaved rounds (forward, then reverse "
+                        "order), and report the median of the runs' medians: host-bound runs vary between "
+                        "processes (default: 1)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return p.parse_args(argv)
 
@@ -472,29 +480,45 @@ def main(argv=None):
     if args.append and os.path.exists(previous):
         with open(previous) as f:
             doc["results"] = json.load(f)["results"]
+    if args.repeat < 1:
+        sys.exit("run_table: --repeat must be at least 1")
+    doc["repeat"] = args.repeat
+    earlier = doc["results"]
+    entries = [None] * len(configs)
+    runs_ms = [[] for _ in configs]
     failed = 0
-    for i, cfg in enumerate(configs, 1):
+    order = [(r, i) for r in range(args.repeat)
+             for i in (range(len(configs)) if r % 2 == 0 else reversed(range(len(configs))))]
+    for k, (round_, i) in enumerate(order, 1):
+        cfg = configs[i]
         argv = command(cfg, args)
         what = (f"{cfg['config']} {cfg['model']} on {cfg['device_list']} {cfg['dispatch']} {cfg['scaling']} "
                 f"batch {cfg['batch']}")
-        print(f"[{i}/{len(configs)}] {what} ...", end=" ", file=sys.stderr, flush=True)
+        print(f"[{k}/{len(order)}] {what} ...", end=" ", file=sys.stderr, flush=True)
         record, error = run_one(argv, env, args.timeout)
-        entry = dict(cfg)
-        entry["cmd"] = shlex.join(argv)
         if record:
+            runs_ms[i].append(record["median_ms"])
+            entry = dict(cfg)
+            entry["cmd"] = shlex.join(argv)
             entry.update(record)
             if record.get("graphs"):
                 entry["config"] += ", graphs"
+            if args.repeat > 1:   # the median process; samples/s follows from it
+                entry["runs_ms"] = sorted(runs_ms[i])
+                entry["median_ms"] = statistics.median(runs_ms[i])
+                entry["samples_per_s"] = record["samples_per_s"] * record["median_ms"] / entry["median_ms"]
+            entries[i] = entry
             print(f"{sig3(record['median_ms'])} ms, {sig3(record['samples_per_s'])} samples/s", file=sys.stderr)
         else:
             failed += 1
-            entry["error"] = error
+            if entries[i] is None:
+                entries[i] = dict(cfg, cmd=shlex.join(argv), error=error)
             print("FAILED: " + error.splitlines()[-1], file=sys.stderr)
-        doc["results"].append(entry)
+        doc["results"] = earlier + [e for e in entries if e is not None]
         write(doc, args.out)
     if not configs:
         write(doc, args.out)
-    print(f"{len(configs) - failed} runs, {failed} failed: {os.path.join(args.out, 'results.md')}", file=sys.stderr)
+    print(f"{len(order) - failed} runs, {failed} failed: {os.path.join(args.out, 'results.md')}", file=sys.stderr)
     return 0
 
 
