@@ -41,11 +41,16 @@
 namespace {
 
 constexpr std::size_t buffer_bytes = 8u << 20;   // one activity buffer
-constexpr std::size_t name_width = 110;          // kernel names are cut to this many characters
+constexpr std::size_t name_width = 110;   // kernel names are cut to this many characters
 
 struct Totals {
     std::uint64_t ns = 0, count = 0, bytes = 0;
-    void add(std::uint64_t t, std::uint64_t b = 0) { ns += t; ++count; bytes += b; }
+    void add(std::uint64_t t, std::uint64_t b = 0)
+    {
+        ns += t;
+        ++count;
+        bytes += b;
+    }
 };
 
 enum Direction { htod, dtoh, dtod, ptop, other, directions };
@@ -67,27 +72,29 @@ struct DeviceStats {
 };
 
 struct State {
-    std::mutex mutex;                      // guards everything below; CUPTI delivers buffers on its own thread
+    std::mutex mutex;   // guards everything below; CUPTI delivers buffers on its own thread
     std::atomic<bool> enabled{false};
     pid_t pid = 0;
     double start_ms = 0;
     std::size_t top = 40;
     std::string out, label;
     bool have_origin = false;
-    std::uint64_t origin = 0;              // the first GPU activity (CUPTI timestamps, ns)
-    std::uint64_t window_start = 0;        // origin + start_ms
+    std::uint64_t origin = 0;   // the first GPU activity (CUPTI timestamps, ns)
+    std::uint64_t window_start = 0;   // origin + start_ms
     std::uint64_t first = UINT64_MAX, last = 0;   // the window: first start and last end counted
     std::uint64_t before_window = 0, incomplete = 0, dropped = 0;
     std::map<std::uint32_t, DeviceStats> devices;
 };
 
 // Never destroyed: CUPTI may still deliver a buffer while the process exits.
-State& state() {
+State& state()
+{
     static State* s = new State;
     return *s;
 }
 
-void disable() {
+void disable()
+{
     state().enabled = false;
     for (auto kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMCPY2,
                       CUPTI_ACTIVITY_KIND_MEMSET})
@@ -95,7 +102,8 @@ void disable() {
 }
 
 // True when the call succeeded; otherwise one line on stderr, and the tool is off.
-bool ok(CUptiResult result, const char* call) {
+bool ok(CUptiResult result, const char* call)
+{
     if (result == CUPTI_SUCCESS) return true;
     const char* reason = nullptr;
     if (cuptiGetResultString(result, &reason) != CUPTI_SUCCESS || reason == nullptr) reason = "unknown error";
@@ -106,20 +114,28 @@ bool ok(CUptiResult result, const char* call) {
 #define CUPTI_OK(call) ok((call), #call)
 
 // Sorts the intervals and merges those that overlap or touch; their union is unchanged.
-void merge(std::vector<Interval>& v) {
+void merge(std::vector<Interval>& v)
+{
     std::sort(v.begin(), v.end());
     std::size_t n = 0;
     for (const Interval& i : v) {
-        if (n > 0 && i.first <= v[n - 1].second) v[n - 1].second = std::max(v[n - 1].second, i.second);
-        else v[n++] = i;
+        if (n > 0 && i.first <= v[n - 1].second)
+            v[n - 1].second = std::max(v[n - 1].second, i.second);
+        else
+            v[n++] = i;
     }
     v.resize(n);
 }
 
 // GPU start and end of a record, with its device; traced is false for the kinds we do not trace.
-struct Span { std::uint64_t start = 0, end = 0; std::uint32_t device = 0; bool traced = false; };
+struct Span {
+    std::uint64_t start = 0, end = 0;
+    std::uint32_t device = 0;
+    bool traced = false;
+};
 
-Span span(const CUpti_Activity* r) {
+Span span(const CUpti_Activity* r)
+{
     switch (r->kind) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
@@ -141,7 +157,8 @@ Span span(const CUpti_Activity* r) {
     }
 }
 
-Direction direction(std::uint8_t copy_kind) {
+Direction direction(std::uint8_t copy_kind)
+{
     switch (copy_kind) {
     case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return htod;
     case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return dtoh;
@@ -151,11 +168,18 @@ Direction direction(std::uint8_t copy_kind) {
     }
 }
 
-void record(State& s, const CUpti_Activity* r) {
+void record(State& s, const CUpti_Activity* r)
+{
     const Span t = span(r);
     if (!t.traced) return;
-    if (t.start == 0 || t.end < t.start) { ++s.incomplete; return; }   // cut short by the flush at exit
-    if (t.start < s.window_start) { ++s.before_window; return; }
+    if (t.start == 0 || t.end < t.start) {   // cut short by the flush at exit
+        ++s.incomplete;
+        return;
+    }
+    if (t.start < s.window_start) {
+        ++s.before_window;
+        return;
+    }
     s.first = std::min(s.first, t.start);
     s.last = std::max(s.last, t.end);
     DeviceStats& d = s.devices[t.device];
@@ -169,7 +193,10 @@ void record(State& s, const CUpti_Activity* r) {
         it->second.add(ns);
         d.kernel.add(ns);
         d.busy.emplace_back(t.start, t.end);
-        if (d.busy.size() >= d.busy_limit) { merge(d.busy); d.busy_limit = std::max(d.busy_limit, 2 * d.busy.size()); }
+        if (d.busy.size() >= d.busy_limit) {
+            merge(d.busy);
+            d.busy_limit = std::max(d.busy_limit, 2 * d.busy.size());
+        }
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -184,7 +211,8 @@ void record(State& s, const CUpti_Activity* r) {
     }
 }
 
-void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
+void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records)
+{
     *buffer = state().enabled ? static_cast<std::uint8_t*>(std::aligned_alloc(ACTIVITY_RECORD_ALIGNMENT, buffer_bytes))
                               : nullptr;   // declining drops the records, which is all we want when off
     *size = *buffer != nullptr ? buffer_bytes : 0;
@@ -192,7 +220,8 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::si
 }
 
 void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uint8_t* buffer, std::size_t,
-                               std::size_t valid) {
+                               std::size_t valid)
+{
     State& s = state();
     if (s.enabled) {
         std::lock_guard lock(s.mutex);
@@ -224,7 +253,8 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
     std::free(buffer);
 }
 
-[[gnu::format(printf, 2, 3)]] void appendf(std::string& out, const char* format, ...) {
+[[gnu::format(printf, 2, 3)]] void appendf(std::string& out, const char* format, ...)
+{
     va_list args, again;
     va_start(args, format);
     va_copy(again, args);
@@ -239,16 +269,18 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
     va_end(args);
 }
 
-std::string demangle(const std::string& name) {
+std::string demangle(const std::string& name)
+{
     int status = 0;
     std::unique_ptr<char, decltype(&std::free)> plain(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status),
-                                                       &std::free);
+                                                      &std::free);
     std::string s = status == 0 && plain ? plain.get() : name;
     if (s.size() > name_width) s = s.substr(0, name_width - 3) + "...";
     return s;
 }
 
-std::string report(State& s) {
+std::string report(State& s)
+{
     const double ms = 1e-6;
     const double window = s.first < s.last ? (s.last - s.first) * ms : 0;
     std::string out;
@@ -256,23 +288,29 @@ std::string report(State& s) {
             s.label.c_str(), static_cast<int>(s.pid), window, s.first < s.last ? (s.first - s.origin) * ms : 0.0);
     appendf(out, "   %llu records before the window, %llu incomplete, %llu dropped%s\n",
             static_cast<unsigned long long>(s.before_window), static_cast<unsigned long long>(s.incomplete),
-            static_cast<unsigned long long>(s.dropped), s.enabled ? "" : "; the tool was switched off: figures incomplete");
+            static_cast<unsigned long long>(s.dropped),
+            s.enabled ? "" : "; the tool was switched off: figures incomplete");
     for (auto& [id, d] : s.devices) {
         merge(d.busy);
         double busy = 0;
-        for (const Interval& i : d.busy) busy += (i.second - i.first) * ms;
-        appendf(out, "-- device %u: %llu kernels (%zu distinct), kernel time %.3f ms, GPU busy %.3f ms = %.1f%% of the window\n",
-                id, static_cast<unsigned long long>(d.kernel.count), d.kernels.size(), d.kernel.ns * ms, busy,
-                window > 0 ? 100 * busy / window : 0.0);
+        for (const Interval& i : d.busy)
+            busy += (i.second - i.first) * ms;
+        appendf(
+            out,
+            "-- device %u: %llu kernels (%zu distinct), kernel time %.3f ms, GPU busy %.3f ms = %.1f%% of the window\n",
+            id, static_cast<unsigned long long>(d.kernel.count), d.kernels.size(), d.kernel.ns * ms, busy,
+            window > 0 ? 100 * busy / window : 0.0);
         for (int k = 0; k < directions; ++k)
             if (const Totals& c = d.copies[k]; c.count > 0)
-                appendf(out, "   memcpy %-5s %10.3f ms %8llu copies %12.3f MB %8.2f GB/s\n", direction_names[k], c.ns * ms,
-                        static_cast<unsigned long long>(c.count), c.bytes * 1e-6, c.ns > 0 ? double(c.bytes) / c.ns : 0.0);
+                appendf(out, "   memcpy %-5s %10.3f ms %8llu copies %12.3f MB %8.2f GB/s\n", direction_names[k],
+                        c.ns * ms, static_cast<unsigned long long>(c.count), c.bytes * 1e-6,
+                        c.ns > 0 ? double(c.bytes) / c.ns : 0.0);
         if (d.memset.count > 0)
             appendf(out, "   memset       %10.3f ms %8llu sets   %12.3f MB\n", d.memset.ns * ms,
                     static_cast<unsigned long long>(d.memset.count), d.memset.bytes * 1e-6);
         std::vector<const std::pair<const std::string, Totals>*> rows;
-        for (const auto& k : d.kernels) rows.push_back(&k);
+        for (const auto& k : d.kernels)
+            rows.push_back(&k);
         const std::size_t shown = std::min(s.top, rows.size());
         std::partial_sort(rows.begin(), rows.begin() + shown, rows.end(),
                           [](auto a, auto b) { return a->second.ns > b->second.ns; });
@@ -280,7 +318,10 @@ std::string report(State& s) {
         std::uint64_t rest = 0;
         for (std::size_t i = 0; i < rows.size(); ++i) {
             const Totals& t = rows[i]->second;
-            if (i >= shown) { rest += t.ns; continue; }
+            if (i >= shown) {
+                rest += t.ns;
+                continue;
+            }
             appendf(out, "   %10.3f %8llu %10.2f %5.1f%%  %s\n", t.ns * ms, static_cast<unsigned long long>(t.count),
                     t.ns * 1e-3 / t.count, d.kernel.ns > 0 ? 100.0 * t.ns / d.kernel.ns : 0.0,
                     demangle(rows[i]->first).c_str());
@@ -293,24 +334,28 @@ std::string report(State& s) {
     return out;
 }
 
-void at_exit() {
+void at_exit()
+{
     State& s = state();
     if (getpid() != s.pid) return;   // a forked child: its parent reports
     if (s.enabled) CUPTI_OK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));   // delivers what is left
     std::lock_guard lock(s.mutex);
     const std::string text = report(s);
     std::FILE* file = s.out.empty() ? nullptr : std::fopen(s.out.c_str(), "a");
-    if (!s.out.empty() && file == nullptr) std::fprintf(stderr, "replica kernel_trace: cannot open %s\n", s.out.c_str());
+    if (!s.out.empty() && file == nullptr)
+        std::fprintf(stderr, "replica kernel_trace: cannot open %s\n", s.out.c_str());
     std::fwrite(text.data(), 1, text.size(), file != nullptr ? file : stderr);   // one write: reports do not interleave
     if (file != nullptr) std::fclose(file);
 }
 
-std::string env(const char* name, const char* otherwise) {
+std::string env(const char* name, const char* otherwise)
+{
     const char* v = std::getenv(name);
     return v != nullptr && *v != '\0' ? v : otherwise;
 }
 
-double env_number(const char* name, double otherwise) {
+double env_number(const char* name, double otherwise)
+{
     const std::string v = env(name, "");
     if (v.empty()) return otherwise;
     char* end = nullptr;
@@ -320,11 +365,12 @@ double env_number(const char* name, double otherwise) {
     return otherwise;
 }
 
-}  // namespace
+}   // namespace
 
 // Called by the CUDA driver, once, during cuInit of a process started with CUDA_INJECTION64_PATH set.
 // Returns 1 even when the set-up fails, so that the program runs on without the tool.
-extern "C" [[gnu::visibility("default")]] int InitializeInjection(void) {
+extern "C" [[gnu::visibility("default")]] int InitializeInjection(void)
+{
     static std::atomic<bool> once{false};
     if (once.exchange(true)) return 1;
     State& s = state();
@@ -338,7 +384,8 @@ extern "C" [[gnu::visibility("default")]] int InitializeInjection(void) {
     std::uint32_t version = 0;
     if (!CUPTI_OK(cuptiGetVersion(&version))) return 1;
     if (version / 10000 != CUPTI_API_VERSION / 10000) {
-        std::fprintf(stderr, "replica kernel_trace: built for CUPTI API %u, loaded %u: off\n", CUPTI_API_VERSION, version);
+        std::fprintf(stderr, "replica kernel_trace: built for CUPTI API %u, loaded %u: off\n", CUPTI_API_VERSION,
+                     version);
         return 1;
     }
     if (!CUPTI_OK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed))) return 1;
