@@ -1,7 +1,8 @@
 #pragma once
 // Softmax cross-entropy on the GPU, over logits (n, classes, pixels) and labels (n, pixels): one
-// thread per labelled element (a block per sample for classifiers) writes its gradient and its loss; the losses are then summed by one
-// block in a fixed order (no atomics), in double, so the sum is the same every run.
+// thread per labelled element (a block per sample for classifiers) writes its gradient and its loss;
+// the losses are then summed in an order fixed by their count (no atomics), in double, so the sum is
+// the same every run.
 
 #include <algorithm>
 #include <cstddef>
