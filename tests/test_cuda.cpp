@@ -415,8 +415,8 @@ TEST_CASE("Copying the next batch ahead changes nothing but the time", "[cuda]")
 // ---- CUDA graphs (backend::cuda::Options::graphs) ----
 
 namespace {
-// 6 steps of 16 samples (step 1 eager, step 2 captured, later ones replayed, the staging buffers
-// alternating as the next batch is copied ahead), then one of 10 (another batch size: eager).
+// 6 steps of 16 samples, the two staging buffers alternating as the next batch is copied ahead (one
+// graph per buffer: steps 1-2 eager, 3-4 captured, 5-6 replayed), then one of 10 (a new size: eager).
 template <class Model, class Data>
 std::vector<float> steps_for_graphs(Model& model, const Data& data)
 {

@@ -195,7 +195,7 @@ public:
     }
 
     // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
-    // with SingleThread dispatch forbids it (its grouped all-reduce spans every GPU).
+    // forbids it for its replicas (docs/design.md).
     void allow_graphs(bool yes) { graphs_allowed_ = yes; }
 
     double finish()

@@ -327,8 +327,7 @@ public:
                 for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next) {
                     if constexpr (std::same_as<Dispatch, Threaded>) {
                         comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first, next);
-                        // After the last bucket: later work waits for the reductions (inside the step, so
-                        // that a CUDA graph capturing it holds the reductions whole).
+                        // After the last bucket: later work waits for the reductions.
                         if (next + 1 == buckets_.size()) comm_->wait(r);
                     } else {
                         comm_->produced(r, next);

@@ -22,7 +22,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "replica/core/backoff.hpp"

@@ -8,11 +8,9 @@
 
 #include <nccl.h>
 
-#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "replica/backend/cuda/context.hpp"
