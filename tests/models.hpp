@@ -57,6 +57,12 @@ inline std::vector<Device> cpus(std::size_t n)
     return d;
 }
 
+// Convolutions followed by ReLUs (a Chain fuses each pair), and the same layers kept apart by an
+// identity (a Dropout of 0), for tests that the fusion changes no bit.
+using FusedConvNet = Sequential<Input<2, 9, 9>, Conv2d<4, 3, 1, 1>, ReLU, Conv2d<3, 3, 2>, ReLU, Flatten, Linear<5>>;
+using UnfusedConvNet =
+    Sequential<Input<2, 9, 9>, Conv2d<4, 3, 1, 1>, Dropout<0.0>, ReLU, Conv2d<3, 3, 2>, Dropout<0.0>, ReLU, Flatten, Linear<5>>;
+
 // The reproducible mode as the tests run it, and its standard run: 5 SGD steps of 20 samples from
 // `seed` (micro-shards of 8, 8 and 4: uneven over every replica count).
 inline constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};

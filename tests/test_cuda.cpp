@@ -377,6 +377,17 @@ TEST_CASE("Reproducible mode on GPUs: Concat and Dropout are bit-identical on ev
     bit_identical_on_any_gpu_count<ConcatDropoutNet>();
 }
 
+TEST_CASE("A convolution fused with the ReLU after it trains to the same bits on the GPU", "[cuda]")
+{
+    REQUIRE_GPU();
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    const RandomBatches<FusedConvNet> data(100, 3);
+    FusedConvNet fused{Device::cuda(0), 5};
+    UnfusedConvNet apart{Device::cuda(0), 5};
+    apart.set_parameters(parameters(fused));
+    CHECK(differences(five_steps(fused, data, 7, {}), five_steps(apart, data, 7, {})) == "");
+}
+
 // ---- inputs copied ahead (train_step's `next`) ----
 
 namespace {

@@ -40,6 +40,19 @@ TEST_CASE("Sequential runs its layers in order", "[cpu]")
     CHECK(out == y);
 }
 
+TEST_CASE("A convolution fused with the ReLU after it trains to the same bits as the two apart", "[cpu]")
+{
+    static_assert(FusedConvNet::graph::fuses_next_relu<0> && FusedConvNet::graph::fuses_next_relu<2>);
+    static_assert(!UnfusedConvNet::graph::fuses_next_relu<0> && !FusedConvNet::graph::fuses_next_relu<1>);
+    const RandomBatches<FusedConvNet> data(100, 3);
+    FusedConvNet fused{Device::cpu(), 5};
+    UnfusedConvNet apart{Device::cpu(), 5};
+    apart.set_parameters(parameters(fused));   // the Dropouts take layer ids: other initial weights
+    const auto expected = five_steps(apart, data, 7, {});
+    CHECK(differences(five_steps(fused, data, 7, {}), expected) == "");
+    CHECK(max_relative_difference(expected, parameters(UnfusedConvNet{Device::cpu(), 5})) > 1e-3);   // it trained
+}
+
 TEST_CASE("Models start from their seed", "[cpu]")
 {
     CHECK(parameters(LeNet{Device::cpu(), 1}) == parameters(LeNet{Device::cpu(), 1}));

@@ -17,6 +17,7 @@ struct ReLU {
         using input_shape = In;
         using output_shape = In;
         static constexpr std::size_t param_count = 0;
+        static constexpr bool is_relu = true;   // an op before it may apply it (model::Chain fuses them)
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>

@@ -53,7 +53,14 @@ struct Conv2d {
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
         {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
+        }
+        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass.
+        static constexpr bool fuses_relu = true;
+        template <class Ctx>
+        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
@@ -89,7 +96,14 @@ struct Conv1d {
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
         {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
+        }
+        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass.
+        static constexpr bool fuses_relu = true;
+        template <class Ctx>
+        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const

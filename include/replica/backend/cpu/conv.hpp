@@ -37,7 +37,7 @@ std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 
 template <Window g>
 void conv_forward(const Context&, int cout, const float* w, const float* b,
-                         const float* x, float* y, std::size_t n, float* scratch)
+                         const float* x, float* y, std::size_t n, float* scratch, bool relu)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
@@ -49,6 +49,8 @@ void conv_forward(const Context&, int cout, const float* w, const float* b,
         gemm(false, false, cout, mm * p, k, 1.0f, w, k, col, mm * p, 0.0f, out, mm * p);
         to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
     }
+    if (relu)   // the ReLU op's own rule, so that fusing changes no bit
+        for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
 // dw, db are assigned; dx (may be null) is assigned.

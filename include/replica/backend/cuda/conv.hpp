@@ -188,13 +188,13 @@ std::size_t conv_transpose_scratch_size(const Context&, int, std::size_t n)
 
 template <core::Window g>
 void conv_forward(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
-                  std::size_t n, float*)
+                  std::size_t n, float*, bool relu)
 {
     const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
     const float one = 1.0f, zero = 0.0f;
     REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
                                           &zero, p.y, y));
-    add_channel_bias(ctx, b, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
+    add_channel_bias(ctx, b, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow, relu);
 }
 
 template <core::Window g>
@@ -223,7 +223,7 @@ void conv_transpose_forward(const Context& ctx, int c, const float* w, const flo
     REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
                                                p.workspace, &zero, p.x, y));
     // Bias over the output's channels: the output is the plan's "x" tensor.
-    add_channel_bias(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w);
+    add_channel_bias(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w, false);
 }
 
 template <core::Window g>

@@ -54,22 +54,27 @@ __global__ void add4(const float4* src, float4* dst, std::size_t quads)
         dst[i] = b;
     }
 }
-// y (n, channels, s) += b[channel]; the *4 form needs s % 4 == 0 (a quad never spans two channels).
-__global__ void add_channel_bias(const float* b, float* y, std::size_t count, unsigned channels, unsigned s)
+// y (n, channels, s) += b[channel], then the ReLU when Relu; the *4 form needs s % 4 == 0 (a quad
+// never spans two channels). 32-bit indices (the caller checks): cheaper divisions.
+template <bool Relu>
+__device__ inline float biased(float y, float b)
 {
-    REPLICA_GRID_LOOP(i, count) y[i] += b[(i / s) % channels];
+    const float v = y + b;
+    return Relu ? relu(v) : v;
 }
-__global__ void add_channel_bias4(const float* b, float4* y, std::size_t quads, unsigned channels, unsigned s4)
+template <bool Relu>
+__global__ void add_channel_bias(const float* b, float* y, unsigned count, unsigned channels, unsigned s)
 {
-    REPLICA_GRID_LOOP(i, quads)
-    {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x)
+        y[i] = biased<Relu>(y[i], b[(i / s) % channels]);
+}
+template <bool Relu>
+__global__ void add_channel_bias4(const float* b, float4* y, unsigned quads, unsigned channels, unsigned s4)
+{
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < quads; i += blockDim.x * gridDim.x) {
         const float v = b[(i / s4) % channels];
-        float4 t = y[i];
-        t.x += v;
-        t.y += v;
-        t.z += v;
-        t.w += v;
-        y[i] = t;
+        const float4 t = y[i];
+        y[i] = make_float4(biased<Relu>(t.x, v), biased<Relu>(t.y, v), biased<Relu>(t.z, v), biased<Relu>(t.w, v));
     }
 }
 // In a captured step (step != null) the seed and the first sample come from device memory, and
@@ -151,16 +156,21 @@ inline void relu_backward(const Context& ctx, const float* y, const float* dy, f
             y + done, dy + done, dx + done, count - done);
     detail::check_launch("relu_backward");
 }
-// y (n, channels, s) += b (channels): a convolution's bias.
-inline void add_channel_bias(const Context& ctx, const float* b, float* y, std::size_t n, std::size_t channels, std::size_t s)
+// y (n, channels, s) += b (channels): a convolution's bias; then the ReLU when `relu` (a Conv fused
+// with the ReLU after it: one pass instead of two, same bits).
+inline void add_channel_bias(const Context& ctx, const float* b, float* y, std::size_t n, std::size_t channels,
+                             std::size_t s, bool relu)
 {
     const std::size_t count = n * channels * s;
-    if (s % 4 == 0 && detail::quad_aligned(y))
-        kernels::add_channel_bias4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
-            b, reinterpret_cast<float4*>(y), count / 4, unsigned(channels), unsigned(s / 4));
-    else
-        kernels::add_channel_bias<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(b, y, count, unsigned(channels),
-                                                                                                  unsigned(s));
+    core::require(count < (std::size_t(1) << 31), "a convolution output of 2^31 values or more: use a smaller batch");
+    const bool quads = s % 4 == 0 && detail::quad_aligned(y);
+    const unsigned blocks = detail::blocks_for(quads ? count / 4 : count);
+    auto* y4 = reinterpret_cast<float4*>(y);
+    const auto c = unsigned(channels);
+    if (quads && relu) kernels::add_channel_bias4<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
+    else if (quads) kernels::add_channel_bias4<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
+    else if (relu) kernels::add_channel_bias<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
+    else kernels::add_channel_bias<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
     detail::check_launch("add_channel_bias");
 }
 // Same rule as the CPU kernel: the mask is a pure function of (seed, layer, global sample, element).

@@ -2,7 +2,8 @@
 // Pooling on the GPU, with the CPU backend's exact rules (ceil mode, padding ignored by max, counted
 // as zeros by average). Max pooling records each maximum's position; backward gathers: one thread per
 // input element sums the gradients of the windows that picked it, so no atomics and the same result
-// every run.
+// every run. The kernels are templates on the window, so that their index arithmetic divides by
+// constants (a 64-bit division by a value known only at run time costs dozens of instructions).
 
 #include <cstddef>
 
@@ -10,6 +11,10 @@
 #include "replica/backend/cuda/launch.hpp"
 
 namespace replica::backend::cuda {
+
+// A window as the template arguments of a kernel (nvcc cannot pass a class-type template argument
+// from namespace scope to a __global__ function): the kernel rebuilds it as a constant.
+#define REPLICA_WINDOW_INTS(g) g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow
 
 namespace kernels {
 __device__ inline float window_max(const core::Window& g, const float* xp, int oy, int ox, int& arg)
@@ -27,8 +32,10 @@ __device__ inline float window_max(const core::Window& g, const float* xp, int o
     return best;
 }
 
-__global__ void max_pool_forward(core::Window g, const float* x, float* y, float* arg, std::size_t count)
+template <int... G>
+__global__ void max_pool_forward(const float* x, float* y, float* arg, std::size_t count)
 {
+    constexpr core::Window g{G...};
     REPLICA_GRID_LOOP(i, count)
     {
         const std::size_t plane = i / (g.oh * g.ow);
@@ -61,8 +68,10 @@ __device__ inline Covered covered_by(const core::Window& g, std::size_t i)
     return c;
 }
 
-__global__ void max_pool_backward(core::Window g, const float* arg, const float* dy, float* dx, std::size_t count)
+template <int... G>
+__global__ void max_pool_backward(const float* arg, const float* dy, float* dx, std::size_t count)
 {
+    constexpr core::Window g{G...};
     REPLICA_GRID_LOOP(i, count)
     {
         const Covered c = covered_by(g, i);
@@ -76,8 +85,10 @@ __global__ void max_pool_backward(core::Window g, const float* arg, const float*
     }
 }
 
-__global__ void avg_pool_forward(core::Window g, const float* x, float* y, std::size_t count)
+template <int... G>
+__global__ void avg_pool_forward(const float* x, float* y, std::size_t count)
 {
+    constexpr core::Window g{G...};
     REPLICA_GRID_LOOP(i, count)
     {
         const std::size_t plane = i / (g.oh * g.ow);
@@ -91,8 +102,10 @@ __global__ void avg_pool_forward(core::Window g, const float* x, float* y, std::
     }
 }
 
-__global__ void avg_pool_backward(core::Window g, const float* dy, float* dx, std::size_t count)
+template <int... G>
+__global__ void avg_pool_backward(const float* dy, float* dx, std::size_t count)
 {
+    constexpr core::Window g{G...};
     REPLICA_GRID_LOOP(i, count)
     {
         const Covered c = covered_by(g, i);
@@ -109,28 +122,28 @@ template <core::Window g>
 void max_pool_forward(const Context& ctx, const float* x, float* y, float* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    kernels::max_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, arg, count);
+    kernels::max_pool_forward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, count);
     detail::check_launch("max_pool_forward");
 }
 template <core::Window g>
 void max_pool_backward(const Context& ctx, const float* arg, const float* dy, float* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * g.h * g.w;
-    kernels::max_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, arg, dy, dx, count);
+    kernels::max_pool_backward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, count);
     detail::check_launch("max_pool_backward");
 }
 template <core::Window g>
 void avg_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    kernels::avg_pool_forward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, x, y, count);
+    kernels::avg_pool_forward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, count);
     detail::check_launch("avg_pool_forward");
 }
 template <core::Window g>
 void avg_pool_backward(const Context& ctx, const float* dy, float* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * g.h * g.w;
-    kernels::avg_pool_backward<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, dy, dx, count);
+    kernels::avg_pool_backward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, count);
     detail::check_launch("avg_pool_backward");
 }
 
