@@ -33,6 +33,7 @@ struct Settings {
     int blas_threads;
     StepOptions step;
     parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
+    bool dp_graphs;                      // DataParallelOptions::graphs
 };
 
 template <class M>
@@ -42,7 +43,7 @@ int run(const Settings& s)
     if (s.processes && parallel::contains_data_parallel<M>)
         throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
     auto model = auto_parallel(M{s.devices}, s.devices,
-                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes},
+                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes, .graphs = s.dp_graphs},
                                 .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t replicas = model.global_replica_count();   // over every process
@@ -86,9 +87,10 @@ int run(const Settings& s)
     if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
     const int processes = s.processes ? s.processes->size() : 1;
 #if defined(REPLICA_CUDA)
-    // Replicas of a DataParallel run eagerly (docs/design.md), so graphs are used on one device only.
-    const bool graphs = backend::cuda::default_options().graphs && replicas == 1 && !s.devices.front().is_cpu() &&
-                        !parallel::contains_data_parallel<M>;
+    // Replicas of a DataParallel replay graphs only with --dp-graphs (or when auto_parallel chose it).
+    const bool graphs = backend::cuda::default_options().graphs && !s.devices.front().is_cpu() &&
+                        !parallel::contains_data_parallel<M> &&
+                        (replicas == 1 || s.dp_graphs || model.description().find("graphs") != std::string::npos);
 #else
     const bool graphs = false;
 #endif
@@ -126,6 +128,7 @@ try {
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
         .flag("eager", "GPUs: run every step eagerly (default: a model on one GPU captures its step in a CUDA graph and replays it)")
+        .flag("dp-graphs", "GPUs: DataParallel replicas replay their steps from CUDA graphs, all-reduce after backward")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
 #if defined(REPLICA_CUDA)
@@ -137,7 +140,7 @@ try {
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
                StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get()};
+               processes.get(), args.on("dp-graphs")};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

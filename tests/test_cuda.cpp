@@ -474,7 +474,8 @@ TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit
     CHECK(graphs_held(lenet_replayed) == 2);
 }
 
-TEST_CASE("With graphs on, DataParallel replicas run eagerly and match the eager steps", "[cuda][multi-gpu]")
+TEST_CASE("DataParallel replicas replayed from CUDA graphs (all-reduce after backward) match the eager steps",
+          "[cuda][multi-gpu]")
 {
     REQUIRE_TWO_GPUS();
     const OptionScope deterministic{&cuda::Options::deterministic, true};
@@ -486,9 +487,14 @@ TEST_CASE("With graphs on, DataParallel replicas run eagerly and match the eager
         expected = steps_for_graphs(two, lenet);
     }
     const OptionScope on{&cuda::Options::graphs, true};
-    DataParallel<LeNet, Threaded> two{gpus(2), 4};
-    CHECK(differences(steps_for_graphs(two, lenet), expected) == "");
-    CHECK(graphs_held(two.replica(0)) == 0);
-    DataParallel<LeNet, SingleThread> single{gpus(2), 4};   // grouped all-reduce: another order of launches
+    DataParallel<LeNet, Threaded> overlapped{gpus(2), 4};   // by default replicas run eagerly
+    CHECK(differences(steps_for_graphs(overlapped, lenet), expected) == "");
+    CHECK(graphs_held(overlapped.replica(0)) == 0);
+    DataParallel<LeNet, Threaded> replayed{gpus(2), 4, {.graphs = true}};
+    CHECK(differences(steps_for_graphs(replayed, lenet), expected) == "");
+    CHECK(graphs_held(replayed.replica(0)) == 2);
+    CHECK(graphs_held(replayed.replica(1)) == 2);
+    DataParallel<LeNet, SingleThread> single{gpus(2), 4, {.graphs = true}};   // grouped all-reduce
     CHECK(norm_relative(steps_for_graphs(single, lenet), expected) < 1e-6);
+    CHECK(graphs_held(single.replica(1)) == 2);
 }

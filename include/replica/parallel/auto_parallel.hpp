@@ -70,11 +70,13 @@ struct AutoOptions {
     std::ostream* log = &std::cerr;   // one line: every candidate's speed and the choice
 };
 
-// A configuration auto_parallel measures: the first `count` devices, with a dispatch policy.
+// A configuration auto_parallel measures: the first `count` devices, with a dispatch policy, the
+// replicas' steps replayed from CUDA graphs or not (DataParallelOptions::graphs).
 struct Candidate {
     std::size_t count;
     DispatchChoice dispatch;
     double rate = 0.0;   // samples per second, measured
+    bool graphs = false;
 };
 
 // The index of the chosen candidate (candidates[0] is the 1-device one): the fastest of those that
@@ -114,7 +116,8 @@ public:
                 using T = std::decay_t<decltype(m)>;
                 if constexpr (std::same_as<T, M>) return m.description();
                 else {
-                    std::string s = std::string("DataParallel<") + T::dispatch::name + "> over ";
+                    std::string s = std::string("DataParallel<") + T::dispatch::name +
+                                    (m.options().graphs ? ", graphs" : "") + "> over ";
                     for (std::size_t i = 0; i < m.devices().size(); ++i) s += (i ? "," : "") + m.devices()[i].name();
                     return s;
                 }
@@ -188,9 +191,10 @@ private:
             o.dispatch = DispatchChoice::threaded;
         }
         if (o.dispatch == DispatchChoice::measured) {
-            const auto [count, dispatch] = measure(model, devices, o);
-            devices.erase(devices.begin() + std::ptrdiff_t(count), devices.end());
-            o.dispatch = dispatch;
+            const Candidate chosen = measure(model, devices, o);
+            devices.erase(devices.begin() + std::ptrdiff_t(chosen.count), devices.end());
+            o.dispatch = chosen.dispatch;
+            o.data_parallel.graphs = chosen.graphs;
         }
         return build(std::move(model), std::move(devices), o);
     }
@@ -209,12 +213,11 @@ private:
         return Impl(std::in_place_index<1>, std::move(model), std::move(devices), o.data_parallel);
     }
 
-    // Samples per second of every candidate; returns the chosen (device count, policy). Every candidate
+    // Samples per second of every candidate; returns the chosen one. Every candidate
     // is timed twice, in forward and then in reverse order, and keeps its better figure, so neither the
     // first candidate's cold start nor drift in the machine's speed decides. More devices must beat
     // every candidate with fewer by AutoOptions::margin: when it is close, fewer devices win.
-    static std::pair<std::size_t, DispatchChoice> measure(const M& model, const std::vector<Device>& devices,
-                                                          const AutoOptions& o)
+    static Candidate measure(const M& model, const std::vector<Device>& devices, const AutoOptions& o)
     {
         core::require(o.batch_size > 0 && o.steps > 0, "auto_parallel: measuring needs a batch size and steps");
         const auto w = model.parameters();
@@ -227,13 +230,18 @@ private:
             labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
 
         std::vector<Candidate> candidates{{1, DispatchChoice::single}};
+        const bool gpus = !devices.front().is_cpu();   // CUDA graphs for the replicas: a third choice
         for (std::size_t k = 2; k <= devices.size(); ++k)
-            for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded}) candidates.push_back({k, d});
+            for (bool graphs : {false, true})
+                if (!graphs || gpus)
+                    for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded})
+                        candidates.push_back({.count = k, .dispatch = d, .graphs = graphs});
         auto time = [&](Candidate& c) {
             M copy{devices.front()};
             copy.set_parameters(w);
             AutoOptions ok = o;
             ok.dispatch = c.dispatch;
+            ok.data_parallel.graphs = c.graphs;
             Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + std::ptrdiff_t(c.count)}, ok);
             const std::size_t n = global_batch(o.batch_size, c.count, o.scaling);
             c.rate = std::max(c.rate, double(n) / time_steps(candidate, x.data(), labels.data(), n, o.steps));
@@ -245,17 +253,19 @@ private:
 
         const Candidate* best = &candidates[choose(candidates, o.margin)];
         std::string report = "auto_parallel measured (samples/s):";
-        for (const auto& c : candidates)
-            report += " " + std::to_string(c.count) +
-                      (c.count == 1 ? " device " : c.dispatch == DispatchChoice::threaded ? " threaded " : " single ") +
-                      std::to_string(long(c.rate));
+        auto name = [](const Candidate& c) {
+            return c.count == 1 ? std::string(" device")
+                                : std::string(c.dispatch == DispatchChoice::threaded ? " threaded" : " single") +
+                                      (c.graphs ? "+graphs" : "");
+        };
+        for (const auto& c : candidates) report += " " + std::to_string(c.count) + name(c) + " " + std::to_string(long(c.rate));
         if (o.log)
             *o.log << report << "; chose " << best->count << (best->count == 1 ? " device" : " devices")
-                   << (best->count == 1 ? "" : best->dispatch == DispatchChoice::threaded ? ", threaded" : ", single")
+                   << (best->count == 1 ? "" : "," + name(*best))
                    << (best->count > 1 || candidates.size() == 1 ? "" : " (more devices were not faster by " +
                                                                             std::to_string(int(o.margin * 100)) + "%)")
                    << std::endl;
-        return {best->count, best->dispatch};
+        return *best;
     }
 
     // Median seconds of a training step (after two untimed steps).

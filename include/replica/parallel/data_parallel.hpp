@@ -39,6 +39,11 @@ struct DataParallelOptions {
     // Several processes (parallel/mpi.hpp): this process's replicas are part of every process's.
     // Every process must hold the same number of replicas. Not owned; must outlive the DataParallel.
     ProcessGroup* processes = nullptr;
+    // GPU replicas replay their forward and backward from CUDA graphs (backend::cuda::Options::graphs
+    // must be on too) and the gradient is all-reduced after backward, bucket by bucket, instead of
+    // while backward runs: a captured step holds no collective. Pays where a step is bound by the host
+    // (small batches per GPU); large models lose the overlap. auto_parallel measures both ways.
+    bool graphs = false;
 };
 
 namespace detail {
@@ -334,9 +339,15 @@ public:
                     }
                 }
             };
+            const float* xs = x + s.offset * input_shape::size;
+            const std::int32_t* ls = labels + s.offset * label_size;
             try {
-                replicas_[r].queue_forward_backward(mine, x + s.offset * input_shape::size, labels + s.offset * label_size,
-                                                    s.count, loss_scale, reduce_ready);
+                if (options_.graphs) {   // every bucket after backward, in the same order
+                    replicas_[r].queue_forward_backward(mine, xs, ls, s.count, loss_scale, model::detail::NoHook{});
+                    reduce_ready(0);
+                } else {
+                    replicas_[r].queue_forward_backward(mine, xs, ls, s.count, loss_scale, reduce_ready);
+                }
             } catch (...) {
                 comm_->abort();
                 throw;
@@ -436,9 +447,10 @@ private:
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, buckets_.size(), options_.processes);
         losses_.assign(replicas_.size(), 0.0);
-        // Replicas run their steps eagerly: with the bucketed NCCL all-reduce captured in each
-        // replica's graph, Threaded steps on 2 H200s hung (2026-11-29, not yet understood; docs/design.md).
-        for (auto& m : replicas_) m.allow_graphs(false);
+        // Replicas capture their steps only when the all-reduce follows backward (options.graphs): with
+        // the bucketed NCCL all-reduce captured in each replica's graph, Threaded steps on 2 H200s hung
+        // (2026-11-29; docs/design.md).
+        for (auto& m : replicas_) m.allow_graphs(options_.graphs);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
