@@ -195,7 +195,7 @@ public:
     }
 
     // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
-    // forbids it for its replicas (docs/design.md).
+    // allows it for its replicas only with DataParallelOptions::graphs (docs/design.md).
     void allow_graphs(bool yes) { graphs_allowed_ = yes; }
 
     double finish()
