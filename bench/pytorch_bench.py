@@ -343,7 +343,13 @@ def main(argv=None):
     else:
         import torch.multiprocessing as mp
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(ddp_worker, args=(s.gpus, s, free_port(), queue), nprocs=s.gpus, join=True)
+        for attempt in range(3):   # the free port can be taken between free_port() and the workers' bind
+            try:
+                mp.spawn(ddp_worker, args=(s.gpus, s, free_port(), queue), nprocs=s.gpus, join=True)
+                break
+            except Exception as e:
+                if "EADDRINUSE" not in str(e) or attempt == 2:
+                    raise
         result = queue.get()
     print(json.dumps(result) if s.json else describe(result), flush=True)
     return 0

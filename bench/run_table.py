@@ -111,6 +111,7 @@ def preset_configs(preset, pytorch):
             runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling, dp_graphs=g)
                      for scaling in ("strong", "weak") for g in (False, True) for dispatch in ("single", "threaded")
                      if not (g and model == "alexnet")]   # a nested DataParallel runs eagerly
+            runs.append(replica_config(model, "cuda:0,cuda:1", b, "auto"))   # never slower than one GPU
             # alexnet and alexnet-plain are one network in PyTorch (whole under DDP): run it once.
             if pytorch and model != "alexnet-plain":
                 runs += [pytorch_config(model, 1, b), pytorch_config(model, 1, b // 2)]
