@@ -59,7 +59,7 @@ def sig3(x):
 
 
 def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False,
-                   processes=1, graphs=None, dp_graphs=False):
+                   processes=1, graphs=None):
     count = len(devices.split(","))
     config = "replica" if blas_threads == 0 else \
         f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
@@ -71,7 +71,7 @@ def replica_config(model, devices, batch, dispatch="single", scaling="strong", b
             "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count,
             "blas_threads": blas_threads or None, "reproducible": reproducible, "processes": processes,
-            "graphs_requested": graphs, "dp_graphs": dp_graphs}   # None: the library's default (graphs where the model allows them)
+            "graphs_requested": graphs}   # None: the library's default (graphs where the model allows them)
 
 
 def gpu_list(count):
@@ -108,9 +108,8 @@ def preset_configs(preset, pytorch):
     elif preset == "gpu2":
         for model, b in GPU2_RUNS:
             runs += [replica_config(model, "cuda:0", b), replica_config(model, "cuda:0", b // 2)]
-            runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling, dp_graphs=g)
-                     for scaling in ("strong", "weak") for g in (False, True) for dispatch in ("single", "threaded")
-                     if not (g and model == "alexnet")]   # a nested DataParallel runs eagerly
+            runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling)
+                     for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
             runs.append(replica_config(model, "cuda:0,cuda:1", b, "auto"))   # never slower than one GPU
             # alexnet and alexnet-plain are one network in PyTorch (whole under DDP): run it once.
             if pytorch and model != "alexnet-plain":
@@ -180,8 +179,6 @@ def command(cfg, args):
             argv += ["--reproducible"]
         if cfg.get("graphs_requested") is False:
             argv += ["--eager"]
-        if cfg.get("dp_graphs"):
-            argv += ["--dp-graphs"]
         argv += args.replica_arg
         return argv
     argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common

@@ -33,7 +33,6 @@ struct Settings {
     int blas_threads;
     StepOptions step;
     parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
-    bool dp_graphs;                      // DataParallelOptions::graphs
 };
 
 template <class M>
@@ -43,7 +42,7 @@ int run(const Settings& s)
     if (s.processes && parallel::contains_data_parallel<M>)
         throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
     auto model = auto_parallel(M{s.devices}, s.devices,
-                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes, .graphs = s.dp_graphs},
+                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes},
                                 .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t replicas = model.global_replica_count();   // over every process
@@ -87,10 +86,8 @@ int run(const Settings& s)
     if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
     const int processes = s.processes ? s.processes->size() : 1;
 #if defined(REPLICA_CUDA)
-    // Replicas of a DataParallel replay graphs only with --dp-graphs (or when auto_parallel chose it).
     const bool graphs = backend::cuda::default_options().graphs && !s.devices.front().is_cpu() &&
-                        !parallel::contains_data_parallel<M> &&
-                        (replicas == 1 || s.dp_graphs || model.description().find("graphs") != std::string::npos);
+                        !parallel::contains_data_parallel<M> && !s.step.reproducible;
 #else
     const bool graphs = false;
 #endif
@@ -127,8 +124,7 @@ try {
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
-        .flag("eager", "GPUs: run every step eagerly (default: a model on one GPU captures its step in a CUDA graph and replays it)")
-        .flag("dp-graphs", "GPUs: DataParallel replicas replay their steps from CUDA graphs, all-reduce after backward")
+        .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
 #if defined(REPLICA_CUDA)
@@ -140,7 +136,7 @@ try {
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
                StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get(), args.on("dp-graphs")};
+               processes.get()};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

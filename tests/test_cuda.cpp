@@ -449,6 +449,17 @@ std::size_t graphs_held(auto& model)
     });
     return count;
 }
+// The places where a replay calls the step's hook, over all graphs held.
+std::size_t cuts_held(auto& model)
+{
+    std::size_t count = 0;
+    model.visit([&](auto& ctx) {
+        if constexpr (requires { ctx.state(); })
+            for (const auto& [key, segments] : ctx.state().graphs)
+                for (const auto& s : segments) count += s.cut != cuda::Segment::no_cut;
+    });
+    return count;
+}
 
 TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit for bit", "[cuda][graphs]")
 {
@@ -474,27 +485,30 @@ TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit
     CHECK(graphs_held(lenet_replayed) == 2);
 }
 
-TEST_CASE("DataParallel replicas replayed from CUDA graphs (all-reduce after backward) match the eager steps",
+TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at every bucket, and match the eager steps",
           "[cuda][multi-gpu]")
 {
     REQUIRE_TWO_GPUS();
     const OptionScope deterministic{&cuda::Options::deterministic, true};
     const RandomBatches<LeNet> lenet(112, 8);
+    const DataParallelOptions buckets{.bucket_floats = 1 << 16};   // LeNet's gradient in 2 buckets
     std::vector<float> expected;
     {
         const OptionScope eager{&cuda::Options::graphs, false};
-        DataParallel<LeNet, Threaded> two{gpus(2), 4};
+        DataParallel<LeNet, Threaded> two{gpus(2), 4, buckets};
         expected = steps_for_graphs(two, lenet);
+        CHECK(graphs_held(two.replica(0)) == 0);
     }
     const OptionScope on{&cuda::Options::graphs, true};
-    DataParallel<LeNet, Threaded> overlapped{gpus(2), 4};   // by default replicas run eagerly
-    CHECK(differences(steps_for_graphs(overlapped, lenet), expected) == "");
-    CHECK(graphs_held(overlapped.replica(0)) == 0);
-    DataParallel<LeNet, Threaded> replayed{gpus(2), 4, {.graphs = true}};
+    DataParallel<LeNet, Threaded> replayed{gpus(2), 4, buckets};
+    REQUIRE(replayed.bucket_count() == 2);
     CHECK(differences(steps_for_graphs(replayed, lenet), expected) == "");
-    CHECK(graphs_held(replayed.replica(0)) == 2);
-    CHECK(graphs_held(replayed.replica(1)) == 2);
-    DataParallel<LeNet, SingleThread> single{gpus(2), 4, {.graphs = true}};   // grouped all-reduce
+    for (std::size_t r : {0, 1}) {
+        CAPTURE(r);
+        CHECK(graphs_held(replayed.replica(r)) == 2);   // batch 8 in each of the two staging buffers
+        CHECK(cuts_held(replayed.replica(r)) == 2 * 2);   // each graph cut where a bucket is complete
+    }
+    DataParallel<LeNet, SingleThread> single{gpus(2), 4, buckets};   // grouped all-reduce after all replicas
     CHECK(norm_relative(steps_for_graphs(single, lenet), expected) < 1e-6);
-    CHECK(graphs_held(single.replica(1)) == 2);
+    CHECK(cuts_held(single.replica(1)) == 2 * 2);
 }

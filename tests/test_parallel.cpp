@@ -72,24 +72,6 @@ TEST_CASE("DataParallel over 1-4 CPU replicas equals the single model: AlexNet-l
     check_equivalence<SmallAlexNetPlain>(6);
 }
 
-// DataParallelOptions::graphs reduces every bucket after backward instead of during it (on GPUs, so
-// that the replicas' steps can be captured without collectives): the same sums, the same bits.
-template <class Dispatch>
-void reduce_after_backward_changes_nothing()
-{
-    const RandomBatches<LeNet> data(100, 3);
-    DataParallel<LeNet, Dispatch> during{cpus(3), 5, {.bucket_floats = 1 << 14}};
-    DataParallel<LeNet, Dispatch> after{cpus(3), 5, {.bucket_floats = 1 << 14, .graphs = true}};
-    REQUIRE(after.bucket_count() > 1);
-    CHECK(differences(five_steps(after, data, 7, {}), five_steps(during, data, 7, {})) == "");
-}
-
-TEST_CASE("Reducing every bucket after backward (DataParallelOptions::graphs) changes no bit", "[cpu][parallel]")
-{
-    reduce_after_backward_changes_nothing<Threaded>();
-    reduce_after_backward_changes_nothing<SingleThread>();
-}
-
 TEST_CASE("Nested DataParallel (features only) equals the plain model", "[cpu][parallel]")
 {
     const std::size_t batch = 7;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <tuple>
 
@@ -35,7 +36,17 @@ struct bind_all<In, L, Rest...> {
 
 struct NoHook {
     void operator()(std::size_t) const {}
+    bool acts(std::size_t) const { return false; }
 };
+
+// Whether hook(from) would do anything now (a captured step is cut only there); a hook that
+// cannot say is assumed to act every time.
+template <class Hook>
+bool hook_acts(const Hook& hook, std::size_t from)
+{
+    if constexpr (requires { { hook.acts(from) } -> std::convertible_to<bool>; }) return hook.acts(from);
+    else return true;
+}
 
 // Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or children
 // that might (Chain, Concat) define update(); a plain layer is one contiguous slice.

@@ -194,10 +194,6 @@ public:
         });
     }
 
-    // Whether training steps may run as CUDA graphs (backend::cuda::Options::graphs); a DataParallel
-    // allows it for its replicas only with DataParallelOptions::graphs (docs/design.md).
-    void allow_graphs(bool yes) { graphs_allowed_ = yes; }
-
     double finish()
     {
         visit([](auto& ctx) { ctx.synchronize(); });
@@ -381,41 +377,57 @@ private:
         }
         reserve(ctx, n);
         const auto [xd, ld] = staging_.take(ctx, x, labels, n);
-        auto work = [&](const Pass& p) {
+        auto work = [&](const Pass& p, auto&& on_layer) {
             graph_.forward(ctx, p, forward_args(xd, n));
             loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
             graph_.backward(ctx, p,
                             BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
                                          .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
-                            hook);
+                            on_layer);
         };
         if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
-            if (graphs_allowed_ && ctx.options().graphs && slot == loss_slot_.data()) {
-                replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work);
+            if (ctx.options().graphs && slot == loss_slot_.data()) {
+                replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work, hook);
                 return;
             }
-        work(pass);
+        work(pass, hook);
     }
 
     // CUDA graphs: the first step of a (batch size, staging buffer) runs eagerly (plans, workspaces and
     // scratch grow then), the second is captured, and later ones replay it. Dropout reads the step's
-    // seed and first sample from device memory, so the captured kernels get offset 0.
-    template <class Ctx, class Work>
-    void replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work)
+    // seed and first sample from device memory, so the captured kernels get offset 0. Where the hook
+    // has work (detail::hook_acts), the capture is cut: the segment so far is kept and launched, the
+    // hook runs eagerly (a DataParallel replica queues an all-reduce on its communication stream),
+    // and the capture goes on in a new segment; a replay launches the segments and calls the hook
+    // at the same cuts. So a graph never holds a collective, and communication still overlaps backward.
+    template <class Ctx, class Work, class Hook>
+    void replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work, Hook& hook)
     {
         const typename Ctx::GraphKey key{n, slot};
         ctx.set_step(pass.seed, pass.first_sample);
-        if (auto exec = ctx.graph(key)) return ctx.launch(exec);
-        if (ctx.first_time(key)) return work(pass);
+        if (const auto* segments = ctx.graph(key)) {
+            for (const auto& s : *segments) {
+                ctx.launch(s.exec);
+                if (s.cut != Ctx::Segment::no_cut) hook(s.cut);
+            }
+            return;
+        }
+        if (ctx.first_time(key)) return work(pass, hook);
+        auto cut = [&](std::size_t from) {
+            if (!detail::hook_acts(hook, from)) return;
+            ctx.end_segment(key, from);
+            hook(from);
+            ctx.begin_capture();
+        };
         ctx.begin_capture();
         try {
-            work(Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training});
+            work(Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training}, cut);
+            ctx.end_capture(key);
         } catch (const std::exception& e) {
-            ctx.abandon_capture();
+            ctx.abandon_capture(key);
             throw Error(std::string("capturing a training step in a CUDA graph failed: ") + e.what() +
                         ". Turn backend::cuda::default_options().graphs off");
         }
-        ctx.launch(ctx.end_capture(key));
     }
 
     template <class Ctx>
@@ -457,7 +469,6 @@ private:
     core::Buffer<float> params_, grads_, state_;
     core::Buffer<float> arena_;
     Staging<input_shape::size, label_size> staging_;   // inputs in device memory, the next one copied ahead
-    bool graphs_allowed_ = true;
     core::Buffer<float> input_grad_;                                          // nested replicas on a device
     core::Buffer<core::LossSlot> loss_slot_ = backend::host_buffer<core::LossSlot>(1);
     std::size_t capacity_ = 0;

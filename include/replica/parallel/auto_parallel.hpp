@@ -70,13 +70,11 @@ struct AutoOptions {
     std::ostream* log = &std::cerr;   // one line: every candidate's speed and the choice
 };
 
-// A configuration auto_parallel measures: the first `count` devices, with a dispatch policy, the
-// replicas' steps replayed from CUDA graphs or not (DataParallelOptions::graphs).
+// A configuration auto_parallel measures: the first `count` devices, with a dispatch policy.
 struct Candidate {
     std::size_t count;
     DispatchChoice dispatch;
     double rate = 0.0;   // samples per second, measured
-    bool graphs = false;
 };
 
 // The index of the chosen candidate (candidates[0] is the 1-device one): the fastest of those that
@@ -116,8 +114,7 @@ public:
                 using T = std::decay_t<decltype(m)>;
                 if constexpr (std::same_as<T, M>) return m.description();
                 else {
-                    std::string s = std::string("DataParallel<") + T::dispatch::name +
-                                    (m.options().graphs ? ", graphs" : "") + "> over ";
+                    std::string s = std::string("DataParallel<") + T::dispatch::name + "> over ";
                     for (std::size_t i = 0; i < m.devices().size(); ++i) s += (i ? "," : "") + m.devices()[i].name();
                     return s;
                 }
@@ -194,7 +191,6 @@ private:
             const Candidate chosen = measure(model, devices, o);
             devices.erase(devices.begin() + std::ptrdiff_t(chosen.count), devices.end());
             o.dispatch = chosen.dispatch;
-            o.data_parallel.graphs = chosen.graphs;
         }
         return build(std::move(model), std::move(devices), o);
     }
@@ -230,18 +226,14 @@ private:
             labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
 
         std::vector<Candidate> candidates{{1, DispatchChoice::single}};
-        const bool gpus = !devices.front().is_cpu();   // CUDA graphs for the replicas: a third choice
         for (std::size_t k = 2; k <= devices.size(); ++k)
-            for (bool graphs : {false, true})
-                if (!graphs || gpus)
-                    for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded})
-                        candidates.push_back({.count = k, .dispatch = d, .graphs = graphs});
+            for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded})
+                candidates.push_back({.count = k, .dispatch = d});
         auto time = [&](Candidate& c) {
             M copy{devices.front()};
             copy.set_parameters(w);
             AutoOptions ok = o;
             ok.dispatch = c.dispatch;
-            ok.data_parallel.graphs = c.graphs;
             Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + std::ptrdiff_t(c.count)}, ok);
             const std::size_t n = global_batch(o.batch_size, c.count, o.scaling);
             c.rate = std::max(c.rate, double(n) / time_steps(candidate, x.data(), labels.data(), n, o.steps));
@@ -255,8 +247,7 @@ private:
         std::string report = "auto_parallel measured (samples/s):";
         auto name = [](const Candidate& c) {
             return c.count == 1 ? std::string(" device")
-                                : std::string(c.dispatch == DispatchChoice::threaded ? " threaded" : " single") +
-                                      (c.graphs ? "+graphs" : "");
+                                : std::string(c.dispatch == DispatchChoice::threaded ? " threaded" : " single");
         };
         for (const auto& c : candidates) report += " " + std::to_string(c.count) + name(c) + " " + std::to_string(long(c.rate));
         if (o.log)

@@ -39,11 +39,6 @@ struct DataParallelOptions {
     // Several processes (parallel/mpi.hpp): this process's replicas are part of every process's.
     // Every process must hold the same number of replicas. Not owned; must outlive the DataParallel.
     ProcessGroup* processes = nullptr;
-    // GPU replicas replay their forward and backward from CUDA graphs (backend::cuda::Options::graphs
-    // must be on too) and the gradient is all-reduced after backward, bucket by bucket, instead of
-    // while backward runs: a captured step holds no collective. Pays where a step is bound by the host
-    // (small batches per GPU); large models lose the overlap. auto_parallel measures both ways.
-    bool graphs = false;
 };
 
 namespace detail {
@@ -325,29 +320,10 @@ public:
             const Share s = samples_of(r, n, 0);
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + s.offset;
-            std::size_t next = 0;
-            // Called as backward queues each layer: start reducing every bucket that is complete.
-            auto reduce_ready = [&](std::size_t ready_from) {
-                float* g = replicas_[r].gradient_data();
-                for (; next < buckets_.size() && buckets_[next].first >= ready_from; ++next) {
-                    if constexpr (std::same_as<Dispatch, Threaded>) {
-                        comm_->all_reduce(r, g + buckets_[next].first, buckets_[next].second - buckets_[next].first, next);
-                        // After the last bucket: later work waits for the reductions.
-                        if (next + 1 == buckets_.size()) comm_->wait(r);
-                    } else {
-                        comm_->produced(r, next);
-                    }
-                }
-            };
-            const float* xs = x + s.offset * input_shape::size;
-            const std::int32_t* ls = labels + s.offset * label_size;
+            ReduceReady reduce_ready{this, r};
             try {
-                if (options_.graphs) {   // every bucket after backward, in the same order
-                    replicas_[r].queue_forward_backward(mine, xs, ls, s.count, loss_scale, model::detail::NoHook{});
-                    reduce_ready(0);
-                } else {
-                    replicas_[r].queue_forward_backward(mine, xs, ls, s.count, loss_scale, reduce_ready);
-                }
+                replicas_[r].queue_forward_backward(mine, x + s.offset * input_shape::size,
+                                                    labels + s.offset * label_size, s.count, loss_scale, reduce_ready);
             } catch (...) {
                 comm_->abort();
                 throw;
@@ -440,6 +416,29 @@ public:
     }
 
 private:
+    // Replica r's backward hook: called as backward queues each layer (with the offset from which the
+    // gradient is complete), it starts reducing every bucket that is complete. acts() says whether a
+    // call would start one: a step captured in CUDA graphs is cut there (Sequential::replay_or_capture).
+    struct ReduceReady {
+        DataParallel* dp;
+        std::size_t r, next = 0;
+        bool acts(std::size_t from) const { return next < dp->buckets_.size() && dp->buckets_[next].first >= from; }
+        void operator()(std::size_t from)
+        {
+            float* g = dp->replicas_[r].gradient_data();
+            for (; acts(from); ++next) {
+                const auto [begin, end] = dp->buckets_[next];
+                if constexpr (std::same_as<Dispatch, Threaded>) {
+                    dp->comm_->all_reduce(r, g + begin, end - begin, next);
+                    // After the last bucket: later work waits for the reductions.
+                    if (next + 1 == dp->buckets_.size()) dp->comm_->wait(r);
+                } else {
+                    dp->comm_->produced(r, next);
+                }
+            }
+        }
+    };
+
     void start()
     {
         buckets_ = detail::make_buckets<typename M::graph>(options_.bucket_floats);
@@ -447,10 +446,6 @@ private:
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, buckets_.size(), options_.processes);
         losses_.assign(replicas_.size(), 0.0);
-        // Replicas capture their steps only when the all-reduce follows backward (options.graphs): with
-        // the bucketed NCCL all-reduce captured in each replica's graph, Threaded steps on 2 H200s hung
-        // (2026-11-29; docs/design.md).
-        for (auto& m : replicas_) m.allow_graphs(options_.graphs);
         grad_ptrs_.assign(replicas_.size(), nullptr);
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,10 +36,12 @@ struct Options {
     bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
     bool deterministic = false;   // only deterministic cuDNN algorithms
     bool benchmark = false;       // choose convolution algorithms by measuring, not by heuristics
-    // Capture a model's training step (forward, loss and backward) in a CUDA graph once per batch
-    // size and staging buffer and replay it, so that a step costs one launch on the host (LeNet on an
-    // H200: 0.28 instead of 0.84 ms; GoogLeNet-32: 9.2 instead of 11.7 ms). Models on one device;
-    // DataParallel replicas, nested DataParallel and the reproducible mode run eagerly.
+    // Capture a model's training step (forward, loss and backward) in CUDA graphs once per batch
+    // size and staging buffer and replay them, so that a step costs a few launches on the host (LeNet
+    // on an H200: 0.28 instead of 0.84 ms; GoogLeNet-32: 9.2 instead of 11.7 ms). A DataParallel
+    // replica's step is captured in segments, cut where a gradient bucket is complete: its all-reduce
+    // is queued between two segments, eagerly, so it overlaps the rest of backward and no graph holds
+    // a collective. A nested DataParallel and the reproducible mode run eagerly.
     bool graphs = true;
 };
 
@@ -53,6 +56,16 @@ struct GraphKey {
     std::size_t n;
     int slot;
     friend auto operator<=>(const GraphKey&, const GraphKey&) = default;
+    // Written out: nvcc 13 leaves the == implied by a defaulted <=> undefined at link time.
+    friend bool operator==(const GraphKey& a, const GraphKey& b) { return a.n == b.n && a.slot == b.slot; }
+};
+
+// One captured part of a step, and what the host does after launching it: call the step's hook
+// with `cut` (a DataParallel replica reduces the buckets complete from there), or nothing (no_cut).
+struct Segment {
+    static constexpr std::size_t no_cut = ~std::size_t{0};
+    cudaGraphExec_t exec = nullptr;
+    std::size_t cut = no_cut;
 };
 inline Options& default_options()
 {
@@ -118,9 +131,10 @@ struct State {
     std::function<void(double)> watchdog;
     // CUDA graphs (Options::graphs): the replayable steps, the keys seen once (the first step of a
     // key runs eagerly, growing plans, workspaces and scratch), and the step's parameters.
-    std::map<GraphKey, cudaGraphExec_t> graphs;
+    std::map<GraphKey, std::vector<Segment>> graphs;
     std::map<GraphKey, bool> warmed;
     bool capturing = false;
+    std::optional<GraphKey> partial;            // the key whose segments are being captured
     StepParams* step_host = nullptr;            // pinned
     core::Buffer<StepParams> step_device;
     void* cublas_workspace = nullptr;           // ours, so that cuBLAS allocates nothing inside a capture
@@ -129,7 +143,8 @@ struct State {
     // A buffer a captured step uses moved or grew: every graph is stale.
     void drop_graphs()
     {
-        for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+        for (auto& [key, segments] : graphs)
+            for (auto& s : segments) cudaGraphExecDestroy(s.exec);
         graphs.clear();
         warmed.clear();
     }
@@ -200,6 +215,7 @@ class Context {
 public:
     static constexpr bool host_visible = false;
     using GraphKey = cuda::GraphKey;
+    using Segment = cuda::Segment;
 
     explicit Context(Device device) : state_(make(device)) {}
 
@@ -253,9 +269,10 @@ public:
         return staging;
     }
     // CUDA graphs (Options::graphs). set_step() queues the step's parameters into device memory (the
-    // captured dropout kernels read them there); begin_capture() .. end_capture() record what this
-    // thread queues on the compute stream, and on streams that join it, into a graph kept under `key`;
-    // launch() replays one. A failed capture leaves the stream usable (abandon_capture()).
+    // captured dropout kernels read them there); begin_capture() .. end_segment() record what this
+    // thread queues on the compute stream, and on streams that join it, into the next segment of the
+    // step kept under `key`, and launch it; graph(key) gives the segments to replay, in order. A
+    // failed capture leaves the stream usable and keeps nothing of the key (abandon_capture()).
     void set_step(std::uint64_t seed, std::uint64_t first_sample) const
     {
         auto& st = *state_;
@@ -265,11 +282,12 @@ public:
                                       stream()));
     }
     const StepParams* step_params() const { return state_->capturing ? state_->step_device.data() : nullptr; }
-    cudaGraphExec_t graph(const GraphKey& key) const
+    const std::vector<Segment>* graph(const GraphKey& key) const
     {
         auto it = state_->graphs.find(key);
-        return it == state_->graphs.end() ? nullptr : it->second;
+        return it == state_->graphs.end() || in_capture(key) ? nullptr : &it->second;
     }
+    bool in_capture(const GraphKey& key) const { return state_->partial && *state_->partial == key; }
     // True the first time a key is seen: that step runs eagerly.
     bool first_time(const GraphKey& key) const { return !std::exchange(state_->warmed[key], true); }
     void begin_capture() const
@@ -278,26 +296,48 @@ public:
         REPLICA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
         state_->capturing = true;
     }
-    cudaGraphExec_t end_capture(const GraphKey& key) const
+    // Ends the capture begun last, keeps it as the key's next segment (none if it captured nothing)
+    // and launches it.
+    void end_segment(const GraphKey& key, std::size_t cut) const
     {
         state_->capturing = false;
         cudaGraph_t g = nullptr;
         REPLICA_CHECK(cudaStreamEndCapture(stream(), &g));
+        std::size_t nodes = 0;
+        cudaError_t e = cudaGraphGetNodes(g, nullptr, &nodes);
         cudaGraphExec_t exec = nullptr;
-        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        if (e == cudaSuccess && nodes > 0) e = cudaGraphInstantiate(&exec, g, 0);
         cudaGraphDestroy(g);
         REPLICA_CHECK(e);
-        state_->graphs[key] = exec;
-        return exec;
+        state_->partial = key;
+        if (exec || cut != Segment::no_cut) state_->graphs[key].push_back({exec, cut});
+        launch(exec);
     }
-    void abandon_capture() const
+    // The capture of `key` is complete: graph(key) replays it from now on.
+    void end_capture(const GraphKey& key) const
     {
-        state_->capturing = false;
-        cudaGraph_t g = nullptr;
-        if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
-        cudaGetLastError();
+        end_segment(key, Segment::no_cut);
+        state_->partial.reset();
     }
-    void launch(cudaGraphExec_t exec) const { REPLICA_CHECK(cudaGraphLaunch(exec, stream())); }
+    void abandon_capture(const GraphKey& key) const
+    {
+        if (state_->capturing) {
+            cudaGraph_t g = nullptr;
+            if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+            cudaGetLastError();
+        }
+        state_->capturing = false;
+        if (auto it = state_->graphs.find(key); it != state_->graphs.end()) {
+            for (auto& s : it->second)
+                if (s.exec) cudaGraphExecDestroy(s.exec);
+            state_->graphs.erase(it);
+        }
+        state_->partial.reset();
+    }
+    void launch(cudaGraphExec_t exec) const
+    {
+        if (exec) REPLICA_CHECK(cudaGraphLaunch(exec, stream()));
+    }
     // A buffer captured steps use (the model's activations) moved.
     void drop_graphs() const { state_->drop_graphs(); }
 
