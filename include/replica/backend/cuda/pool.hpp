@@ -3,7 +3,9 @@
 // as zeros by average). Max pooling records each maximum's position; backward gathers: one thread per
 // input element sums the gradients of the windows that picked it, so no atomics and the same result
 // every run. The kernels are templates on the window, so that their index arithmetic divides by
-// constants (a 64-bit division by a value known only at run time costs dozens of instructions).
+// constants (a 64-bit division by a value known only at run time costs dozens of instructions), and
+// on the index type, 32-bit where it fits, with windows unrolled (max pooling backward of GoogLeNet's
+// first pool at batch 32 on an H200: 261 us with 64-bit indices and loops, 171 us so).
 
 #include <cstddef>
 
@@ -17,31 +19,40 @@ namespace replica::backend::cuda {
 #define REPLICA_WINDOW_INTS(g) g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow
 
 namespace kernels {
-__device__ inline float window_max(const core::Window& g, const float* xp, int oy, int ox, int& arg)
-{
-    const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
-    const int ya = max(y0, 0), yb = min(y0 + g.kh, g.h), xa = max(x0, 0), xb = min(x0 + g.kw, g.w);
-    float best = -INFINITY;
-    arg = -1;
-    for (int iy = ya; iy < yb; ++iy)
-        for (int ix = xa; ix < xb; ++ix)
-            if (xp[iy * g.w + ix] > best) {   // strict: the first maximum in scan order wins
-                best = xp[iy * g.w + ix];
-                arg = iy * g.w + ix;
-            }
-    return best;
-}
+// Grid-stride loop with an index of type I: 32 bits where the count allows (see indexed()), so that
+// the index arithmetic is single instructions.
+#define REPLICA_GRID_LOOP_AS(I, i, count) \
+    for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < (count); i += I(blockDim.x) * I(gridDim.x))
 
-template <int... G>
-__global__ void max_pool_forward(const float* x, float* y, float* arg, std::size_t count)
+// Windows are walked over their full size (kh x kw, or the ceil(k/s) windows that can cover an
+// input along an axis), unrolled (up to 8 per axis, so a global pooling stays small), with bounds
+// tests inside: the same elements in the same order as a loop over the clipped range, so the same bits.
+template <class I, int... G>
+__global__ void max_pool_forward(const float* x, float* y, float* arg, I count)
 {
     constexpr core::Window g{G...};
-    REPLICA_GRID_LOOP(i, count)
+    REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const std::size_t plane = i / (g.oh * g.ow);
-        const int o = int(i % (g.oh * g.ow));
-        int at;
-        y[i] = window_max(g, x + plane * g.h * g.w, o / g.ow, o % g.ow, at);
+        const I plane = i / I(g.oh * g.ow);
+        const int o = int(i - plane * I(g.oh * g.ow));
+        const float* xp = x + plane * I(g.h * g.w);
+        const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
+        float best = -INFINITY;
+        int at = -1;
+#pragma unroll 8
+        for (int a = 0; a < g.kh; ++a)
+#pragma unroll 8
+            for (int b = 0; b < g.kw; ++b) {
+                const int iy = y0 + a, ix = x0 + b;
+                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) {
+                    const float v = __ldg(xp + iy * g.w + ix);
+                    if (v > best) {   // strict: the first maximum in scan order wins
+                        best = v;
+                        at = iy * g.w + ix;
+                    }
+                }
+            }
+        y[i] = best;
         arg[i] = float(at);
     }
 }
@@ -54,96 +65,137 @@ __device__ inline void covering(int i, int k, int s, int p, int out, int& lo, in
     hi = min(top / s + 1, out);
 }
 
-// Input element i of an (n * c) planes of h x w input: its plane, its place in the plane, and the
-// output windows [ylo, yhi) x [xlo, xhi) that contain it (backward passes gather over them).
+// Input element i of (n * c) planes of h x w: its plane, its place in the plane, and the output
+// windows [ylo, yhi) x [xlo, xhi) that contain it (backward passes gather over them).
+template <class I>
 struct Covered {
-    std::size_t plane;
+    I plane;
     int at, ylo, yhi, xlo, xhi;
 };
-__device__ inline Covered covered_by(const core::Window& g, std::size_t i)
+template <class I>
+__device__ inline Covered<I> covered_by(const core::Window& g, I i)
 {
-    Covered c{i / (g.h * g.w), int(i % (g.h * g.w)), 0, 0, 0, 0};
+    Covered<I> c{i / I(g.h * g.w), 0, 0, 0, 0, 0};
+    c.at = int(i - c.plane * I(g.h * g.w));
     covering(c.at / g.w, g.kh, g.sh, g.ph, g.oh, c.ylo, c.yhi);
     covering(c.at % g.w, g.kw, g.sw, g.pw, g.ow, c.xlo, c.xhi);
     return c;
 }
 
-template <int... G>
-__global__ void max_pool_backward(const float* arg, const float* dy, float* dx, std::size_t count)
+// f(offset in the output plane) for every output window covering input c, rows then columns.
+template <class F>
+__device__ inline void for_covering(const core::Window& g, int ylo, int yhi, int xlo, int xhi, F&& f)
+{
+#pragma unroll 8
+    for (int a = 0; a < (g.kh + g.sh - 1) / g.sh; ++a)
+#pragma unroll 8
+        for (int b = 0; b < (g.kw + g.sw - 1) / g.sw; ++b)
+            if (ylo + a < yhi && xlo + b < xhi) f((ylo + a) * g.ow + xlo + b);
+}
+
+template <class I, int... G>
+__global__ void max_pool_backward(const float* arg, const float* dy, float* dx, I count)
 {
     constexpr core::Window g{G...};
-    REPLICA_GRID_LOOP(i, count)
+    REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const Covered c = covered_by(g, i);
-        const float* ap = arg + c.plane * g.oh * g.ow;
-        const float* dyp = dy + c.plane * g.oh * g.ow;
+        const Covered<I> c = covered_by(g, i);
+        const float* ap = arg + c.plane * I(g.oh * g.ow);
+        const float* dyp = dy + c.plane * I(g.oh * g.ow);
         float sum = 0.0f;
-        for (int oy = c.ylo; oy < c.yhi; ++oy)
-            for (int ox = c.xlo; ox < c.xhi; ++ox)
-                if (int(ap[oy * g.ow + ox]) == c.at) sum += dyp[oy * g.ow + ox];
+        for_covering(g, c.ylo, c.yhi, c.xlo, c.xhi, [&](int o) {
+            if (int(__ldg(ap + o)) == c.at) sum += __ldg(dyp + o);
+        });
         dx[i] = sum;
     }
 }
 
-template <int... G>
-__global__ void avg_pool_forward(const float* x, float* y, std::size_t count)
+template <class I, int... G>
+__global__ void avg_pool_forward(const float* x, float* y, I count)
 {
     constexpr core::Window g{G...};
-    REPLICA_GRID_LOOP(i, count)
+    REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const std::size_t plane = i / (g.oh * g.ow);
-        const int o = int(i % (g.oh * g.ow)), oy = o / g.ow, ox = o % g.ow;
-        const float* xp = x + plane * g.h * g.w;
-        const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+        const I plane = i / I(g.oh * g.ow);
+        const int o = int(i - plane * I(g.oh * g.ow));
+        const float* xp = x + plane * I(g.h * g.w);
+        const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
         float s = 0.0f;
-        for (int iy = max(y0, 0); iy < min(y0 + g.kh, g.h); ++iy)
-            for (int ix = max(x0, 0); ix < min(x0 + g.kw, g.w); ++ix) s += xp[iy * g.w + ix];
+#pragma unroll 8
+        for (int a = 0; a < g.kh; ++a)
+#pragma unroll 8
+            for (int b = 0; b < g.kw; ++b) {
+                const int iy = y0 + a, ix = x0 + b;
+                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) s += __ldg(xp + iy * g.w + ix);
+            }
         y[i] = s * (1.0f / float(g.kh * g.kw));
     }
 }
 
-template <int... G>
-__global__ void avg_pool_backward(const float* dy, float* dx, std::size_t count)
+template <class I, int... G>
+__global__ void avg_pool_backward(const float* dy, float* dx, I count)
 {
     constexpr core::Window g{G...};
-    REPLICA_GRID_LOOP(i, count)
+    REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const Covered c = covered_by(g, i);
-        const float* dyp = dy + c.plane * g.oh * g.ow;
+        const Covered<I> c = covered_by(g, i);
+        const float* dyp = dy + c.plane * I(g.oh * g.ow);
         float s = 0.0f;
-        for (int oy = c.ylo; oy < c.yhi; ++oy)
-            for (int ox = c.xlo; ox < c.xhi; ++ox) s += dyp[oy * g.ow + ox];
+        for_covering(g, c.ylo, c.yhi, c.xlo, c.xhi, [&](int o) { s += __ldg(dyp + o); });
         dx[i] = s * (1.0f / float(g.kh * g.kw));
     }
 }
+#undef REPLICA_GRID_LOOP_AS
 } // namespace kernels
+
+namespace detail {
+// f(I{}) with I = 32-bit where count < 2^31 (the grid-stride index cannot wrap), else 64-bit.
+template <class F>
+void indexed(std::size_t count, F&& f)
+{
+    if (count < (std::size_t{1} << 31)) f(std::uint32_t{});
+    else f(std::size_t{});
+}
+} // namespace detail
 
 template <core::Window g>
 void max_pool_forward(const Context& ctx, const float* x, float* y, float* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    kernels::max_pool_forward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, count);
+    detail::indexed(count, [&](auto index) {
+        using I = decltype(index);
+        kernels::max_pool_forward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
+    });
     detail::check_launch("max_pool_forward");
 }
 template <core::Window g>
 void max_pool_backward(const Context& ctx, const float* arg, const float* dy, float* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * g.h * g.w;
-    kernels::max_pool_backward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, count);
+    detail::indexed(count, [&](auto index) {
+        using I = decltype(index);
+        kernels::max_pool_backward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
+    });
     detail::check_launch("max_pool_backward");
 }
 template <core::Window g>
 void avg_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    kernels::avg_pool_forward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, count);
+    detail::indexed(count, [&](auto index) {
+        using I = decltype(index);
+        kernels::avg_pool_forward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, I(count));
+    });
     detail::check_launch("avg_pool_forward");
 }
 template <core::Window g>
 void avg_pool_backward(const Context& ctx, const float* dy, float* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * g.h * g.w;
-    kernels::avg_pool_backward<REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, count);
+    detail::indexed(count, [&](auto index) {
+        using I = decltype(index);
+        kernels::avg_pool_backward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, I(count));
+    });
     detail::check_launch("avg_pool_backward");
 }
 
