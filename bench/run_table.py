@@ -262,8 +262,11 @@ def machine_record(env):
         names = command_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
         gpus = [n.strip() for n in names.splitlines() if n.strip()] if names else []
     repo = os.path.dirname(HERE)
-    commit = command_output(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
-    if commit and command_output(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"]):
+    # REPLICA_COMMIT: where the tree's git metadata is not the tree's (the GPU machine gets a copy of
+    # the working tree whose .git may be older), the caller says which commit the programs are.
+    commit = os.environ.get("REPLICA_COMMIT") or command_output(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
+    if commit and not os.environ.get("REPLICA_COMMIT") and \
+            command_output(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"]):
         commit += " (modified)"
     return {"hostname": socket.gethostname(), "cpu": cpu, "nproc": os.cpu_count(), "gpus": gpus,
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -33,6 +33,7 @@ struct Settings {
     int blas_threads;
     StepOptions step;
     parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
+    std::size_t bucket_floats;           // DataParallelOptions::bucket_floats (0: its default)
 };
 
 template <class M>
@@ -42,7 +43,10 @@ int run(const Settings& s)
     if (s.processes && parallel::contains_data_parallel<M>)
         throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
     auto model = auto_parallel(M{s.devices}, s.devices,
-                               {.dispatch = s.dispatch, .data_parallel = {.processes = s.processes},
+                               {.dispatch = s.dispatch,
+                                .data_parallel = {.bucket_floats = s.bucket_floats ? s.bucket_floats
+                                                                                   : DataParallelOptions{}.bucket_floats,
+                                                  .processes = s.processes},
                                 .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t replicas = model.global_replica_count();   // over every process
@@ -124,6 +128,7 @@ try {
         .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
+        .option("bucket-floats", "0", "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)")
         .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
@@ -136,7 +141,7 @@ try {
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
                StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get()};
+               processes.get(), args.count("bucket-floats")};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

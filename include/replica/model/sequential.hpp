@@ -413,10 +413,13 @@ private:
             return;
         }
         if (ctx.first_time(key)) return work(pass, hook);
+        bool in_hook = false;
         auto cut = [&](std::size_t from) {
             if (!detail::hook_acts(hook, from)) return;
             ctx.end_segment(key, from);
+            in_hook = true;
             hook(from);
+            in_hook = false;
             ctx.begin_capture();
         };
         ctx.begin_capture();
@@ -425,6 +428,7 @@ private:
             ctx.end_capture(key);
         } catch (const std::exception& e) {
             ctx.abandon_capture(key);
+            if (in_hook) throw;   // the hook's own error (a failed all-reduce), not the capture's
             throw Error(std::string("capturing a training step in a CUDA graph failed: ") + e.what() +
                         ". Turn backend::cuda::default_options().graphs off");
         }
