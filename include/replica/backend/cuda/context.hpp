@@ -144,7 +144,8 @@ struct State {
     void drop_graphs()
     {
         for (auto& [key, segments] : graphs)
-            for (auto& s : segments) cudaGraphExecDestroy(s.exec);
+            for (auto& s : segments)
+                if (s.exec) cudaGraphExecDestroy(s.exec);   // none where two cuts met
         graphs.clear();
         warmed.clear();
     }
