@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The benchmark driver end to end on the CPU: the cpu preset's LeNet runs, 2 steps each, in 2
-interleaved rounds; every configuration must report both runs and the median of their medians.
+interleaved rounds; every configuration must report both runs and the median of their medians. And
+every preset's commands (--dry-run, with PyTorch), so that the GPU presets fail here, not on a lent GPU.
 
     bench_driver.py TRAIN_BENCH RUN_TABLE_PY
 """
@@ -31,6 +32,16 @@ def main(bench, driver):
             problems.append(f"{r['config']} on {r['device_list']}: median {r['median_ms']} of runs {runs}")
     if "ran in 2 processes" not in table:
         problems.append("results.md does not say that each configuration ran twice")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(driver)))
+    import run_table  # noqa: E402
+    for preset in run_table.PRESETS:
+        listed = subprocess.run([sys.executable, driver, "--preset", preset, "--bench", bench, "--out", "unused",
+                                 "--pytorch", "--dry-run"], capture_output=True, text=True)
+        commands = [line for line in listed.stdout.splitlines() if line.strip()]
+        if listed.returncode != 0 or not commands:
+            problems.append(f"preset {preset}: exit {listed.returncode}, {len(commands)} commands; {listed.stderr.strip()}")
+        elif any("--model" not in c for c in commands):
+            problems.append(f"preset {preset}: a command without --model")
     for p in problems:
         print("bench_driver: " + p, file=sys.stderr)
     return 1 if problems else 0
