@@ -134,25 +134,20 @@ struct Span {
     bool traced = false;
 };
 
+template <class Record>
+Span span_of(const CUpti_Activity* r)
+{
+    auto a = reinterpret_cast<const Record*>(r);
+    return {a->start, a->end, a->deviceId, true};
+}
+
 Span span(const CUpti_Activity* r)
 {
     switch (r->kind) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-        auto k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-        return {k->start, k->end, k->deviceId, true};
-    }
-    case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        auto c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-        return {c->start, c->end, c->deviceId, true};
-    }
-    case CUPTI_ACTIVITY_KIND_MEMCPY2: {
-        auto c = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(r);
-        return {c->start, c->end, c->deviceId, true};
-    }
-    case CUPTI_ACTIVITY_KIND_MEMSET: {
-        auto m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-        return {m->start, m->end, m->deviceId, true};
-    }
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return span_of<CUpti_ActivityKernel10>(r);
+    case CUPTI_ACTIVITY_KIND_MEMCPY: return span_of<CUpti_ActivityMemcpy6>(r);
+    case CUPTI_ACTIVITY_KIND_MEMCPY2: return span_of<CUpti_ActivityMemcpyPtoP4>(r);
+    case CUPTI_ACTIVITY_KIND_MEMSET: return span_of<CUpti_ActivityMemset4>(r);
     default: return {};
     }
 }

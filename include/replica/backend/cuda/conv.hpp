@@ -41,13 +41,8 @@ __global__ void channel_partial_sums(const float* dy, float* partial, unsigned c
             }
         }
     }
-    lane[threadIdx.x] = sum;
-    __syncthreads();
-    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) lane[threadIdx.x] += lane[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[std::size_t(c) * gridDim.x + part] = lane[0];
+    sum = detail::block_reduce(lane, sum, [](float a, float b) { return a + b; });
+    if (threadIdx.x == 0) partial[std::size_t(c) * gridDim.x + part] = sum;
 }
 
 // Pass 2: db[c] = the sum of channel c's parts, in order.
@@ -172,18 +167,16 @@ inline void make_deterministic(const Context& ctx)
     s.drop_conv_plans();
 }
 
-// Scratch: the bias gradient's partial sums.
+// Scratch: the bias gradient's partial sums (channel_sums), over the output's channels and pixels.
 template <core::Window g>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
-    const std::size_t s = std::size_t(g.oh) * g.ow;
-    return std::size_t(cout) * detail::bias_parts(cout, n * s);
+    return std::size_t(cout) * detail::bias_parts(cout, n * g.oh * g.ow);
 }
 template <core::Window g>
 std::size_t conv_transpose_scratch_size(const Context&, int, std::size_t n)
 {
-    const std::size_t s = std::size_t(g.h) * g.w;
-    return std::size_t(g.c) * detail::bias_parts(g.c, n * s);
+    return std::size_t(g.c) * detail::bias_parts(g.c, n * g.h * g.w);
 }
 
 template <core::Window g>

@@ -17,6 +17,20 @@ inline unsigned blocks_for(std::size_t count)
     return unsigned(std::clamp<std::size_t>((count + kThreads - 1) / kThreads, 1, 65535u * 8u));
 }
 
+// Every thread of the block passes its v; all get op over them, combined in a tree fixed by the
+// block size (a power of two), so the result is the same every run. lane: blockDim.x shared values.
+template <class T, class Op>
+__device__ T block_reduce(T* lane, T v, Op op)
+{
+    lane[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) lane[threadIdx.x] = op(lane[threadIdx.x], lane[threadIdx.x + half]);
+        __syncthreads();
+    }
+    return lane[0];
+}
+
 // Grid-stride loop over [0, count).
 #define REPLICA_GRID_LOOP(i, count) \
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (count); i += std::size_t(blockDim.x) * gridDim.x)

@@ -67,22 +67,10 @@ __global__ void softmax_cross_entropy_rows(int classes, const float* logits, con
     }
     float m = -INFINITY;
     for (int c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, z[c]);
-    top[threadIdx.x] = m;
-    __syncthreads();
-    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) top[threadIdx.x] = fmaxf(top[threadIdx.x], top[threadIdx.x + half]);
-        __syncthreads();
-    }
-    const float zmax = top[0];
+    const float zmax = detail::block_reduce(top, m, [](float a, float b) { return fmaxf(a, b); });
     double sum = 0.0;
     for (int c = threadIdx.x; c < classes; c += blockDim.x) sum += exp(double(z[c] - zmax));
-    lane[threadIdx.x] = sum;
-    __syncthreads();
-    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) lane[threadIdx.x] += lane[threadIdx.x + half];
-        __syncthreads();
-    }
-    const double log_sum = log(lane[0]);
+    const double log_sum = log(detail::block_reduce(lane, sum, [](double a, double b) { return a + b; }));
     if (threadIdx.x == 0) loss[i] = log_sum - double(z[label] - zmax);
     if (dlogits) {
         float* d = dlogits + i * std::size_t(classes);
@@ -114,13 +102,8 @@ __global__ void sum_fixed_order(const double* v, std::size_t count, double* out,
     const std::size_t begin = blockIdx.x * per_block, end = min(count, begin + per_block);
     double s = 0.0;
     for (std::size_t i = begin + threadIdx.x; i < end; i += 1024) s += v[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int half = 512; half > 0; half /= 2) {
-        if (int(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = part[0];
+    s = detail::block_reduce(part, s, [](double a, double b) { return a + b; });
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 } // namespace kernels
 

@@ -27,31 +27,39 @@ namespace kernels {
 // Windows are walked over their full size (kh x kw, or the ceil(k/s) windows that can cover an
 // input along an axis), unrolled (up to 8 per axis, so a global pooling stays small), with bounds
 // tests inside: the same elements in the same order as a loop over the clipped range, so the same bits.
+
+// f(value, offset in its input plane) for every input element of output element i's window
+// (padding skipped), rows then columns.
+template <class I, class F>
+__device__ inline void for_window(const core::Window& g, const float* x, I i, F&& f)
+{
+    const I plane = i / I(g.oh * g.ow);
+    const int o = int(i - plane * I(g.oh * g.ow));
+    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
+    const float* xp = x + plane * I(g.h * g.w);
+#pragma unroll 8
+    for (int a = 0; a < g.kh; ++a)
+#pragma unroll 8
+        for (int b = 0; b < g.kw; ++b) {
+            const int iy = y0 + a, ix = x0 + b;
+            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(__ldg(xp + iy * g.w + ix), iy * g.w + ix);
+        }
+}
+
 template <class I, int... G>
 __global__ void max_pool_forward(const float* x, float* y, float* arg, I count)
 {
     constexpr core::Window g{G...};
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const I plane = i / I(g.oh * g.ow);
-        const int o = int(i - plane * I(g.oh * g.ow));
-        const float* xp = x + plane * I(g.h * g.w);
-        const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
         float best = -INFINITY;
         int at = -1;
-#pragma unroll 8
-        for (int a = 0; a < g.kh; ++a)
-#pragma unroll 8
-            for (int b = 0; b < g.kw; ++b) {
-                const int iy = y0 + a, ix = x0 + b;
-                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) {
-                    const float v = __ldg(xp + iy * g.w + ix);
-                    if (v > best) {   // strict: the first maximum in scan order wins
-                        best = v;
-                        at = iy * g.w + ix;
-                    }
-                }
+        for_window(g, x, i, [&](float v, int k) {
+            if (v > best) {   // strict: the first maximum in scan order wins
+                best = v;
+                at = k;
             }
+        });
         y[i] = best;
         arg[i] = float(at);
     }
@@ -116,18 +124,8 @@ __global__ void avg_pool_forward(const float* x, float* y, I count)
     constexpr core::Window g{G...};
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const I plane = i / I(g.oh * g.ow);
-        const int o = int(i - plane * I(g.oh * g.ow));
-        const float* xp = x + plane * I(g.h * g.w);
-        const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
         float s = 0.0f;
-#pragma unroll 8
-        for (int a = 0; a < g.kh; ++a)
-#pragma unroll 8
-            for (int b = 0; b < g.kw; ++b) {
-                const int iy = y0 + a, ix = x0 + b;
-                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) s += __ldg(xp + iy * g.w + ix);
-            }
+        for_window(g, x, i, [&](float v, int) { s += v; });
         y[i] = s * (1.0f / float(g.kh * g.kw));
     }
 }
