@@ -55,7 +55,8 @@ struct Conv2d {
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
         }
-        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass.
+        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
+        // backward, the ReLU's rule runs in the bias-gradient pass.
         static constexpr bool fuses_relu = true;
         template <class Ctx>
         void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
@@ -66,6 +67,13 @@ struct Conv2d {
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
         {
             conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        }
+        // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
+        template <class Ctx>
+        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        {
+            conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
+                                       a.n, a.scratch);
         }
     };
 };
@@ -98,7 +106,8 @@ struct Conv1d {
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
         }
-        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass.
+        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
+        // backward, the ReLU's rule runs in the bias-gradient pass.
         static constexpr bool fuses_relu = true;
         template <class Ctx>
         void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
@@ -109,6 +118,13 @@ struct Conv1d {
         void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
         {
             conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        }
+        // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
+        template <class Ctx>
+        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        {
+            conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
+                                       a.n, a.scratch);
         }
     };
 };

@@ -126,9 +126,10 @@ public:
         core::static_for<N>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
     }
 
-    // An op that can apply the ReLU after it (fuses_relu, forward_relu) does, into the ReLU's output; the
-    // ReLU's own forward is skipped: one pass over memory fewer, the same bits. Backward is unchanged
-    // (the ReLU's backward reads only its output; the op's own output is then never written or read).
+    // An op that can apply the ReLU after it (fuses_relu, forward_relu, backward_relu) does, into the
+    // ReLU's output, and runs the ReLU's backward in its own: the ReLU is skipped both ways, one pass
+    // over memory fewer each way, the same bits. The op's own output slot, never written by forward,
+    // holds the op's output gradient during backward.
     template <std::size_t I>
     static constexpr bool fuses_next_relu = [] {
         if constexpr (I + 1 < N) return requires { op_t<I>::fuses_relu; } && requires { op_t<I + 1>::is_relu; };
@@ -163,18 +164,22 @@ public:
         float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
         const float* dy = a.dy;
         core::static_for_reverse<N>([&](auto i) {
-            float* dx = i == 0 ? a.dx : ping[(N - 1 - i) % 2];
-            std::get<i>(ops_).backward(ctx, pass, BackwardArgs{
-                .params = a.params + param_offset[i],
-                .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
-                .y = i + 1 == N ? a.y : activation(a.saved, a.n, i),
-                .dy = dy,
-                .dx = dx,
-                .dparams = a.dparams + param_offset[i],
-                .n = a.n,
-                .saved = op_saved(a.saved, a.n, i),
-                .scratch = a.scratch + 2 * max_inner * a.n});
-            dy = dx;
+            if constexpr (!fused_into_previous<i>) {   // else the op before runs this ReLU's backward
+                constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
+                float* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);
+                const BackwardArgs args{.params = a.params + param_offset[i],
+                                        .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
+                                        .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
+                                        .dy = dy,
+                                        .dx = dx,
+                                        .dparams = a.dparams + param_offset[i],
+                                        .n = a.n,
+                                        .saved = op_saved(a.saved, a.n, i),
+                                        .scratch = a.scratch + 2 * max_inner * a.n};
+                if constexpr (fuses_next_relu<i>) std::get<i>(ops_).backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
+                else std::get<i>(ops_).backward(ctx, pass, args);
+                dy = dx;
+            }
             hook(param_offset[i]);
         });
     }

@@ -19,9 +19,10 @@
 //                                             when nobody needs it). Reads x, y, dy and saved state as
 //                                             forward left them.
 //
-// Optional: an op with `static constexpr bool fuses_relu` and forward_relu(ctx, pass, ForwardArgs)
-// (convolutions) applies a ReLU that follows it in a Chain (`static constexpr bool is_relu`) in the
-// same pass; the Chain then skips the ReLU's forward and the op's own output is left unwritten.
+// Optional: an op with `static constexpr bool fuses_relu`, forward_relu(ctx, pass, ForwardArgs) and
+// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions) applies a ReLU that follows it in a Chain
+// (`static constexpr bool is_relu`) in the same pass, forward and backward; the Chain then skips the
+// ReLU, and the op's own output slot holds dz (its output's gradient) during backward.
 //
 // Every random choice an op makes is keyed on (pass.seed, its layer id, pass.first_sample + i), so it
 // does not depend on which replica runs sample i.

@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
 
 namespace replica::backend::cpu {
@@ -75,6 +76,16 @@ void conv_backward(const Context&, int cout, const float* w, const float* x,
             col2im<g>(col, mm, dx + s0 * g.in_size());
         }
     }
+}
+
+// A convolution followed by a ReLU whose output is relu_y and whose output gradient is dy: dz (the
+// convolution output's gradient, n x cout x oh x ow) = the ReLU's backward, then conv_backward from dz.
+template <Window g>
+void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
+                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
+{
+    relu_backward(ctx, relu_y, dy, dz, n * std::size_t(cout) * g.out_pixels());
+    conv_backward<g>(ctx, cout, w, x, dz, dx, dw, db, n, scratch);
 }
 
 // ---- transposed convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----

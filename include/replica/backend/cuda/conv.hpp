@@ -21,8 +21,11 @@ namespace kernels {
 // Pass 1 of db[c] = sum over i < n, j < s of dy[i][c][j]: block (part, c) sums the values
 // [part * per_part, (part + 1) * per_part) of channel c's n * s in a fixed order (threads stride
 // along the contiguous rows, then a tree in shared memory), so the result is the same every run.
-__global__ void channel_partial_sums(const float* dy, float* partial, unsigned channels, unsigned n, unsigned s,
-                                     unsigned per_part)
+// Relu: dy is the gradient of relu(z), y = relu(z); the pass also writes dz = y > 0 ? dy : 0 and sums
+// dz (a convolution's backward with the ReLU after it: one pass over memory instead of two).
+template <bool Relu>
+__global__ void channel_partial_sums(const float* dy, const float* y, float* dz, float* partial, unsigned channels,
+                                     unsigned n, unsigned s, unsigned per_part)
 {
     __shared__ float lane[detail::kThreads];
     const unsigned c = blockIdx.y, part = blockIdx.x, total = n * s;
@@ -32,7 +35,13 @@ __global__ void channel_partial_sums(const float* dy, float* partial, unsigned c
     if (k < end) {
         unsigned i = k / s, j = k - i * s;
         for (; k < end; k += blockDim.x) {
-            sum += dy[(std::size_t(i) * channels + c) * s + j];
+            const std::size_t at = (std::size_t(i) * channels + c) * s + j;
+            float v = dy[at];
+            if constexpr (Relu) {
+                v = relu_grad(y[at], v);
+                dz[at] = v;
+            }
+            sum += v;
             i += step_i;
             j += step_j;
             if (j >= s) {
@@ -67,15 +76,19 @@ inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
 }
 
 // db (channels) = dy (n, channels, s) summed over n and s; `partial` holds channels * bias_parts(..).
+// With relu_y (the output of the ReLU that dy is the gradient of), dz = relu_y > 0 ? dy : 0 is written
+// and summed instead.
 inline void channel_sums(const Context& ctx, const float* dy, float* db, std::size_t channels, std::size_t n,
-                         std::size_t s, float* partial)
+                         std::size_t s, float* partial, const float* relu_y = nullptr, float* dz = nullptr)
 {
     core::require(n * s < (std::size_t(1) << 31), "a bias gradient over 2^31 values or more per channel: use a smaller batch");
     const unsigned parts = bias_parts(channels, n * s), per_part = unsigned((n * s + parts - 1) / parts);
-    kernels::channel_partial_sums<<<dim3(parts, unsigned(channels)), kThreads, 0, ctx.stream()>>>(
-        dy, partial, unsigned(channels), unsigned(n), unsigned(s), per_part);
+    const dim3 grid(parts, unsigned(channels));
+    const auto c = unsigned(channels), nn = unsigned(n), ss = unsigned(s);
+    if (relu_y) kernels::channel_partial_sums<true><<<grid, kThreads, 0, ctx.stream()>>>(dy, relu_y, dz, partial, c, nn, ss, per_part);
+    else kernels::channel_partial_sums<false><<<grid, kThreads, 0, ctx.stream()>>>(dy, nullptr, nullptr, partial, c, nn, ss, per_part);
     check_launch("channel_partial_sums");
-    kernels::channel_totals<<<blocks_for(channels), kThreads, 0, ctx.stream()>>>(partial, db, unsigned(channels), parts);
+    kernels::channel_totals<<<blocks_for(channels), kThreads, 0, ctx.stream()>>>(partial, db, c, parts);
     check_launch("channel_totals");
 }
 } // namespace detail
@@ -190,19 +203,41 @@ void conv_forward(const Context& ctx, int cout, const float* w, const float* b, 
     add_channel_bias(ctx, b, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow, relu);
 }
 
+namespace detail {
+// The filter and input gradients from the output's gradient dz.
+template <core::Window g>
+void conv_backward_filter_data(const Context& ctx, const ConvPlan& p, const float* w, const float* x, const float* dz,
+                               float* dx, float* dw)
+{
+    const float one = 1.0f, zero = 0.0f;
+    void* ws = ctx.workspace(0);
+    REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, x, p.y, dz, p.conv, p.bwd_filter, ws, p.workspace,
+                                                 &zero, p.w, dw));
+    if (dx)
+        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, dz, p.conv, p.bwd_data, ws, p.workspace,
+                                                   &zero, p.x, dx));
+}
+} // namespace detail
+
 template <core::Window g>
 void conv_backward(const Context& ctx, int cout, const float* w, const float* x, const float* dy, float* dx,
                    float* dw, float* db, std::size_t n, float* scratch)
 {
     const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
-    const float one = 1.0f, zero = 0.0f;
-    void* ws = ctx.workspace(0);
     detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch);
-    REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, x, p.y, dy, p.conv, p.bwd_filter, ws, p.workspace,
-                                                 &zero, p.w, dw));
-    if (dx)
-        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, dy, p.conv, p.bwd_data, ws, p.workspace,
-                                                   &zero, p.x, dx));
+    detail::conv_backward_filter_data<g>(ctx, p, w, x, dy, dx, dw);
+}
+
+// The backward of a convolution followed by a ReLU whose output is relu_y and whose output gradient
+// is dy: the ReLU's backward runs in the bias-gradient pass, which writes the convolution output's
+// gradient to dz (n x cout x oh x ow).
+template <core::Window g>
+void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
+                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
+{
+    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch, relu_y, dz);
+    detail::conv_backward_filter_data<g>(ctx, p, w, x, dz, dx, dw);
 }
 
 // Window g maps the transposed convolution's OUTPUT (g.c = cout channels, g.h x g.w) to its input
