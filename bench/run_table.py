@@ -35,7 +35,7 @@ GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlene
              ("textcnn", 128), ("fcn", 16))
 GPU4_RUNS = (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128), ("textcnn", 128),
              ("fcn", 16))
-PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu", "graphs")
+PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu", "graphs", "buckets")
 
 
 def network_of(model):
@@ -59,19 +59,22 @@ def sig3(x):
 
 
 def replica_config(model, devices, batch, dispatch="single", scaling="strong", blas_threads=0, reproducible=False,
-                   processes=1, graphs=None):
+                   processes=1, graphs=None, bucket_floats=0):
     count = len(devices.split(","))
     config = "replica" if blas_threads == 0 else \
         f"replica, {blas_threads} BLAS thread{'s' if blas_threads > 1 else ''}"
     if reproducible:
         config += ", reproducible"
+    if bucket_floats:
+        config += f", buckets of {bucket_floats} floats"
     if processes > 1:
         config += f", {processes} processes (mpirun)"
     return {"library": "replica", "config": config, "model": model, "network": network_of(model),
             "device_list": devices, "devices": count, "dispatch": dispatch, "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count,
             "blas_threads": blas_threads or None, "reproducible": reproducible, "processes": processes,
-            "graphs_requested": graphs}   # None: the library's default (graphs where the model allows them)
+            "graphs_requested": graphs,   # None: the library's default (graphs where the model allows them)
+            "bucket_floats": bucket_floats or None}   # None: the library's default
 
 
 def gpu_list(count):
@@ -152,6 +155,15 @@ def preset_configs(preset, pytorch):
             runs += [replica_config(model, "cuda:0", b, "threaded", graphs=g) for g in (False, True)]
             if pytorch:
                 runs.append(pytorch_config(model, 1, b))
+    elif preset == "buckets":
+        # Gradient bucket size against 2-GPU scaling, for the networks whose gradient fits in few buckets
+        # of the default size: one GPU at the batch and at half of it, then 2 GPUs (both policies, both
+        # scalings) with the default buckets and with smaller ones (cut at layer boundaries).
+        for model in ("lenet", "textcnn", "fcn"):
+            b = DEFAULT_BATCH[model]
+            runs += [replica_config(model, "cuda:0", b), replica_config(model, "cuda:0", b // 2)]
+            runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling, bucket_floats=floats)
+                     for floats in (0, 1 << 16) for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
     elif preset == "reproducible-cpu":
         for devices in ("cpu:0", "cpu:0,cpu:1"):
             runs += [replica_config("lenet", devices, 64, "threaded", blas_threads=1, reproducible=r)
@@ -179,6 +191,8 @@ def command(cfg, args):
             argv += ["--reproducible"]
         if cfg.get("graphs_requested") is False:
             argv += ["--eager"]
+        if cfg.get("bucket_floats"):
+            argv += ["--bucket-floats", str(cfg["bucket_floats"])]
         argv += args.replica_arg
         return argv
     argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common
