@@ -34,6 +34,7 @@ struct Settings {
     StepOptions step;
     parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
     std::size_t bucket_floats;           // DataParallelOptions::bucket_floats (0: its default)
+    std::size_t first_bucket_floats;     // DataParallelOptions::first_bucket_floats (0: its default)
 };
 
 template <class M>
@@ -46,6 +47,9 @@ int run(const Settings& s)
                                {.dispatch = s.dispatch,
                                 .data_parallel = {.bucket_floats = s.bucket_floats ? s.bucket_floats
                                                                                    : DataParallelOptions{}.bucket_floats,
+                                                  .first_bucket_floats = s.first_bucket_floats
+                                                                             ? s.first_bucket_floats
+                                                                             : DataParallelOptions{}.first_bucket_floats,
                                                   .processes = s.processes},
                                 .batch_size = batch ? batch : 64, .scaling = s.scaling});
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
@@ -129,6 +133,8 @@ try {
         .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
         .option("micro-shard", "8", "samples per micro-shard with --reproducible")
         .option("bucket-floats", "0", "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)")
+        .option("first-bucket-floats", "0", "the first bucket (last layers) closes at this many floats, or at "
+                                            "--bucket-floats if smaller (0: the default, 256 Ki)")
         .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
@@ -141,7 +147,7 @@ try {
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
                StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get(), args.count("bucket-floats")};
+               processes.get(), args.count("bucket-floats"), args.count("first-bucket-floats")};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

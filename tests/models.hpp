@@ -13,6 +13,12 @@ using SmallClassifier = Sequential<Input<16, 8, 8>, Flatten, Dropout<0.5>, Linea
 template <class Dispatch>
 using SmallAlexNet = Sequential<Input<3, 32, 32>, DataParallel<SmallFeatures, Dispatch>, SmallClassifier>;
 using SmallAlexNetPlain = Sequential<Input<3, 32, 32>, SmallFeatures, SmallClassifier>;
+// Features whose gradient is two buckets: conv 224 | linear 320400 (the first bucket closes at 256 Ki),
+// nested and plain.
+using WideFeatures = Sequential<Input<3, 12, 12>, Conv2d<8, 3>, ReLU, Flatten, Linear<400>, ReLU>;
+template <class Dispatch>
+using WideNested = Sequential<Input<3, 12, 12>, DataParallel<WideFeatures, Dispatch>, Linear<10>>;
+using WidePlain = Sequential<Input<3, 12, 12>, WideFeatures, Linear<10>>;
 
 // Inception-like block and dropout.
 using ConcatDropoutNet = Sequential<Input<3, 12, 12>, Conv2d<8, 3, 1, 1>, ReLU,

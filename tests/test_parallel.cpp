@@ -95,6 +95,40 @@ TEST_CASE("Nested DataParallel (features only) equals the plain model", "[cpu][p
     CHECK(max_relative_difference(train_three_steps(plain2, tiny, 2), train_three_steps(nested, tiny, 2)) < 1e-5);
 }
 
+TEST_CASE("A nested DataParallel reduces its gradient bucket by bucket and equals the plain model", "[cpu][parallel]")
+{
+    const DataParallelOptions defaults;
+    REQUIRE(parallel::detail::make_buckets<WideFeatures::graph>(defaults.first_bucket_floats, defaults.bucket_floats).size() == 2);
+    const std::size_t batch = 7;
+    const RandomBatches<WidePlain> data(3 * batch, 6);
+    WidePlain plain{Device::cpu(), 4};
+    const auto expected = train_three_steps(plain, data, batch);
+    for (std::size_t replicas : {2, 3}) {
+        CAPTURE(replicas);
+        WideNested<SingleThread> one_thread{cpus(replicas), 4};
+        WideNested<Threaded> threaded{cpus(replicas), 4};
+        const auto a = train_three_steps(one_thread, data, batch);
+        CHECK(max_relative_difference(expected, a) < 1e-5);
+        CHECK(a == train_three_steps(threaded, data, batch));
+    }
+}
+
+TEST_CASE("Gradient buckets: a small first one, then bucket_floats each, cut at layer boundaries", "[cpu][parallel]")
+{
+    // LeNet's parameters: conv 520 | conv 25050 | linear 400500 | linear 5010 (offsets 0, 520, 25570, 426070).
+    using G = LeNet::graph;
+    using Buckets = std::vector<std::pair<std::size_t, std::size_t>>;
+    const DataParallelOptions defaults;
+    CHECK(parallel::detail::make_buckets<G>(defaults.first_bucket_floats, defaults.bucket_floats) ==
+          Buckets{{25570, 431080}, {0, 25570}});   // the classifier, then the convolutions
+    CHECK(parallel::detail::make_buckets<G>(1 << 20, 1 << 20) == Buckets{{0, 431080}});
+    CHECK(parallel::detail::make_buckets<G>(1 << 20, 20000) == Buckets{{25570, 431080}, {520, 25570}, {0, 520}});
+    CHECK(parallel::detail::make_buckets<G>(5000, 1 << 20) == Buckets{{426070, 431080}, {0, 426070}});
+    CHECK(parallel::detail::make_buckets<G>(1, 1) == Buckets{{426070, 431080}, {25570, 426070}, {520, 25570}, {0, 520}});
+    DataParallel<LeNet, SingleThread> dp{cpus(2)};
+    CHECK(dp.bucket_count() == 2);
+}
+
 TEST_CASE("DataParallel gradients are the single model's, bucket by bucket", "[cpu][parallel]")
 {
     // Small buckets: one per layer with parameters, reduced while backward runs (Threaded).

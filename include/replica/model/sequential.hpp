@@ -201,9 +201,10 @@ public:
     }
 
     // The two halves of forward_backward, for a replica nested in a larger model (DataParallel::op):
-    // forward_train keeps its activations for backward_from, which ASSIGNS the gradients and writes
-    // the input gradient to dx (memory of this device or another one; may be null). Both queue their
-    // work; forward_train returns the output in this model's memory.
+    // forward_train keeps its activations for backward_from, which ASSIGNS the gradients (calling
+    // hook(offset) as forward_backward does) and writes the input gradient to dx (memory of this device
+    // or another one; may be null). Both queue their work; forward_train returns the output in this
+    // model's memory.
     const float* forward_train(const Pass& pass, const float* x, std::size_t n)
     {
         return visit([&](auto& ctx) -> const float* {
@@ -214,12 +215,14 @@ public:
             return y(n);
         });
     }
-    void backward_from(const Pass& pass, const float* dy_in, float* dx)
+    template <class Hook = detail::NoHook>
+    void backward_from(const Pass& pass, const float* dy_in, float* dx, Hook&& hook = {})
     {
         visit([&](auto& ctx) {
             const std::size_t n = last_n_;
             if (n == 0) {
                 fill(ctx, grads_.data(), 0.0f, param_count);
+                hook(std::size_t{0});
                 return;
             }
             const float* dyd = ctx.stage(dy_in, dy(n), n * output_shape::size);
@@ -227,7 +230,8 @@ public:
             float* mine = dx == nullptr || std::remove_cvref_t<decltype(ctx)>::host_visible ? dx : input_grad_.data();
             graph_.backward(ctx, pass,
                             BackwardArgs{.params = params_.data(), .x = last_x_, .y = y(n), .dy = dyd, .dx = mine,
-                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)});
+                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
+                            hook);
             if (mine != dx) ctx.download(dx, mine, n * input_shape::size);
         });
     }
