@@ -166,7 +166,7 @@ public:
         core::static_for_reverse<N>([&](auto i) {
             if constexpr (!fused_into_previous<i>) {   // else the op before runs this ReLU's backward
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
-                float* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);
+                float* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
                 const BackwardArgs args{.params = a.params + param_offset[i],
                                         .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
                                         .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
