@@ -1,6 +1,7 @@
 // core: shapes, devices, the counter-based generator, buffers.
 
 #include <set>
+#include <thread>
 
 #include "catch.hpp"
 #include "replica/replica.hpp"
@@ -82,6 +83,11 @@ TEST_CASE("The worker pool runs every worker per phase and carries exceptions", 
     CHECK_THROWS_AS(pool.run([](std::size_t i) { if (i == 1) throw Error("boom"); }), Error);
     pool.run([&](std::size_t i) { ++hits[i]; });   // still usable
     CHECK(hits[2] == 101);
+    for (int phase = 0; phase < 3; ++phase) {   // after the workers stopped polling and sleep
+        std::this_thread::sleep_for(parallel::WorkerPool::poll_for * 5);
+        pool.run([&](std::size_t i) { ++hits[i]; });
+    }
+    CHECK(hits == std::vector<int>{104, 104, 104});
 }
 
 TEST_CASE("The host communicator sums in rank order, grouped or threaded, bit for bit", "[cpu]")
