@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -176,6 +177,29 @@ public:
     {
         visit([&](auto& ctx) { queue(ctx, pass, x, labels, n, loss_scale, loss_slot_.data(), hook); });
     }
+    // queue_forward_backward for one thread driving several GPUs (DataParallel<M, SingleThread>): a
+    // step replayed from CUDA graphs queues what comes before its graphs and returns how many graph
+    // segments it left to launch_deferred(k, hook), k = 0, 1, ..., so that the caller can launch every
+    // replica's segment k before any replica's k + 1 (the GPUs then start within a launch of each
+    // other, not a whole step's launches apart). Otherwise it queues everything and returns 0.
+    template <class Hook>
+    std::size_t queue_or_defer(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                               float loss_scale, Hook& hook)
+    {
+        return visit([&](auto& ctx) { return queue(ctx, pass, x, labels, n, loss_scale, loss_slot_.data(), hook, true); });
+    }
+    template <class Hook>
+    void launch_deferred(std::size_t k, Hook& hook)
+    {
+        visit([&](auto& ctx) {
+            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible) {
+                const auto& segment = (*ctx.graph({deferred_.first, deferred_.second}))[k];
+                ctx.launch(segment.exec);
+                if (segment.cut != std::remove_cvref_t<decltype(ctx)>::Segment::no_cut) hook(segment.cut);
+            }
+        });
+    }
+
     // The step after the next one queued will train on these n samples (host memory that stays
     // unchanged until then): on a GPU their copy runs on the copy stream while that step computes.
     // A step on other data drops it. Nothing to do on the CPU.
@@ -367,17 +391,17 @@ private:
         return d;
     }
 
-    // Queues forward, loss (into *slot) and backward over n samples.
+    // Queues forward, loss (into *slot) and backward over n samples; with `defer`, see queue_or_defer.
     template <class Ctx, class Hook>
-    void queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-               float loss_scale, core::LossSlot* slot, Hook&& hook)
+    std::size_t queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                      float loss_scale, core::LossSlot* slot, Hook&& hook, bool defer = false)
     {
         *slot = {};
         if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
             staging_.take(ctx, nullptr, nullptr, 0);   // drops a copy ahead meant for this step
             fill(ctx, grads_.data(), 0.0f, param_count);
             hook(std::size_t{0});
-            return;
+            return 0;
         }
         reserve(ctx, n);
         const auto [xd, ld] = staging_.take(ctx, x, labels, n);
@@ -390,11 +414,10 @@ private:
                             on_layer);
         };
         if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
-            if (ctx.options().graphs && slot == loss_slot_.data()) {
-                replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work, hook);
-                return;
-            }
+            if (ctx.options().graphs && slot == loss_slot_.data())
+                return replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work, hook, defer);
         work(pass, hook);
+        return 0;
     }
 
     // CUDA graphs: the first step of a (batch size, staging buffer) runs eagerly (plans, workspaces and
@@ -405,18 +428,26 @@ private:
     // and the capture goes on in a new segment; a replay launches the segments and calls the hook
     // at the same cuts. So a graph never holds a collective, and communication still overlaps backward.
     template <class Ctx, class Work, class Hook>
-    void replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work, Hook& hook)
+    std::size_t replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work, Hook& hook,
+                                  bool defer)
     {
         const typename Ctx::GraphKey key{n, slot};
         ctx.set_step(pass.seed, pass.first_sample);
         if (const auto* segments = ctx.graph(key)) {
+            if (defer) {   // launch_deferred() launches them
+                deferred_ = {n, slot};
+                return segments->size();
+            }
             for (const auto& s : *segments) {
                 ctx.launch(s.exec);
                 if (s.cut != Ctx::Segment::no_cut) hook(s.cut);
             }
-            return;
+            return 0;
         }
-        if (ctx.first_time(key)) return work(pass, hook);
+        if (ctx.first_time(key)) {
+            work(pass, hook);
+            return 0;
+        }
         bool in_hook = false;
         auto cut = [&](std::size_t from) {
             if (!detail::hook_acts(hook, from)) return;
@@ -430,6 +461,7 @@ private:
         try {
             work(Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training}, cut);
             ctx.end_capture(key);
+            return 0;
         } catch (const std::exception& e) {
             ctx.abandon_capture(key);
             if (in_hook) throw;   // the hook's own error (a failed all-reduce), not the capture's
@@ -482,6 +514,7 @@ private:
     std::size_t capacity_ = 0;
     const float* last_x_ = nullptr;
     std::size_t last_n_ = 0;
+    std::pair<std::size_t, int> deferred_{0, 0};   // the graph key of the segments queue_or_defer left
     // The reproducible mode's exact accumulator and one loss slot per shard.
     core::Buffer<std::int64_t> exact_;
     core::Buffer<core::LossSlot> shard_slots_;

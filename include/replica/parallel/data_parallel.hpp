@@ -390,19 +390,36 @@ public:
     double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale, Hook&& = {})
     {
+        // Each replica queues its step. One thread (SingleThread) launches the replicas' graph segments
+        // interleaved, segment k of every replica before any replica's k + 1 (Sequential::queue_or_defer).
+        std::size_t most = 0;
         each([&](std::size_t r) {
             const Share s = samples_of(r, n, 0);
             model::Pass mine = pass;
             mine.first_sample = pass.first_sample + s.offset;
+            hooks_[r] = reduce_->hook(*comm_, r, replicas_[r].gradient_data());
             try {
-                replicas_[r].queue_forward_backward(mine, x + s.offset * input_shape::size,
-                                                    labels + s.offset * label_size, s.count, loss_scale,
-                                                    reduce_->hook(*comm_, r, replicas_[r].gradient_data()));
+                const float* xr = x + s.offset * input_shape::size;
+                const std::int32_t* lr = labels + s.offset * label_size;
+                if constexpr (std::same_as<Dispatch, SingleThread>) {
+                    deferred_[r] = replicas_[r].queue_or_defer(mine, xr, lr, s.count, loss_scale, hooks_[r]);
+                    most = std::max(most, deferred_[r]);
+                } else {
+                    replicas_[r].queue_forward_backward(mine, xr, lr, s.count, loss_scale, hooks_[r]);
+                }
             } catch (...) {
                 comm_->abort();
                 throw;
             }
         });
+        try {
+            for (std::size_t k = 0; k < most; ++k)
+                for (std::size_t r = 0; r < replicas_.size(); ++r)
+                    if (k < deferred_[r]) replicas_[r].launch_deferred(k, hooks_[r]);
+        } catch (...) {
+            comm_->abort();
+            throw;
+        }
         reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
         each([&](std::size_t r) {
             comm_->wait(r);
@@ -494,6 +511,8 @@ private:
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, reduce_->size(), options_.processes);
         losses_.assign(replicas_.size(), 0.0);
+        hooks_.assign(replicas_.size(), {});
+        deferred_.assign(replicas_.size(), 0);
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
@@ -531,6 +550,8 @@ private:
     std::vector<M> replicas_;
     std::unique_ptr<Communicator> comm_;
     std::optional<detail::BucketedReduce<Dispatch>> reduce_;
+    std::vector<typename detail::BucketedReduce<Dispatch>::Hook> hooks_;   // this step's, one a replica
+    std::vector<std::size_t> deferred_;   // graph segments each replica left to launch (SingleThread)
     std::vector<double> losses_;
     std::unique_ptr<WorkerPool> pool_;
     std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
