@@ -488,6 +488,22 @@ TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit
     CHECK(graphs_held(lenet_replayed) == 2);
 }
 
+TEST_CASE("A DataParallel over one GPU replays its deferred graph segments and equals the plain model bit for bit",
+          "[cuda][graphs]")
+{
+    REQUIRE_GPU();
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    const RandomBatches<LeNet> lenet(112, 8);
+    const OptionScope on{&cuda::Options::graphs, true};
+    LeNet plain{Device::cuda(0), 4};
+    const auto expected = steps_for_graphs(plain, lenet);
+    DataParallel<LeNet, SingleThread> one{gpus(1), 4};   // segments launched by launch_deferred
+    REQUIRE(one.bucket_count() == 2);
+    CHECK(differences(steps_for_graphs(one, lenet), expected) == "");
+    CHECK(graphs_held(one.replica(0)) == 2);
+    CHECK(cuts_held(one.replica(0)) == 2 * 2);
+}
+
 TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at every bucket, and match the eager steps",
           "[cuda][multi-gpu]")
 {
