@@ -192,11 +192,8 @@ public:
     void launch_deferred(std::size_t k, Hook& hook)
     {
         visit([&](auto& ctx) {
-            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible) {
-                const auto& segment = (*ctx.graph({deferred_.first, deferred_.second}))[k];
-                ctx.launch(segment.exec);
-                if (segment.cut != std::remove_cvref_t<decltype(ctx)>::Segment::no_cut) hook(segment.cut);
-            }
+            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible)
+                launch_segment(ctx, (*ctx.graph({deferred_.first, deferred_.second}))[k], hook);
         });
     }
 
@@ -438,10 +435,7 @@ private:
                 deferred_ = {n, slot};
                 return segments->size();
             }
-            for (const auto& s : *segments) {
-                ctx.launch(s.exec);
-                if (s.cut != Ctx::Segment::no_cut) hook(s.cut);
-            }
+            for (const auto& s : *segments) launch_segment(ctx, s, hook);
             return 0;
         }
         if (ctx.first_time(key)) {
@@ -468,6 +462,14 @@ private:
             throw Error(std::string("capturing a training step in a CUDA graph failed: ") + e.what() +
                         ". Turn backend::cuda::default_options().graphs off");
         }
+    }
+
+    // One replayed segment, then the step's hook at its cut.
+    template <class Ctx, class Hook>
+    static void launch_segment(Ctx& ctx, const typename Ctx::Segment& segment, Hook& hook)
+    {
+        ctx.launch(segment.exec);
+        if (segment.cut != Ctx::Segment::no_cut) hook(segment.cut);
     }
 
     template <class Ctx>
