@@ -13,6 +13,12 @@
 //   REPLICA_TRACE_TOP       rows of the kernel table per device (default 40)
 //   REPLICA_TRACE_OUT       file the report is appended to (default: stderr)
 //   REPLICA_TRACE_LABEL     text shown in the report's header
+//   REPLICA_TRACE_TIMELINE  file that also gets, at exit, every activity counted, one a line sorted by start:
+//                           "device start_us end_us kind name", times in us after the first GPU activity,
+//                           kind kernel, HtoD, DtoH, DtoD, PtoP, memset or other, name the demangled kernel
+//                           name ("-" for the others); "%p" in it stands for the process id; header lines
+//                           start with '#'; at most 2,000,000 activities are kept (the header says how
+//                           many were left out). bench/timeline.py reads it.
 //
 // Report per device: kernel time and count, "GPU busy" (the union of kernel intervals: the rest of the
 // window the device ran no kernel, e.g. waiting on the host), memcpy time and bytes by direction, memset
@@ -34,6 +40,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -55,6 +62,18 @@ struct Totals {
 
 enum Direction { htod, dtoh, dtod, ptop, other, directions };
 constexpr const char* direction_names[directions] = {"HtoD", "DtoH", "DtoD", "PtoP", "other"};
+
+// One activity of the timeline (REPLICA_TRACE_TIMELINE): 24 bytes, and no allocation per record.
+constexpr std::size_t timeline_limit = 2'000'000;   // activities kept; the rest are counted
+constexpr std::uint8_t kernel_kind = directions, memset_kind = directions + 1;   // a copy's kind: its Direction
+constexpr std::uint32_t no_name = UINT32_MAX;
+struct Event {
+    std::uint64_t start = 0, end = 0;
+    std::uint32_t name = no_name;   // a kernel's index into State::names
+    std::uint16_t device = 0;   // CUPTI's device ids are small ordinals
+    std::uint8_t kind = other;
+};
+static_assert(sizeof(Event) == 24);
 
 // Looks kernel names up by string_view, so that a record costs no allocation once its kernel is known.
 struct NameHash {
@@ -84,6 +103,13 @@ struct State {
     std::uint64_t first = UINT64_MAX, last = 0;   // the window: first start and last end counted
     std::uint64_t before_window = 0, incomplete = 0, dropped = 0;
     std::map<std::uint32_t, DeviceStats> devices;
+    std::string timeline;   // REPLICA_TRACE_TIMELINE; empty: no timeline is kept
+    std::vector<Event> events;
+    std::uint64_t left_out = 0;   // activities past timeline_limit
+    // The kernel names of the timeline, interned: index by mangled name, and name by index (the map's
+    // keys, which stay where they are as it grows).
+    std::unordered_map<std::string, std::uint32_t, NameHash, std::equal_to<>> name_index;
+    std::vector<const std::string*> names;
 };
 
 // Never destroyed: CUPTI may still deliver a buffer while the process exits.
@@ -163,6 +189,26 @@ Direction direction(std::uint8_t copy_kind)
     }
 }
 
+// Keeps an activity for the timeline, when one was asked for; name only for kernels.
+void keep(State& s, const Span& t, std::uint8_t kind, std::string_view name = {})
+{
+    if (s.timeline.empty()) return;
+    if (s.events.size() >= timeline_limit) {
+        ++s.left_out;
+        return;
+    }
+    std::uint32_t index = no_name;
+    if (kind == kernel_kind) {
+        auto it = s.name_index.find(name);
+        if (it == s.name_index.end()) {
+            it = s.name_index.emplace(std::string(name), static_cast<std::uint32_t>(s.names.size())).first;
+            s.names.push_back(&it->first);
+        }
+        index = it->second;
+    }
+    s.events.push_back({t.start, t.end, index, static_cast<std::uint16_t>(t.device), kind});
+}
+
 void record(State& s, const CUpti_Activity* r)
 {
     const Span t = span(r);
@@ -187,6 +233,7 @@ void record(State& s, const CUpti_Activity* r)
         if (it == d.kernels.end()) it = d.kernels.emplace(std::string(key), Totals{}).first;
         it->second.add(ns);
         d.kernel.add(ns);
+        keep(s, t, kernel_kind, key);
         d.busy.emplace_back(t.start, t.end);
         if (d.busy.size() >= d.busy_limit) {
             merge(d.busy);
@@ -197,12 +244,16 @@ void record(State& s, const CUpti_Activity* r)
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         auto c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
         d.copies[direction(c->copyKind)].add(ns, c->bytes);
+        keep(s, t, direction(c->copyKind));
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY2:
         d.copies[ptop].add(ns, reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(r)->bytes);
+        keep(s, t, ptop);
         break;
-    default: d.memset.add(ns, reinterpret_cast<const CUpti_ActivityMemset4*>(r)->bytes);
+    default:
+        d.memset.add(ns, reinterpret_cast<const CUpti_ActivityMemset4*>(r)->bytes);
+        keep(s, t, memset_kind);
     }
 }
 
@@ -329,6 +380,44 @@ std::string report(State& s)
     return out;
 }
 
+// Writes the timeline kept (REPLICA_TRACE_TIMELINE) to its file, replacing it. A process that kept
+// nothing writes nothing, so that a parent which only asked for the device count leaves its child's be.
+void write_timeline(State& s)
+{
+    if (s.timeline.empty() || (s.events.empty() && s.left_out == 0)) return;
+    std::FILE* file = std::fopen(s.timeline.c_str(), "w");
+    if (file == nullptr) {
+        std::fprintf(stderr, "replica kernel_trace: cannot open %s\n", s.timeline.c_str());
+        return;
+    }
+    std::sort(s.events.begin(), s.events.end(), [](const Event& a, const Event& b) {
+        return std::tie(a.start, a.device, a.end) < std::tie(b.start, b.device, b.end);
+    });
+    std::vector<std::string> shown;   // demangled and cut, by name index
+    shown.reserve(s.names.size());
+    for (const std::string* name : s.names)
+        shown.push_back(demangle(*name));
+    std::fprintf(file, "# replica kernel_trace timeline [%s] pid %d: device start_us end_us kind name\n",
+                 s.label.c_str(), static_cast<int>(s.pid));
+    std::fprintf(file, "# times in us after the first GPU activity; kind: kernel, HtoD, DtoH, DtoD, PtoP, memset, "
+                       "other; name: the demangled kernel name, cut to %zu characters (\"-\" for the others)\n",
+                 name_width);
+    std::fprintf(file, "# %zu activities, %llu left out (at most %zu are kept)\n", s.events.size(),
+                 static_cast<unsigned long long>(s.left_out), timeline_limit);
+    std::fprintf(file, "# %llu records before the window, %llu incomplete, %llu dropped%s\n",
+                 static_cast<unsigned long long>(s.before_window), static_cast<unsigned long long>(s.incomplete),
+                 static_cast<unsigned long long>(s.dropped),
+                 s.enabled ? "" : "; the tool was switched off: timeline incomplete");
+    for (const Event& e : s.events) {
+        const char* kind = e.kind == kernel_kind   ? "kernel"
+                           : e.kind == memset_kind ? "memset"
+                                                   : direction_names[e.kind];
+        std::fprintf(file, "%u %.3f %.3f %s %s\n", static_cast<unsigned>(e.device), (e.start - s.origin) * 1e-3,
+                     (e.end - s.origin) * 1e-3, kind, e.name != no_name ? shown[e.name].c_str() : "-");
+    }
+    if (std::fclose(file) != 0) std::fprintf(stderr, "replica kernel_trace: writing %s failed\n", s.timeline.c_str());
+}
+
 void at_exit()
 {
     State& s = state();
@@ -341,6 +430,7 @@ void at_exit()
         std::fprintf(stderr, "replica kernel_trace: cannot open %s\n", s.out.c_str());
     std::fwrite(text.data(), 1, text.size(), file != nullptr ? file : stderr);   // one write: reports do not interleave
     if (file != nullptr) std::fclose(file);
+    write_timeline(s);
 }
 
 std::string env(const char* name, const char* otherwise)
@@ -374,6 +464,9 @@ extern "C" [[gnu::visibility("default")]] int InitializeInjection(void)
     s.top = static_cast<std::size_t>(env_number("REPLICA_TRACE_TOP", 40));
     s.out = env("REPLICA_TRACE_OUT", "");
     s.label = env("REPLICA_TRACE_LABEL", "");
+    s.timeline = env("REPLICA_TRACE_TIMELINE", "");
+    if (const std::size_t at = s.timeline.find("%p"); at != std::string::npos)
+        s.timeline.replace(at, 2, std::to_string(s.pid));
     // The record layouts below are those of this CUPTI major version; another one (e.g. a PyTorch
     // wheel's own libcupti) may lay them out differently.
     std::uint32_t version = 0;
