@@ -79,7 +79,7 @@ int run(const Settings& s)
         };
         const Batch b = batch(i), next = batch(i + 1);
         const auto t0 = std::chrono::steady_clock::now();
-        // Returns once the loss is known; the update is queued. The next batch is copied meanwhile.
+        // Returns once the step (update included) has finished. The next batch is copied meanwhile.
         loss = train_step(model, opt, b, s.step, &next);
         const auto t1 = std::chrono::steady_clock::now();
         if (i >= s.warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());

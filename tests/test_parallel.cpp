@@ -143,6 +143,38 @@ TEST_CASE("DataParallel gradients are the single model's, bucket by bucket", "[c
     for (std::size_t r = 1; r < 3; ++r) CHECK(dp.replica(r).gradients() == dp.replica(0).gradients());
 }
 
+// A model's step(), as train_step calls it, queues the update behind backward (and the all-reduce)
+// before it waits: the same losses and parameters as forward_backward, then update.
+template <class Model>
+void check_step_is_forward_backward_then_update(Model& a, Model& b)
+{
+    const RandomBatches<LeNet> data(14, 5);
+    SGD opt{kSgd};
+    for (std::size_t first : {0, 7}) {
+        const model::Pass pass{.seed = 2, .first_sample = first, .training = true};
+        const double la = a.step(pass, data.inputs.data() + first * LeNet::input_shape::size,
+                                 data.labels.data() + first, 7, 1.0f / 7, opt);
+        const double lb = b.forward_backward(pass, data.inputs.data() + first * LeNet::input_shape::size,
+                                             data.labels.data() + first, 7, 1.0f / 7);
+        b.update(opt);
+        CHECK(la == lb);
+        CHECK(a.parameters() == b.parameters());
+        CHECK(a.optimizer_state() == b.optimizer_state());
+    }
+    CHECK(a.parameters() != LeNet{Device::cpu()}.parameters());   // it did train
+}
+
+TEST_CASE("A training step is forward_backward then the update", "[cpu][parallel]")
+{
+    LeNet a{Device::cpu()}, b{Device::cpu()};
+    check_step_is_forward_backward_then_update(a, b);
+    DataParallel<LeNet, SingleThread> c{cpus(2)}, d{cpus(2)};
+    check_step_is_forward_backward_then_update(c, d);
+    DataParallel<LeNet, Threaded> e{cpus(3)}, f{cpus(3)};
+    check_step_is_forward_backward_then_update(e, f);
+    for (std::size_t r = 1; r < 3; ++r) CHECK(e.replica(r).parameters() == e.replica(0).parameters());
+}
+
 TEST_CASE("Dropout masks follow the global sample, not the replica", "[cpu][parallel]")
 {
     using Net = Sequential<Input<20>, Dropout<0.5>, Linear<3>>;

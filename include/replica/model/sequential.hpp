@@ -169,6 +169,18 @@ public:
         return finish();
     }
 
+    // A training step as train_step takes it: forward, loss, backward and the update (opt) all queued
+    // before the host waits, so the update runs on the GPU while the host wakes up, not after. Returns
+    // the sum of the losses once everything has finished. Same floats as forward_backward, update.
+    template <class Opt>
+    double step(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float loss_scale,
+                const Opt& opt)
+    {
+        queue_forward_backward(pass, x, labels, n, loss_scale);
+        update(opt);
+        return finish();
+    }
+
     // forward_backward in two halves: queue the work (on a GPU it runs asynchronously), then wait for
     // it and read the loss. Between them other devices' work can be queued.
     template <class Hook = detail::NoHook>

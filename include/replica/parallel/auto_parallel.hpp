@@ -156,6 +156,12 @@ public:
     {
         return std::visit([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); }, impl_);
     }
+    template <class Opt>
+    double step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float scale,
+                const Opt& opt)
+    {
+        return std::visit([&](auto& m) { return m.step(pass, x, labels, n, scale, opt); }, impl_);
+    }
     double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
                                          std::size_t n, float scale, std::size_t shard)
     {
@@ -267,10 +273,7 @@ private:
         std::vector<double> t;
         for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
-            std::visit([&](auto& model) {
-                model.forward_backward(model::Pass{.first_sample = i * n}, x, labels, n, 1.0f / float(n));
-                model.update(opt);
-            }, m);
+            std::visit([&](auto& model) { model.step(model::Pass{.first_sample = i * n}, x, labels, n, 1.0f / float(n), opt); }, m);
             if (i >= warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(t.begin(), t.end());

@@ -386,49 +386,19 @@ public:
 
     // ---- the training interface (as Sequential's) ----
 
-    template <class Hook = model::detail::NoHook>
     double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                            float loss_scale, Hook&& = {})
+                            float loss_scale)
     {
-        // Each replica queues its step. One thread (SingleThread) launches the replicas' graph segments
-        // interleaved, segment k of every replica before any replica's k + 1 (Sequential::queue_or_defer).
-        std::size_t most = 0;
-        each([&](std::size_t r) {
-            const Share s = samples_of(r, n, 0);
-            model::Pass mine = pass;
-            mine.first_sample = pass.first_sample + s.offset;
-            hooks_[r] = reduce_->hook(*comm_, r, replicas_[r].gradient_data());
-            try {
-                const float* xr = x + s.offset * input_shape::size;
-                const std::int32_t* lr = labels + s.offset * label_size;
-                if constexpr (std::same_as<Dispatch, SingleThread>) {
-                    deferred_[r] = replicas_[r].queue_or_defer(mine, xr, lr, s.count, loss_scale, hooks_[r]);
-                    most = std::max(most, deferred_[r]);
-                } else {
-                    replicas_[r].queue_forward_backward(mine, xr, lr, s.count, loss_scale, hooks_[r]);
-                }
-            } catch (...) {
-                comm_->abort();
-                throw;
-            }
-        });
-        try {
-            for (std::size_t k = 0; k < most; ++k)
-                for (std::size_t r = 0; r < replicas_.size(); ++r)
-                    if (k < deferred_[r]) replicas_[r].launch_deferred(k, hooks_[r]);
-        } catch (...) {
-            comm_->abort();
-            throw;
-        }
-        reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
-        each([&](std::size_t r) {
-            comm_->wait(r);
-            losses_[r] = replicas_[r].finish();
-        });
-        double total = 0.0;
-        for (double l : losses_) total += l;
-        comm_->sum_across_processes(&total, 1);
-        return total;
+        return run_step(pass, x, labels, n, loss_scale, [](M&) {});
+    }
+
+    // A training step as train_step takes it (see Sequential::step): each replica's update is queued
+    // behind its all-reduce before the host waits. Threaded: one hand-off to the threads a step.
+    template <class Opt>
+    double step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                float loss_scale, const Opt& opt)
+    {
+        return run_step(pass, x, labels, n, loss_scale, [&](M& m) { m.update(opt); });
     }
 
     // The next step's batch (see Sequential::stage_next): each replica copies its share ahead.
@@ -503,6 +473,65 @@ public:
     }
 
 private:
+    // forward_backward, then `then(replica)` queued behind the replica's all-reduce; returns the loss.
+    // Each replica queues its step. One thread (SingleThread) launches the replicas' graph segments
+    // interleaved, segment k of every replica before any replica's k + 1 (Sequential::queue_or_defer),
+    // then the buckets' group all-reduces, and waits last; Threaded queues in one phase, waits in a second.
+    template <class Then>
+    double run_step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                    float loss_scale, Then&& then)
+    {
+        auto queue = [&](std::size_t r) {
+            const Share s = samples_of(r, n, 0);
+            model::Pass mine = pass;
+            mine.first_sample = pass.first_sample + s.offset;
+            hooks_[r] = reduce_->hook(*comm_, r, replicas_[r].gradient_data());
+            try {
+                const float* xr = x + s.offset * input_shape::size;
+                const std::int32_t* lr = labels + s.offset * label_size;
+                if constexpr (std::same_as<Dispatch, SingleThread>)
+                    deferred_[r] = replicas_[r].queue_or_defer(mine, xr, lr, s.count, loss_scale, hooks_[r]);
+                else
+                    replicas_[r].queue_forward_backward(mine, xr, lr, s.count, loss_scale, hooks_[r]);
+            } catch (...) {
+                comm_->abort();
+                throw;
+            }
+        };
+        if constexpr (std::same_as<Dispatch, Threaded>) {
+            pool_->run(queue);   // if a replica fails to queue, no thread waits for its all-reduce
+            pool_->run([&](std::size_t r) {
+                comm_->wait(r);
+                then(replicas_[r]);
+                losses_[r] = replicas_[r].finish();
+            });
+        } else {
+            std::size_t most = 0;
+            for (std::size_t r = 0; r < replicas_.size(); ++r) {
+                queue(r);
+                most = std::max(most, deferred_[r]);
+            }
+            try {
+                for (std::size_t k = 0; k < most; ++k)
+                    for (std::size_t r = 0; r < replicas_.size(); ++r)
+                        if (k < deferred_[r]) replicas_[r].launch_deferred(k, hooks_[r]);
+            } catch (...) {
+                comm_->abort();
+                throw;
+            }
+            reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
+            for (std::size_t r = 0; r < replicas_.size(); ++r) {
+                comm_->wait(r);
+                then(replicas_[r]);
+            }
+            for (std::size_t r = 0; r < replicas_.size(); ++r) losses_[r] = replicas_[r].finish();
+        }
+        double total = 0.0;
+        for (double l : losses_) total += l;
+        comm_->sum_across_processes(&total, 1);
+        return total;
+    }
+
     void start()
     {
         reduce_.emplace(detail::make_buckets<typename M::graph>(options_.first_bucket_floats, options_.bucket_floats),

@@ -39,11 +39,13 @@ float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepO
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
     const float scale = float(1.0 / elements);
-    const double loss_sum =
-        options.reproducible
-            ? model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size, scale, options.micro_shard)
-            : model.forward_backward(pass, batch.inputs, batch.labels, batch.size, scale);
-    model.update(opt);
+    double loss_sum = 0.0;
+    if (options.reproducible) {
+        loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size, scale, options.micro_shard);
+        model.update(opt);
+    } else {
+        loss_sum = model.step(pass, batch.inputs, batch.labels, batch.size, scale, opt);   // update queued before the wait
+    }
     return float(loss_sum / elements);
 }
 
