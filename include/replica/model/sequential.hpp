@@ -170,15 +170,17 @@ public:
     }
 
     // A training step as train_step takes it: forward, loss, backward and the update (opt) all queued
-    // before the host waits, so the update runs on the GPU while the host wakes up, not after. Returns
-    // the sum of the losses once everything has finished. Same floats as forward_backward, update.
+    // before the host waits, and the host waits only for the loss: the update runs on the GPU while the
+    // host wakes up and queues the next step. Returns the sum of the losses. Same floats as
+    // forward_backward, then update; work queued later (or a download) runs after the update.
     template <class Opt>
     double step(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float loss_scale,
                 const Opt& opt)
     {
         queue_forward_backward(pass, x, labels, n, loss_scale);
+        const core::Event loss_known = mark_for_host();
         update(opt);
-        return finish();
+        return finish(loss_known);
     }
 
     // forward_backward in two halves: queue the work (on a GPU it runs asynchronously), then wait for
@@ -230,6 +232,17 @@ public:
     double finish()
     {
         visit([](auto& ctx) { ctx.synchronize(); });
+        return loss::template finish<output_shape>(loss_slot_[0]);
+    }
+    // The point the host will wait for (finish(until)): what has been queued so far on this model's
+    // device. Work queued afterwards (an update) may still run when finish(until) returns.
+    core::Event mark_for_host()
+    {
+        return visit([](auto& ctx) { return ctx.mark_for_host(); });
+    }
+    double finish(core::Event until)
+    {
+        visit([&](auto& ctx) { ctx.synchronize(until); });
         return loss::template finish<output_shape>(loss_slot_[0]);
     }
 

@@ -393,7 +393,7 @@ public:
     }
 
     // A training step as train_step takes it (see Sequential::step): each replica's update is queued
-    // behind its all-reduce before the host waits. Threaded: one hand-off to the threads a step.
+    // behind its all-reduce, and the host waits for the loss and the all-reduce only.
     template <class Opt>
     double step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                 float loss_scale, const Opt& opt)
@@ -473,7 +473,8 @@ public:
     }
 
 private:
-    // forward_backward, then `then(replica)` queued behind the replica's all-reduce; returns the loss.
+    // forward_backward, then `then(replica)` queued behind the replica's all-reduce; returns the loss
+    // once every replica's loss and all-reduce are done (what `then` queued may still be running).
     // Each replica queues its step. One thread (SingleThread) launches the replicas' graph segments
     // interleaved, segment k of every replica before any replica's k + 1 (Sequential::queue_or_defer),
     // then the buckets' group all-reduces, and waits last; Threaded queues in one phase, waits in a second.
@@ -502,8 +503,9 @@ private:
             pool_->run(queue);   // if a replica fails to queue, no thread waits for its all-reduce
             pool_->run([&](std::size_t r) {
                 comm_->wait(r);
+                const core::Event reduced = replicas_[r].mark_for_host();
                 then(replicas_[r]);
-                losses_[r] = replicas_[r].finish();
+                losses_[r] = replicas_[r].finish(reduced);
             });
         } else {
             std::size_t most = 0;
@@ -522,9 +524,10 @@ private:
             reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
             for (std::size_t r = 0; r < replicas_.size(); ++r) {
                 comm_->wait(r);
+                reduced_[r] = replicas_[r].mark_for_host();
                 then(replicas_[r]);
             }
-            for (std::size_t r = 0; r < replicas_.size(); ++r) losses_[r] = replicas_[r].finish();
+            for (std::size_t r = 0; r < replicas_.size(); ++r) losses_[r] = replicas_[r].finish(reduced_[r]);
         }
         double total = 0.0;
         for (double l : losses_) total += l;
@@ -542,6 +545,7 @@ private:
         losses_.assign(replicas_.size(), 0.0);
         hooks_.assign(replicas_.size(), {});
         deferred_.assign(replicas_.size(), 0);
+        reduced_.assign(replicas_.size(), {});
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
@@ -581,6 +585,7 @@ private:
     std::optional<detail::BucketedReduce<Dispatch>> reduce_;
     std::vector<typename detail::BucketedReduce<Dispatch>::Hook> hooks_;   // this step's, one a replica
     std::vector<std::size_t> deferred_;   // graph segments each replica left to launch (SingleThread)
+    std::vector<core::Event> reduced_;    // each replica's loss and all-reduce, for the host to wait for
     std::vector<double> losses_;
     std::unique_ptr<WorkerPool> pool_;
     std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores

@@ -125,6 +125,7 @@ struct State {
     double* host_reduce = nullptr;        // pinned mirror
     core::FixedStatus* fixed_status = nullptr;   // pinned: the reproducible mode's range check
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
+    cudaEvent_t host_mark = nullptr;      // re-recorded by mark_for_host()
     std::map<ConvKey, ConvPlan> conv_plans;
     // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
     // waited so far); it throws to stop waiting for a peer that died or hangs.
@@ -169,6 +170,7 @@ struct State {
         REPLICA_CHECK(cudaMallocHost(&step_host, sizeof(StepParams)));
         *step_host = {};
         REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
+        REPLICA_CHECK(cudaEventCreateWithFlags(&host_mark, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
         cublas_workspace = allocator->allocate(kCublasWorkspace);
         REPLICA_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspace));
@@ -200,6 +202,7 @@ struct State {
         cudaFreeHost(host_reduce);
         cudaFreeHost(fixed_status);
         cudaEventDestroy(marker);
+        cudaEventDestroy(host_mark);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);
         cudaStreamSynchronize(copy);
@@ -278,7 +281,7 @@ public:
     {
         auto& st = *state_;
         if (st.step_device.size() == 0) st.step_device = allocate<StepParams>(1);
-        *st.step_host = {seed, first_sample};   // the last step has finished: nothing reads it now
+        *st.step_host = {seed, first_sample};   // the last step's copy of it has finished (finish())
         REPLICA_CHECK(cudaMemcpyAsync(st.step_device.data(), st.step_host, sizeof(StepParams), cudaMemcpyHostToDevice,
                                       stream()));
     }
@@ -363,20 +366,23 @@ public:
         return {state_->copied};
     }
 
+    // The host waits for everything queued on the compute stream, or only for what was queued before
+    // mark_for_host() returned `until` (a training step's loss, with its update queued after it).
     void synchronize() const
     {
-        if (!state_->watchdog) {
-            REPLICA_CHECK(cudaStreamSynchronize(stream()));
-            return;
-        }
-        const core::Backoff wait;
-        for (;;) {
-            const cudaError_t e = cudaStreamQuery(stream());
-            if (e == cudaSuccess) return;
-            if (e != cudaErrorNotReady) REPLICA_CHECK(e);
-            state_->watchdog(wait.waited());
-            wait.pause();
-        }
+        wait_host("cudaStreamSynchronize", [&] { return cudaStreamSynchronize(stream()); }, [&] { return cudaStreamQuery(stream()); });
+    }
+    void synchronize(core::Event until) const
+    {
+        const auto e = static_cast<cudaEvent_t>(until.handle);
+        wait_host("cudaEventSynchronize", [&] { return cudaEventSynchronize(e); }, [&] { return cudaEventQuery(e); });
+    }
+    // One event per context, re-recorded: synchronize(until) before the next mark_for_host().
+    core::Event mark_for_host() const
+    {
+        activate();
+        REPLICA_CHECK(cudaEventRecord(state_->host_mark, stream()));
+        return {state_->host_mark};
     }
 
     // The work queued so far on the compute stream, for another stream (of any device) to wait for.
@@ -417,6 +423,24 @@ public:
     }
 
 private:
+    // Blocks (no watchdog), or polls with backoff calling the watchdog (a communicator across processes).
+    template <class Block, class Query>
+    void wait_host(const char* call, Block&& block, Query&& query) const
+    {
+        if (!state_->watchdog) {
+            detail::check(block(), call, __FILE__, __LINE__);
+            return;
+        }
+        const core::Backoff wait;
+        for (;;) {
+            const cudaError_t e = query();
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) detail::check(e, call, __FILE__, __LINE__);
+            state_->watchdog(wait.waited());
+            wait.pause();
+        }
+    }
+
     static std::shared_ptr<detail::State> make(Device device)
     {
         core::require(device.is_cuda(), "cuda::Context made for " + device.name());
