@@ -394,22 +394,30 @@ TEST_CASE("A convolution fused with the ReLU after it trains to the same bits on
 // ---- inputs copied ahead (train_step's `next`) ----
 
 namespace {
-// 5 steps of 20 samples; with `ahead`, each step names the next batch so that it is copied meanwhile;
-// `detour` names a batch the following step does not train on (the copy must be dropped, not used).
+// 5 steps of 20 samples; with `ahead`, each step names the next batch so that the model queues that
+// step behind it; `detour` names a batch the following step does not train on (the work queued ahead
+// must be dropped, not used); `interrupt` evaluates after step 1 (on 30 samples: the buffers grow
+// while a step is queued ahead) and sets new parameters after step 2 (the step ahead is dropped).
 template <class Model, class Data>
-std::vector<float> five_steps_ahead(Model& model, const Data& data, bool ahead, bool detour = false)
+std::vector<float> five_steps_ahead(Model& model, const Data& data, bool ahead, bool detour = false, bool interrupt = false)
 {
     SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
     for (std::size_t s = 0; s < 5; ++s) {
         const auto b = data.batch(s * 20, 20, s * 20), next = data.batch((s + 1) * 20 % 100, 20, (s + 1) * 20);
         const auto wrong = data.batch(80, 20, 0);
         train_step(model, opt, b, {}, !ahead ? nullptr : detour && s % 2 == 0 ? &wrong : &next);
+        if (interrupt && s == 1) model.evaluate(data.inputs.data(), data.labels.data(), 30);
+        if (interrupt && s == 2) {
+            auto w = parameters(model);
+            for (float& v : w) v *= 0.5f;
+            model.set_parameters(w);
+        }
     }
     return parameters(model);
 }
 } // namespace
 
-TEST_CASE("Copying the next batch ahead changes nothing but the time", "[cuda]")
+TEST_CASE("Queueing the next step ahead changes nothing but the time", "[cuda]")
 {
     REQUIRE_GPU();
     // Only deterministic cuDNN algorithms: the default ones may sum with atomics, so two identical runs
@@ -420,9 +428,19 @@ TEST_CASE("Copying the next batch ahead changes nothing but the time", "[cuda]")
     const auto expected = five_steps_ahead(plain, data, false);
     CHECK(differences(five_steps_ahead(ahead, data, true), expected) == "");
     CHECK(differences(five_steps_ahead(detour, data, true, true), expected) == "");
+    LeNet interrupted{Device::cuda(0), 3}, interrupted_ahead{Device::cuda(0), 3};
+    const auto expected_interrupted = five_steps_ahead(interrupted, data, false, false, true);
+    CHECK(differences(five_steps_ahead(interrupted_ahead, data, true, false, true), expected_interrupted) == "");
+    CHECK(differences(expected_interrupted, expected) != "");
+    // One GPU: the DataParallel's own bookkeeping, both policies.
+    DataParallel<LeNet, SingleThread> one{gpus(1), 3}, one_ahead{gpus(1), 3};
+    CHECK(differences(five_steps_ahead(one_ahead, data, true, true, true), five_steps_ahead(one, data, false, false, true)) == "");
     if (cuda_devices().size() >= 2) {
         DataParallel<LeNet, Threaded> two{gpus(2), 3}, two_ahead{gpus(2), 3};
         CHECK(differences(five_steps_ahead(two_ahead, data, true), five_steps_ahead(two, data, false)) == "");
+        DataParallel<LeNet, SingleThread> single{gpus(2), 3}, single_ahead{gpus(2), 3};
+        CHECK(differences(five_steps_ahead(single_ahead, data, true, true, true),
+                          five_steps_ahead(single, data, false, false, true)) == "");
     }
 }
 

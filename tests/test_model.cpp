@@ -116,42 +116,30 @@ struct LoggingDevice {
 };
 } // namespace
 
-TEST_CASE("Staging copies the announced batch ahead and never hands out a buffer being written", "[cpu][model]")
+TEST_CASE("Staging copies a step's batch on the copy stream into the step's buffer, other inputs in order", "[cpu][model]")
 {
     LoggingDevice dev;
     model::Staging<2, 1> staging;
     staging.reserve(dev, 3);
     const std::vector<float> a{1, 2, 3, 4, 5, 6}, b{7, 8, 9, 10, 11, 12}, c{13, 14, 15, 16, 17, 18};
     const std::vector<std::int32_t> la{1, 2, 3}, lb{4, 5, 6}, lc{7, 8, 9};
-    auto take = [&](const std::vector<float>& x, const std::vector<std::int32_t>& l) {
-        dev.log.clear();
-        const auto [xd, ld] = staging.take(dev, x.data(), l.data(), 3);
-        CHECK(std::vector<float>(xd, xd + 6) == x);   // the right data, wherever it came from
-        CHECK(std::vector<std::int32_t>(ld, ld + 3) == l);
-        return staging.slot_of(xd);
+    auto same = [](const float* xd, const std::int32_t* ld, const std::vector<float>& x, const std::vector<std::int32_t>& l) {
+        return std::vector<float>(xd, xd + 6) == x && std::vector<std::int32_t>(ld, ld + 3) == l;
     };
 
-    // Step on a, announcing b: a is copied now, b ahead into the other buffer.
-    staging.announce(b.data(), lb.data(), 3);
-    const int first = take(a, la);
-    CHECK(dev.log == std::vector<std::string>{"stage", "stage", "begin_copies", "copy_async", "copy_async"});
-    // Step on b (announced), announcing c: b is used as copied (after waiting for it), c goes ahead.
-    staging.announce(c.data(), lc.data(), 3);
-    const int second = take(b, lb);
-    CHECK(second != first);
-    CHECK(dev.log == std::vector<std::string>{"wait 1", "begin_copies", "copy_async", "copy_async"});
-    // Step on a instead of the announced c: waits for c's copy anyway (it went into buffer `first`), and
-    // copies a into the other buffer.
-    const int third = take(a, la);
-    CHECK(third == second);
-    CHECK(dev.log == std::vector<std::string>{"wait 2", "stage", "stage"});
-    // Nothing announced, nothing pending: plain copies.
-    take(b, lb);
-    CHECK(dev.log == std::vector<std::string>{"stage", "stage"});
-    // A copy ahead still pending when the buffers are replaced is waited for first.
-    staging.announce(c.data(), lc.data(), 3);
-    take(a, la);
+    // Step in slot 0 on a: copied on the copy stream, and the compute stream waits for that copy.
     dev.log.clear();
-    staging.reserve(dev, 4);
-    CHECK(dev.log.front() == "wait 3");
+    const auto [xa, la_d] = staging.take_for_step(dev, a.data(), la.data(), 3, 0);
+    CHECK(same(xa, la_d, a, la));
+    CHECK(dev.log == std::vector<std::string>{"begin_copies", "copy_async", "copy_async", "wait 1"});
+    // The next step, queued while it computes, goes into the other buffer and leaves a's alone.
+    const auto [xb, lb_d] = staging.take_for_step(dev, b.data(), lb.data(), 3, 1);
+    CHECK(same(xb, lb_d, b, lb));
+    CHECK(xb != xa);
+    CHECK(same(xa, la_d, a, la));
+    // Anything else (evaluate, predict) is copied in order on the compute stream.
+    dev.log.clear();
+    const auto [xc, lc_d] = staging.take(dev, c.data(), lc.data(), 3);
+    CHECK(same(xc, lc_d, c, lc));
+    CHECK(dev.log == std::vector<std::string>{"stage", "stage"});
 }

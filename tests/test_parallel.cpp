@@ -152,10 +152,9 @@ void check_step_is_forward_backward_then_update(Model& a, Model& b)
     SGD opt{kSgd};
     for (std::size_t first : {0, 7}) {
         const model::Pass pass{.seed = 2, .first_sample = first, .training = true};
-        const double la = a.step(pass, data.inputs.data() + first * LeNet::input_shape::size,
-                                 data.labels.data() + first, 7, 1.0f / 7, opt);
-        const double lb = b.forward_backward(pass, data.inputs.data() + first * LeNet::input_shape::size,
-                                             data.labels.data() + first, 7, 1.0f / 7);
+        const float* x = data.inputs.data() + first * LeNet::input_shape::size;
+        const double la = a.step({pass, x, data.labels.data() + first, 7, 1.0f / 7}, opt);
+        const double lb = b.forward_backward(pass, x, data.labels.data() + first, 7, 1.0f / 7);
         b.update(opt);
         CHECK(la == lb);
         CHECK(a.parameters() == b.parameters());
@@ -173,6 +172,57 @@ TEST_CASE("A training step is forward_backward then the update", "[cpu][parallel
     DataParallel<LeNet, Threaded> e{cpus(3)}, f{cpus(3)};
     check_step_is_forward_backward_then_update(e, f);
     for (std::size_t r = 1; r < 3; ++r) CHECK(e.replica(r).parameters() == e.replica(0).parameters());
+}
+
+// Six steps, each naming the next batch (`ahead`) so that the model queues that step behind this one,
+// or not; `detour`: the batch named at step 1 is not the one step 2 trains on; `interrupt`: evaluate
+// after step 2 (the step queued ahead stays valid) and new parameters after step 4 (it must be dropped).
+template <class Model, class Data>
+std::pair<std::vector<float>, std::vector<float>> six_steps(Model& model, const Data& data, bool ahead, bool detour,
+                                                            bool interrupt)
+{
+    SGD opt{kSgd};
+    std::vector<float> losses;
+    for (std::size_t s = 0; s < 6; ++s) {
+        const auto b = data.batch(s * 5, 5, s * 5), next = data.batch((s + 1) * 5 % 30, 5, (s + 1) * 5);
+        const auto wrong = data.batch(25, 5, 99);
+        losses.push_back(train_step(model, opt, b, {}, !ahead ? nullptr : detour && s == 1 ? &wrong : &next));
+        if (interrupt && s == 2) CHECK(std::isfinite(model.evaluate(data.inputs.data(), data.labels.data(), 7).loss_sum));
+        if (interrupt && s == 4) {
+            auto w = parameters(model);
+            for (float& v : w) v *= 0.5f;
+            model.set_parameters(w);
+        }
+    }
+    return {parameters(model), losses};
+}
+
+template <class Model>
+void check_ahead(Model& plain, Model& ahead, Model& detour, Model& interrupted, Model& interrupted_ahead)
+{
+    const RandomBatches<LeNet> data(30, 8);
+    const auto expected = six_steps(plain, data, false, false, false);
+    CHECK(six_steps(ahead, data, true, false, false) == expected);
+    CHECK(six_steps(detour, data, true, true, false) == expected);
+    const auto interrupted_plain = six_steps(interrupted, data, false, false, true);
+    CHECK(interrupted_plain != expected);
+    CHECK(six_steps(interrupted_ahead, data, true, false, true) == interrupted_plain);
+}
+
+TEST_CASE("A step queued ahead (train_step's next batch) trains the same bits as one queued in its turn", "[cpu][parallel]")
+{
+    {
+        LeNet a{Device::cpu()}, b{Device::cpu()}, c{Device::cpu()}, d{Device::cpu()}, e{Device::cpu()};
+        check_ahead(a, b, c, d, e);
+    }
+    {
+        DataParallel<LeNet, SingleThread> a{cpus(2)}, b{cpus(2)}, c{cpus(2)}, d{cpus(2)}, e{cpus(2)};
+        check_ahead(a, b, c, d, e);
+    }
+    {
+        DataParallel<LeNet, Threaded> a{cpus(3)}, b{cpus(3)}, c{cpus(3)}, d{cpus(3)}, e{cpus(3)};
+        check_ahead(a, b, c, d, e);
+    }
 }
 
 TEST_CASE("Dropout masks follow the global sample, not the replica", "[cpu][parallel]")

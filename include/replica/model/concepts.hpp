@@ -49,6 +49,21 @@ struct Pass {
     bool whole = false;
 };
 
+// A training step's batch as a model's step() takes it (host memory, n samples), with its pass and
+// the loss scale. Two are equal when they describe the same samples of the same memory.
+struct StepInput {
+    Pass pass;
+    const float* x = nullptr;
+    const std::int32_t* labels = nullptr;
+    std::size_t n = 0;
+    float loss_scale = 1.0f;
+    bool operator==(const StepInput& o) const
+    {
+        return pass.seed == o.pass.seed && pass.first_sample == o.pass.first_sample && pass.training == o.pass.training &&
+               pass.whole == o.pass.whole && x == o.x && labels == o.labels && n == o.n && loss_scale == o.loss_scale;
+    }
+};
+
 // What an op is built with, once per replica.
 struct Build {
     std::uint32_t layer_id = 0;           // first layer id of the op

@@ -136,6 +136,7 @@ public:
     {
         core::require(w.size() == param_count, "set_parameters: got " + std::to_string(w.size()) +
                                                    " values, the model has " + std::to_string(param_count));
+        drop_ahead();   // it computed with the old parameters
         visit([&](auto& ctx) {
             ctx.upload(params_.data(), w.data(), param_count);
             graph_.sync(ctx, params_.data(), nullptr, 0);
@@ -165,32 +166,64 @@ public:
     double forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale, Hook&& hook = {})
     {
-        queue_forward_backward(pass, x, labels, n, loss_scale, hook);
-        return finish();
+        drop_ahead();
+        const int slot = queue_forward_backward(pass, x, labels, n, loss_scale, hook);
+        visit([](auto& ctx) { ctx.synchronize(); });
+        return loss::template finish<output_shape>(loss_slots_[slot]);
     }
 
-    // A training step as train_step takes it: forward, loss, backward and the update (opt) all queued
-    // before the host waits, and the host waits only for the loss: the update runs on the GPU while the
-    // host wakes up and queues the next step. Returns the sum of the losses. Same floats as
-    // forward_backward, then update; work queued later (or a download) runs after the update.
+    // A training step as train_step takes it: forward, loss, backward and the update (opt), and, given
+    // the next step's batch, that step's forward and backward too, all queued before the host waits;
+    // the host waits only for this step's loss. So the GPU goes from one step to the next without
+    // waiting for the host, which meanwhile reads the loss and comes back with the next call. A step
+    // whose batch was queued ahead (the `next` of the call before) is not queued again; a call on
+    // other data, or set_parameters() in between, drops the work queued ahead. Returns the sum of
+    // the losses. Same floats as forward_backward, then update, step after step.
     template <class Opt>
-    double step(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float loss_scale,
-                const Opt& opt)
+    double step(const StepInput& in, const Opt& opt, const StepInput* next = nullptr)
     {
-        queue_forward_backward(pass, x, labels, n, loss_scale);
-        const core::Event loss_known = mark_for_host();
+        int slot = 0;
+        if (ahead_ && ahead_->first == in) {
+            slot = ahead_->second;
+        } else {
+            drop_ahead();
+            slot = queue_forward_backward(in.pass, in.x, in.labels, in.n, in.loss_scale);
+            mark_step(slot);
+        }
+        ahead_.reset();
         update(opt);
-        return finish(loss_known);
+        if (next != nullptr && next->n > 0) {
+            ahead_.emplace(*next, queue_forward_backward(next->pass, next->x, next->labels, next->n, next->loss_scale));
+            mark_step(ahead_->second);
+        }
+        return finish_step(slot);
     }
 
-    // forward_backward in two halves: queue the work (on a GPU it runs asynchronously), then wait for
-    // it and read the loss. Between them other devices' work can be queued.
+    // forward_backward in parts, for DataParallel: queue the work (on a GPU it runs asynchronously;
+    // returns the step's slot, 0 or 1, taken in turn), mark_step(slot) once everything the host must
+    // wait for is queued, then finish_step(slot): wait for that and read the loss. Between them other
+    // devices' work can be queued. At most two steps may be queued and not finished.
     template <class Hook = detail::NoHook>
-    void queue_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                                float loss_scale, Hook&& hook = {})
+    int queue_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                               float loss_scale, Hook&& hook = {})
     {
-        visit([&](auto& ctx) { queue(ctx, pass, x, labels, n, loss_scale, loss_slot_.data(), hook); });
+        return visit([&](auto& ctx) {
+            const int slot = next_slot();
+            queue(ctx, pass, x, labels, n, loss_scale, slot, hook);
+            return slot;
+        });
     }
+    void mark_step(int slot)
+    {
+        visit([&](auto& ctx) { marks_[slot] = ctx.mark_for_host(slot); });
+    }
+    double finish_step(int slot)
+    {
+        visit([&](auto& ctx) { ctx.synchronize(marks_[slot]); });
+        return loss::template finish<output_shape>(loss_slots_[slot]);
+    }
+    // The slot of the last step queued (queue_or_defer's).
+    int last_slot() const { return slot_; }
     // queue_forward_backward for one thread driving several GPUs (DataParallel<M, SingleThread>): a
     // step replayed from CUDA graphs queues what comes before its graphs and returns how many graph
     // segments it left to launch_deferred(k, hook), k = 0, 1, ..., so that the caller can launch every
@@ -200,7 +233,7 @@ public:
     std::size_t queue_or_defer(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                float loss_scale, Hook& hook)
     {
-        return visit([&](auto& ctx) { return queue(ctx, pass, x, labels, n, loss_scale, loss_slot_.data(), hook, true); });
+        return visit([&](auto& ctx) { return queue(ctx, pass, x, labels, n, loss_scale, next_slot(), hook, true); });
     }
     template <class Hook>
     void launch_deferred(std::size_t k, Hook& hook)
@@ -210,11 +243,6 @@ public:
                 launch_segment(ctx, (*ctx.graph({deferred_.first, deferred_.second}))[k], hook);
         });
     }
-
-    // The step after the next one queued will train on these n samples (host memory that stays
-    // unchanged until then): on a GPU their copy runs on the copy stream while that step computes.
-    // A step on other data drops it. Nothing to do on the CPU.
-    void stage_next(const float* x, const std::int32_t* labels, std::size_t n) { staging_.announce(x, labels, n); }
 
     // Parameters and optimizer state (state_size values) copied from w and state, memory of this
     // device or another, once `after` has happened there (a nested DataParallel's replicas after an
@@ -229,22 +257,6 @@ public:
         });
     }
 
-    double finish()
-    {
-        visit([](auto& ctx) { ctx.synchronize(); });
-        return loss::template finish<output_shape>(loss_slot_[0]);
-    }
-    // The point the host will wait for (finish(until)): what has been queued so far on this model's
-    // device. Work queued afterwards (an update) may still run when finish(until) returns.
-    core::Event mark_for_host()
-    {
-        return visit([](auto& ctx) { return ctx.mark_for_host(); });
-    }
-    double finish(core::Event until)
-    {
-        visit([&](auto& ctx) { ctx.synchronize(until); });
-        return loss::template finish<output_shape>(loss_slot_[0]);
-    }
 
     // The two halves of forward_backward, for a replica nested in a larger model (DataParallel::op):
     // forward_train keeps its activations for backward_from, which ASSIGNS the gradients (calling
@@ -294,6 +306,7 @@ public:
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        drop_ahead();
         const std::size_t shards = (n + shard - 1) / shard;
         if (shard_slots_.size() < shards) shard_slots_ = backend::host_buffer<core::LossSlot>(shards);
         first_shard_ = first_shard;
@@ -307,8 +320,8 @@ public:
                 Pass mine = pass;
                 mine.first_sample += begin;
                 mine.whole = true;   // a nested DataParallel computes each shard on its first replica
-                queue(ctx, mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale,
-                      &shard_slots_[k], detail::NoHook{});
+                queue(ctx, mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale, -1,
+                      detail::NoHook{}, false, &shard_slots_[k]);
                 add_fixed(ctx, grads_.data(), exact_.data(), param_count);
             }
             return exact_.data();
@@ -368,9 +381,11 @@ public:
             reserve(ctx, n);
             const auto [xd, ld] = staging_.take(ctx, x, labels, n);
             graph_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
-            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr, loss_slot_.data());
+            core::LossSlot* slot = &loss_slots_[2];
+            *slot = {};
+            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, 1.0f, nullptr, slot);
             const std::size_t correct = loss::template correct<output_shape>(ctx, y(n), ld, n);   // waits
-            return Evaluation{loss::template finish<output_shape>(loss_slot_[0]), correct};
+            return Evaluation{loss::template finish<output_shape>(*slot), correct};
         });
     }
 
@@ -413,20 +428,24 @@ private:
         return d;
     }
 
-    // Queues forward, loss (into *slot) and backward over n samples; with `defer`, see queue_or_defer.
+    // Queues forward, loss and backward over n samples: a training step in `step_slot` (its staging
+    // buffer, loss slot and graphs), or with step_slot < 0 a micro-shard, its loss into *shard_loss,
+    // eagerly and in order on the compute stream. With `defer`, see queue_or_defer.
     template <class Ctx, class Hook>
     std::size_t queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                      float loss_scale, core::LossSlot* slot, Hook&& hook, bool defer = false)
+                      float loss_scale, int step_slot, Hook&& hook, bool defer = false,
+                      core::LossSlot* shard_loss = nullptr)
     {
+        core::LossSlot* slot = step_slot >= 0 ? &loss_slots_[step_slot] : shard_loss;
         *slot = {};
         if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
-            staging_.take(ctx, nullptr, nullptr, 0);   // drops a copy ahead meant for this step
             fill(ctx, grads_.data(), 0.0f, param_count);
             hook(std::size_t{0});
             return 0;
         }
         reserve(ctx, n);
-        const auto [xd, ld] = staging_.take(ctx, x, labels, n);
+        const auto [xd, ld] = step_slot >= 0 ? staging_.take_for_step(ctx, x, labels, n, step_slot)
+                                             : staging_.take(ctx, x, labels, n);
         auto work = [&](const Pass& p, auto&& on_layer) {
             graph_.forward(ctx, p, forward_args(xd, n));
             loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
@@ -436,8 +455,7 @@ private:
                             on_layer);
         };
         if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
-            if (ctx.options().graphs && slot == loss_slot_.data())
-                return replay_or_capture(ctx, pass, staging_.slot_of(xd), n, work, hook, defer);
+            if (ctx.options().graphs && step_slot >= 0) return replay_or_capture(ctx, pass, step_slot, n, work, hook, defer);
         work(pass, hook);
         return 0;
     }
@@ -497,10 +515,19 @@ private:
         if (segment.cut != Ctx::Segment::no_cut) hook(segment.cut);
     }
 
+    int next_slot() { return slot_ = 1 - slot_; }
+    // Waits for the step queued ahead, if any (its buffers are the next step's but one), and forgets it.
+    void drop_ahead()
+    {
+        if (ahead_) finish_step(ahead_->second);
+        ahead_.reset();
+    }
+
     template <class Ctx>
     void reserve(Ctx& ctx, std::size_t n)
     {
         if (n <= capacity_) return;
+        ctx.synchronize();   // no step still queued reads the buffers replaced here
         const std::size_t out = output_shape::size;
         arena_ = ctx.template allocate<float>(n * (graph::saved_size + 2 * out) + graph_.scratch_size(ctx, n));
         if constexpr (!Ctx::host_visible) {
@@ -535,9 +562,13 @@ private:
     graph graph_;
     core::Buffer<float> params_, grads_, state_;
     core::Buffer<float> arena_;
-    Staging<input_shape::size, label_size> staging_;   // inputs in device memory, the next one copied ahead
+    Staging<input_shape::size, label_size> staging_;   // inputs in device memory, one buffer a step in flight
     core::Buffer<float> input_grad_;                                          // nested replicas on a device
-    core::Buffer<core::LossSlot> loss_slot_ = backend::host_buffer<core::LossSlot>(1);
+    // Page-locked: the losses of the two steps that may be in flight (by slot), then evaluate()'s.
+    core::Buffer<core::LossSlot> loss_slots_ = backend::host_buffer<core::LossSlot>(3);
+    core::Event marks_[2];   // what the host waits for of each step in flight (mark_step)
+    int slot_ = 1;           // the slot of the last step queued; the first takes 0
+    std::optional<std::pair<StepInput, int>> ahead_;   // the step queued ahead by step(), and its slot
     std::size_t capacity_ = 0;
     const float* last_x_ = nullptr;
     std::size_t last_n_ = 0;

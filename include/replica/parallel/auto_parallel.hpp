@@ -157,19 +157,14 @@ public:
         return std::visit([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); }, impl_);
     }
     template <class Opt>
-    double step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float scale,
-                const Opt& opt)
+    double step(const model::StepInput& in, const Opt& opt, const model::StepInput* next = nullptr)
     {
-        return std::visit([&](auto& m) { return m.step(pass, x, labels, n, scale, opt); }, impl_);
+        return std::visit([&](auto& m) { return m.step(in, opt, next); }, impl_);
     }
     double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
                                          std::size_t n, float scale, std::size_t shard)
     {
         return std::visit([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); }, impl_);
-    }
-    void stage_next(const float* x, const std::int32_t* labels, std::size_t n)
-    {
-        std::visit([&](auto& m) { m.stage_next(x, labels, n); }, impl_);
     }
     template <class Opt>
     void update(const Opt& opt) { std::visit([&](auto& m) { m.update(opt); }, impl_); }
@@ -273,7 +268,12 @@ private:
         std::vector<double> t;
         for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
-            std::visit([&](auto& model) { model.step(model::Pass{.first_sample = i * n}, x, labels, n, 1.0f / float(n), opt); }, m);
+            // Each step queues the next one ahead, as train_step with the next batch does.
+            const auto input = [&](std::size_t k) {
+                return model::StepInput{model::Pass{.first_sample = k * n}, x, labels, n, 1.0f / float(n)};
+            };
+            const model::StepInput in = input(i), next = input(i + 1);
+            std::visit([&](auto& model) { model.step(in, opt, i + 1 < warmup + steps ? &next : nullptr); }, m);
             if (i >= warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(t.begin(), t.end());

@@ -377,6 +377,7 @@ public:
     std::vector<float> optimizer_state() const { return replicas_.front().optimizer_state(); }
     void set_parameters(std::span<const float> w)
     {
+        drop_ahead();   // it computed with the old parameters
         for (auto& r : replicas_) r.set_parameters(w);
     }
     void set_optimizer_state(std::span<const float> s)
@@ -389,25 +390,29 @@ public:
     double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale)
     {
-        return run_step(pass, x, labels, n, loss_scale, [](M&) {});
+        drop_ahead();
+        return finish_step(queue_step({pass, x, labels, n, loss_scale}, [](M&) {}));
     }
 
-    // A training step as train_step takes it (see Sequential::step): each replica's update is queued
-    // behind its all-reduce, and the host waits for the loss and the all-reduce only.
+    // A training step as train_step takes it (see Sequential::step): every replica's update, then,
+    // given the next batch, every replica's next forward, backward and all-reduce are queued before
+    // the host waits for this step's losses and all-reduce. So no GPU waits for the host between
+    // steps, and the GPUs start each step together.
     template <class Opt>
-    double step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                float loss_scale, const Opt& opt)
+    double step(const model::StepInput& in, const Opt& opt, const model::StepInput* next = nullptr)
     {
-        return run_step(pass, x, labels, n, loss_scale, [&](M& m) { m.update(opt); });
-    }
-
-    // The next step's batch (see Sequential::stage_next): each replica copies its share ahead.
-    void stage_next(const float* x, const std::int32_t* labels, std::size_t n)
-    {
-        for (std::size_t r = 0; r < replicas_.size(); ++r) {
-            const Share s = samples_of(r, n, 0);
-            replicas_[r].stage_next(x + s.offset * input_shape::size, labels + s.offset * label_size, s.count);
+        int slot = 0;
+        if (ahead_ && ahead_->first == in) {
+            slot = ahead_->second;
+        } else {
+            drop_ahead();
+            slot = queue_step(in, [](M&) {});
         }
+        ahead_.reset();
+        auto update = [&](M& m) { m.update(opt); };
+        if (next != nullptr && next->n > 0) ahead_.emplace(*next, queue_step(*next, update));
+        else each([&](std::size_t r) { update(replicas_[r]); });
+        return finish_step(slot);
     }
 
     // The reproducible mode (see train_step): the global batch is cut into micro-shards of `shard`
@@ -418,6 +423,7 @@ public:
                                          std::size_t n, float loss_scale, std::size_t shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        drop_ahead();
         const std::size_t shards = (n + shard - 1) / shard;
         shard_loss_.assign(shards, 0.0);
         // OpenBLAS's sums depend on its thread count: one thread on every CPU replica.
@@ -473,40 +479,37 @@ public:
     }
 
 private:
-    // forward_backward, then `then(replica)` queued behind the replica's all-reduce; returns the loss
-    // once every replica's loss and all-reduce are done (what `then` queued may still be running).
-    // Each replica queues its step. One thread (SingleThread) launches the replicas' graph segments
-    // interleaved, segment k of every replica before any replica's k + 1 (Sequential::queue_or_defer),
-    // then the buckets' group all-reduces, and waits last; Threaded queues in one phase, waits in a second.
-    template <class Then>
-    double run_step(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                    float loss_scale, Then&& then)
+    // Queues a step on every replica, each after before(replica) (the update of the step before), and
+    // returns its slot (see Sequential::queue_forward_backward; the replicas take slots in step).
+    // SingleThread launches the replicas' graph segments interleaved, segment k of every replica
+    // before any replica's k + 1 (Sequential::queue_or_defer), then the buckets' group all-reduces;
+    // Threaded queues each replica on its thread, all-reduces included, in one hand-off.
+    template <class Before>
+    int queue_step(const model::StepInput& in, Before&& before)
     {
         auto queue = [&](std::size_t r) {
-            const Share s = samples_of(r, n, 0);
-            model::Pass mine = pass;
-            mine.first_sample = pass.first_sample + s.offset;
+            const Share s = samples_of(r, in.n, 0);
+            model::Pass mine = in.pass;
+            mine.first_sample = in.pass.first_sample + s.offset;
             hooks_[r] = reduce_->hook(*comm_, r, replicas_[r].gradient_data());
             try {
-                const float* xr = x + s.offset * input_shape::size;
-                const std::int32_t* lr = labels + s.offset * label_size;
-                if constexpr (std::same_as<Dispatch, SingleThread>)
-                    deferred_[r] = replicas_[r].queue_or_defer(mine, xr, lr, s.count, loss_scale, hooks_[r]);
-                else
-                    replicas_[r].queue_forward_backward(mine, xr, lr, s.count, loss_scale, hooks_[r]);
+                before(replicas_[r]);
+                const float* xr = in.x + s.offset * input_shape::size;
+                const std::int32_t* lr = in.labels + s.offset * label_size;
+                if constexpr (std::same_as<Dispatch, SingleThread>) {
+                    deferred_[r] = replicas_[r].queue_or_defer(mine, xr, lr, s.count, in.loss_scale, hooks_[r]);
+                } else {
+                    replicas_[r].queue_forward_backward(mine, xr, lr, s.count, in.loss_scale, hooks_[r]);
+                    comm_->wait(r);
+                    replicas_[r].mark_step(replicas_[r].last_slot());
+                }
             } catch (...) {
                 comm_->abort();
                 throw;
             }
         };
         if constexpr (std::same_as<Dispatch, Threaded>) {
-            pool_->run(queue);   // if a replica fails to queue, no thread waits for its all-reduce
-            pool_->run([&](std::size_t r) {
-                comm_->wait(r);
-                const core::Event reduced = replicas_[r].mark_for_host();
-                then(replicas_[r]);
-                losses_[r] = replicas_[r].finish(reduced);
-            });
+            pool_->run(queue);
         } else {
             std::size_t most = 0;
             for (std::size_t r = 0; r < replicas_.size(); ++r) {
@@ -517,22 +520,35 @@ private:
                 for (std::size_t k = 0; k < most; ++k)
                     for (std::size_t r = 0; r < replicas_.size(); ++r)
                         if (k < deferred_[r]) replicas_[r].launch_deferred(k, hooks_[r]);
+                reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
             } catch (...) {
                 comm_->abort();
                 throw;
             }
-            reduce_->after_backward(*comm_, [&](std::size_t r) { return replicas_[r].gradient_data(); });
             for (std::size_t r = 0; r < replicas_.size(); ++r) {
                 comm_->wait(r);
-                reduced_[r] = replicas_[r].mark_for_host();
-                then(replicas_[r]);
+                replicas_[r].mark_step(replicas_[r].last_slot());
             }
-            for (std::size_t r = 0; r < replicas_.size(); ++r) losses_[r] = replicas_[r].finish(reduced_[r]);
         }
+        return replicas_.front().last_slot();
+    }
+
+    // Waits for every replica's loss and all-reduce of the step in `slot`; the loss over every replica
+    // of every process.
+    double finish_step(int slot)
+    {
         double total = 0.0;
-        for (double l : losses_) total += l;
+        for (auto& m : replicas_) total += m.finish_step(slot);
         comm_->sum_across_processes(&total, 1);
         return total;
+    }
+
+    // Waits for the step queued ahead, if any, and forgets it.
+    void drop_ahead()
+    {
+        if (ahead_)
+            for (auto& m : replicas_) m.finish_step(ahead_->second);
+        ahead_.reset();
     }
 
     void start()
@@ -542,10 +558,8 @@ private:
         std::vector<backend::AnyContext> contexts;
         for (const auto& m : replicas_) contexts.push_back(m.context());
         comm_ = make_communicator(contexts, reduce_->size(), options_.processes);
-        losses_.assign(replicas_.size(), 0.0);
         hooks_.assign(replicas_.size(), {});
         deferred_.assign(replicas_.size(), 0);
-        reduced_.assign(replicas_.size(), {});
         exact_ptrs_.assign(replicas_.size(), nullptr);
         if constexpr (std::same_as<Dispatch, Threaded>) {
             // Replicas, not BLAS, use the cores.
@@ -585,8 +599,7 @@ private:
     std::optional<detail::BucketedReduce<Dispatch>> reduce_;
     std::vector<typename detail::BucketedReduce<Dispatch>::Hook> hooks_;   // this step's, one a replica
     std::vector<std::size_t> deferred_;   // graph segments each replica left to launch (SingleThread)
-    std::vector<core::Event> reduced_;    // each replica's loss and all-reduce, for the host to wait for
-    std::vector<double> losses_;
+    std::optional<std::pair<model::StepInput, int>> ahead_;   // the step queued ahead by step(), and its slot
     std::unique_ptr<WorkerPool> pool_;
     std::unique_ptr<backend::cpu::ScopedBlasThreads> blas_;   // CPU replicas, not BLAS, use the cores
     std::vector<std::int64_t*> exact_ptrs_;   // reproducible mode: each replica's exact accumulator

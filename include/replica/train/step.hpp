@@ -25,26 +25,32 @@ struct StepOptions {
     std::size_t micro_shard = 8;
 };
 
-// Mean loss over the batch (every labelled element of it), after the update. `next`, the batch the
-// following step will train on (its memory unchanged until then), lets GPU replicas copy it while this
-// step computes (in the fast mode; the reproducible mode copies each micro-shard at its turn).
+// Mean loss over the batch (every labelled element of it), computed before the update. `next`, the
+// batch the following call will train on (its memory unchanged until that call returns), lets the
+// model queue that step's forward and backward (and its input's copy to each GPU) behind this
+// step's update, before it waits for this step's loss (the fast mode): the GPUs then go from one step
+// to the next without waiting for the host. If the following call trains on other data, or the
+// parameters are set in between, that work is dropped and the step is computed again.
 template <class M, class Opt>
 float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepOptions& options = {},
                  const data::Batch* next = nullptr)
 {
     core::require(batch.size > 0, "train_step: the batch is empty");
     core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
-    if constexpr (requires { model.stage_next(next->inputs, next->labels, next->size); })
-        if (next != nullptr && !options.reproducible) model.stage_next(next->inputs, next->labels, next->size);
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
-    const float scale = float(1.0 / elements);
     double loss_sum = 0.0;
     if (options.reproducible) {
-        loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size, scale, options.micro_shard);
+        loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
+                                                       float(1.0 / elements), options.micro_shard);
         model.update(opt);
     } else {
-        loss_sum = model.step(pass, batch.inputs, batch.labels, batch.size, scale, opt);   // update queued before the wait
+        auto input = [](const data::Batch& b) {
+            return model::StepInput{model::Pass{.seed = b.seed, .first_sample = b.first_sample, .training = true},
+                                    b.inputs, b.labels, b.size, float(1.0 / (double(b.size) * double(M::label_size)))};
+        };
+        const model::StepInput ahead = next != nullptr ? input(*next) : model::StepInput{};
+        loss_sum = model.step(input(batch), opt, next != nullptr ? &ahead : nullptr);
     }
     return float(loss_sum / elements);
 }

@@ -115,7 +115,7 @@ struct State {
     Device device;
     Options options;
     cudaStream_t stream = nullptr, comm = nullptr, copy = nullptr;
-    cudaEvent_t fence = nullptr, copied = nullptr;   // the copy stream's order against the compute stream
+    cudaEvent_t copied = nullptr;   // the compute stream waits for the copy stream's copies
     cudnnHandle_t cudnn = nullptr;
     cublasHandle_t cublas = nullptr;
     std::unique_ptr<CachingAllocator> allocator;
@@ -125,7 +125,7 @@ struct State {
     double* host_reduce = nullptr;        // pinned mirror
     core::FixedStatus* fixed_status = nullptr;   // pinned: the reproducible mode's range check
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
-    cudaEvent_t host_mark = nullptr;      // re-recorded by mark_for_host()
+    cudaEvent_t host_mark[2] = {};        // re-recorded by mark_for_host(k)
     std::map<ConvKey, ConvPlan> conv_plans;
     // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
     // waited so far); it throws to stop waiting for a peer that died or hangs.
@@ -157,7 +157,6 @@ struct State {
         REPLICA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         REPLICA_CHECK(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
         REPLICA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
-        REPLICA_CHECK(cudaEventCreateWithFlags(&fence, cudaEventDisableTiming));
         REPLICA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
         REPLICA_CHECK(cudnnCreate(&cudnn));
         REPLICA_CHECK(cudnnSetStream(cudnn, stream));
@@ -170,7 +169,7 @@ struct State {
         REPLICA_CHECK(cudaMallocHost(&step_host, sizeof(StepParams)));
         *step_host = {};
         REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
-        REPLICA_CHECK(cudaEventCreateWithFlags(&host_mark, cudaEventDisableTiming));
+        for (auto& e : host_mark) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
         cublas_workspace = allocator->allocate(kCublasWorkspace);
         REPLICA_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspace));
@@ -202,11 +201,10 @@ struct State {
         cudaFreeHost(host_reduce);
         cudaFreeHost(fixed_status);
         cudaEventDestroy(marker);
-        cudaEventDestroy(host_mark);
+        for (auto e : host_mark) cudaEventDestroy(e);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);
         cudaStreamSynchronize(copy);
-        cudaEventDestroy(fence);
         cudaEventDestroy(copied);
         cudaStreamDestroy(copy);
         cudaStreamDestroy(comm);
@@ -346,15 +344,10 @@ public:
     void drop_graphs() const { state_->drop_graphs(); }
 
     // Copies that overlap compute (the next step's input while this one runs): copy_async() queues
-    // on the copy stream, after the compute work queued before begin_copies() and not waiting for
-    // anything queued on the compute stream after it; end_copies() returns the event that compute
-    // work must wait for (wait()) before reading what was copied. One set of copies at a time.
-    void begin_copies() const
-    {
-        activate();
-        REPLICA_CHECK(cudaEventRecord(state_->fence, stream()));
-        REPLICA_CHECK(cudaStreamWaitEvent(state_->copy, state_->fence, 0));
-    }
+    // on the copy stream, which waits for nothing on the compute stream (the caller knows that nothing
+    // queued still reads the destination); end_copies() returns the event that compute work must wait
+    // for (wait()) before reading what was copied. One set of copies at a time.
+    void begin_copies() const { activate(); }
     template <class T>
     void copy_async(T* dst, const T* host, std::size_t n) const
     {
@@ -377,12 +370,13 @@ public:
         const auto e = static_cast<cudaEvent_t>(until.handle);
         wait_host("cudaEventSynchronize", [&] { return cudaEventSynchronize(e); }, [&] { return cudaEventQuery(e); });
     }
-    // One event per context, re-recorded: synchronize(until) before the next mark_for_host().
-    core::Event mark_for_host() const
+    // Two events per context (k = 0, 1: two steps in flight), each re-recorded: synchronize(until)
+    // before the next mark_for_host(k) of the same k.
+    core::Event mark_for_host(int k) const
     {
         activate();
-        REPLICA_CHECK(cudaEventRecord(state_->host_mark, stream()));
-        return {state_->host_mark};
+        REPLICA_CHECK(cudaEventRecord(state_->host_mark[k], stream()));
+        return {state_->host_mark[k]};
     }
 
     // The work queued so far on the compute stream, for another stream (of any device) to wait for.
