@@ -136,10 +136,12 @@ try {
         .option("first-bucket-floats", "0", "the first bucket (last layers) closes at this many floats, or at "
                                             "--bucket-floats if smaller (0: the default, 256 Ki)")
         .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
+        .flag("cudnn-benchmark", "GPUs: choose convolution algorithms by measuring them (cudnnFind), not by cuDNN's heuristics")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
 #if defined(REPLICA_CUDA)
     backend::cuda::default_options().graphs = !args.on("eager");
+    backend::cuda::default_options().benchmark = args.on("cudnn-benchmark");
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);
