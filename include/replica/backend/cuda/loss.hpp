@@ -95,15 +95,24 @@ __global__ void correct(int classes, int pixels, const float* logits, const std:
 
 // out[b] = sum of v[b * per_block .. (b + 1) * per_block) (clipped to count), by block b of 1024
 // threads in a fixed order. One block sums everything; many blocks leave partial sums for a second
-// launch of one block.
-__global__ void sum_fixed_order(const double* v, std::size_t count, double* out, std::size_t per_block)
+// launch of one block. Given a loss slot (page-locked host memory, which a kernel writes directly),
+// the sum and the two label flags also go there.
+__global__ void sum_fixed_order(const double* v, std::size_t count, double* out, std::size_t per_block,
+                                core::LossSlot* slot = nullptr, const double* flag = nullptr)
 {
     __shared__ double part[1024];
     const std::size_t begin = blockIdx.x * per_block, end = min(count, begin + per_block);
     double s = 0.0;
     for (std::size_t i = begin + threadIdx.x; i < end; i += 1024) s += v[i];
     s = detail::block_reduce(part, s, [](double a, double b) { return a + b; });
-    if (threadIdx.x == 0) out[blockIdx.x] = s;
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = s;
+        if (slot != nullptr) {
+            slot->sum = s;
+            slot->bad_label = flag[0];
+            slot->bad_position = flag[1];
+        }
+    }
 }
 } // namespace kernels
 
@@ -125,23 +134,26 @@ inline double* element_scratch(const Context& ctx, std::size_t count)
 // *out = the sum of v[0..count) in an order fixed by count alone (so the same every run and on every
 // GPU); v must come from element_scratch(ctx, count + 1) with out == v + count. Large counts (FCN: a
 // million pixels) are split over up to kSumParts blocks, then summed by one.
-inline void sum_fixed(const Context& ctx, const double* v, std::size_t count, double* out)
+// With a loss slot, the sum and the label flags (flag[0..1]) are written there too (see the kernel).
+inline void sum_fixed(const Context& ctx, const double* v, std::size_t count, double* out,
+                      core::LossSlot* slot = nullptr, const double* flag = nullptr)
 {
     const std::size_t per = std::max(kSumPerPart, (count + kSumParts - 1) / kSumParts), parts = (count + per - 1) / per;
     if (parts <= 1) {
-        kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(v, count, out, count);
+        kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(v, count, out, count, slot, flag);
     } else {
         double* partial = out + 1;
         kernels::sum_fixed_order<<<unsigned(parts), 1024, 0, ctx.stream()>>>(v, count, partial, per);
-        kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(partial, parts, out, parts);
+        kernels::sum_fixed_order<<<1, 1024, 0, ctx.stream()>>>(partial, parts, out, parts, slot, flag);
     }
     check_launch("sum_fixed_order");
 }
 
 } // namespace detail
 
-// Queues the loss and gradient kernels and an asynchronous copy of the result into *slot (page-locked
-// host memory): read it after synchronize().
+// Queues the loss and gradient kernels; the last writes the result into *slot (page-locked host
+// memory, written by the kernel rather than copied: a copy to the host in the middle of a step held
+// the next kernel back by about 8 us on an H200): read it after synchronize().
 inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
                                   const std::int32_t* labels, std::size_t n, float scale, float* dlogits,
                                   core::LossSlot* slot)
@@ -160,9 +172,16 @@ inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, c
             classes, pixels, logits, labels, count, scale, dlogits, loss, flag);
         detail::check_launch("softmax_cross_entropy");
     }
-    detail::sum_fixed(ctx, loss, count, sum);
-    REPLICA_CHECK(cudaMemcpyAsync(&slot->sum, sum, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
-    REPLICA_CHECK(cudaMemcpyAsync(&slot->bad_label, flag, 2 * sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    cudaPointerAttributes where{};
+    const bool page_locked = cudaPointerGetAttributes(&where, slot) == cudaSuccess && where.type == cudaMemoryTypeHost;
+    if (page_locked) {
+        detail::sum_fixed(ctx, loss, count, sum, slot, flag);
+    } else {   // plain host memory (no page-locked memory was to be had): copied
+        cudaGetLastError();
+        detail::sum_fixed(ctx, loss, count, sum);
+        REPLICA_CHECK(cudaMemcpyAsync(&slot->sum, sum, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+        REPLICA_CHECK(cudaMemcpyAsync(&slot->bad_label, flag, 2 * sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
+    }
 }
 
 inline std::size_t count_correct(const Context& ctx, int classes, int pixels, const float* logits,
