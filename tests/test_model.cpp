@@ -80,6 +80,22 @@ TEST_CASE("Misuse at run time gets a clear error", "[cpu]")
     std::vector<std::int32_t> bad_label{12};
     SGD opt;
     CHECK(error_message([&] { train_step(net, opt, Batch{x.data(), bad_label.data(), 1}); }).find("outside [0, 10)") != std::string::npos);
+    // A batch with a bad label changes nothing, also when it was named as the next batch (nothing is
+    // queued ahead for it) and on several replicas.
+    const RandomBatches<LeNet> data(4, 3);
+    std::vector<std::int32_t> labels(data.labels.begin() + 2, data.labels.end());
+    labels[1] = 10;
+    const Batch good = data.batch(0, 2, 0), bad{data.inputs.data() + 2 * LeNet::input_shape::size, labels.data(), 2, 2};
+    auto unchanged_by_bad_batch = [&](auto& model) {
+        train_step(model, opt, good, {}, &bad);
+        const auto w = parameters(model), state = model.optimizer_state();
+        CHECK(error_message([&] { train_step(model, opt, bad); }).find("label 10 of element 1 is outside [0, 10)") != std::string::npos);
+        CHECK(parameters(model) == w);
+        CHECK(model.optimizer_state() == state);
+    };
+    unchanged_by_bad_batch(net);
+    DataParallel<LeNet, Threaded> dp{{Device::cpu(0), Device::cpu(1)}};
+    unchanged_by_bad_batch(dp);
     CHECK(error_message([] { SGD{{.lr = -1.0f}}; }).find("learning rate must be > 0") != std::string::npos);
     CHECK(error_message([] { SGD{{.lr = 0.1f, .nesterov = true}}; }).find("Nesterov momentum needs momentum > 0") != std::string::npos);
 }

@@ -31,6 +31,25 @@ struct SoftmaxCrossEntropy {
                       "SoftmaxCrossEntropy needs (classes) or (classes, height, width) outputs");
         softmax_cross_entropy(ctx, int(classes<Out>), int(label_size<Out>), logits, labels, n, scale, dlogits, slot);
     }
+    // Error naming the first of the n samples' labels (host memory) outside the model's classes. A
+    // training step checks its batch before it queues anything, so that no update ever uses the
+    // gradient of a bad label (with the update queued before the host reads the loss, the loss slot's
+    // check would come too late); the slot still checks what reaches the loss otherwise.
+    template <ShapeType Out>
+    static void check_labels(const std::int32_t* labels, std::size_t n)
+    {
+        if (const std::size_t i = first_bad_label<Out>(labels, n); i < n * label_size<Out>)
+            throw core::bad_label_error(long(labels[i]), long(i), int(classes<Out>));
+    }
+    // The index of the first label outside the classes, or n * label_size when there is none.
+    template <ShapeType Out>
+    static std::size_t first_bad_label(const std::int32_t* labels, std::size_t n)
+    {
+        const std::size_t count = n * label_size<Out>;
+        std::size_t i = 0;
+        while (i < count && labels[i] >= 0 && std::size_t(labels[i]) < classes<Out>) ++i;
+        return i;
+    }
     // The sum, or Error naming a label outside the model's classes.
     template <ShapeType Out>
     static double finish(const core::LossSlot& slot) { return slot.value(int(classes<Out>)); }

@@ -37,6 +37,8 @@ float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepO
 {
     core::require(batch.size > 0, "train_step: the batch is empty");
     core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
+    using loss = typename M::loss;
+    loss::template check_labels<typename M::output_shape>(batch.labels, batch.size);   // before anything is queued
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
     double loss_sum = 0.0;
@@ -49,8 +51,12 @@ float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepO
             return model::StepInput{model::Pass{.seed = b.seed, .first_sample = b.first_sample, .training = true},
                                     b.inputs, b.labels, b.size, float(1.0 / (double(b.size) * double(M::label_size)))};
         };
-        const model::StepInput ahead = next != nullptr ? input(*next) : model::StepInput{};
-        loss_sum = model.step(input(batch), opt, next != nullptr ? &ahead : nullptr);
+        // A next batch with a bad label is not queued ahead: the call that trains on it throws.
+        const bool queue_next = next != nullptr && next->size > 0 &&
+                                loss::template first_bad_label<typename M::output_shape>(next->labels, next->size) ==
+                                    next->size * M::label_size;
+        const model::StepInput ahead = queue_next ? input(*next) : model::StepInput{};
+        loss_sum = model.step(input(batch), opt, queue_next ? &ahead : nullptr);
     }
     return float(loss_sum / elements);
 }
