@@ -122,7 +122,12 @@ void same_on_cpu_and_gpu(std::size_t n = 3, bool training = true)
 TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
 {
     REQUIRE_GPU();
-    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1>, Shape<3, 12, 10>>();
+    static_assert(cuda::detail::direct_filter_grad<core::Window{1, 28, 28, 5, 5, 1, 1, 0, 0, 24, 24}> &&
+                  !cuda::detail::direct_filter_grad<core::Window{4, 17, 17, 5, 5, 2, 2, 2, 2, 9, 9}>);
+    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1>, Shape<3, 12, 10>>();   // these four: our filter gradient (few weights)
+    same_on_cpu_and_gpu<Conv2d<20, 5>, Shape<1, 28, 28>>(5);       // LeNet's first layer
+    same_on_cpu_and_gpu<Conv2d<4, 5, 2, 2>, Shape<1, 17, 17>>(4);  // stride and padding
+    same_on_cpu_and_gpu<Conv2d<7, 3, 1, 1>, Shape<2, 9, 9>>(300);  // more samples than parts
     same_on_cpu_and_gpu<Conv2d<6, 5, 2, 2>, Shape<4, 17, 17>>();
     same_on_cpu_and_gpu<Conv2d<64, 11, 4, 2>, Shape<3, 64, 64>>(2);
     same_on_cpu_and_gpu<Conv2d<16, 1>, Shape<32, 7, 7>>(5);
