@@ -396,7 +396,7 @@ TEST_CASE("A convolution fused with the ReLU after it trains to the same bits on
     CHECK(differences(five_steps(fused, data, 7, {}), five_steps(apart, data, 7, {})) == "");
 }
 
-// ---- inputs copied ahead (train_step's `next`) ----
+// ---- the next step queued ahead (train_step's `next`) ----
 
 namespace {
 // 5 steps of 20 samples; with `ahead`, each step names the next batch so that the model queues that
@@ -452,7 +452,7 @@ TEST_CASE("Queueing the next step ahead changes nothing but the time", "[cuda]")
 // ---- CUDA graphs (backend::cuda::Options::graphs) ----
 
 namespace {
-// 6 steps of 16 samples, the two staging buffers alternating as the next batch is copied ahead (one
+// 6 steps of 16 samples, the two step slots (staging buffers) alternating as each step queues the next (one
 // graph per buffer: steps 1-2 eager, 3-4 captured, 5-6 replayed), then one of 10 (a new size: eager).
 template <class Model, class Data>
 std::vector<float> steps_for_graphs(Model& model, const Data& data)
