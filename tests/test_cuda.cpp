@@ -437,6 +437,12 @@ TEST_CASE("Queueing the next step ahead changes nothing but the time", "[cuda]")
     const auto expected_interrupted = five_steps_ahead(interrupted, data, false, false, true);
     CHECK(differences(five_steps_ahead(interrupted_ahead, data, true, false, true), expected_interrupted) == "");
     CHECK(differences(expected_interrupted, expected) != "");
+    // Dropout reads its step's seed and first sample from device memory, one copy per step slot: with a
+    // slow update (16.8M parameters), a step is queued ahead before the step before it has begun.
+    using Wide = Sequential<Input<4096>, Linear<4096>, ReLU, Dropout<0.5>, Linear<10>>;
+    const RandomBatches<Wide> wide_data(100, 7);
+    Wide wide_plain{Device::cuda(0), 3}, wide_ahead{Device::cuda(0), 3};
+    CHECK(differences(five_steps_ahead(wide_ahead, wide_data, true), five_steps_ahead(wide_plain, wide_data, false)) == "");
     // One GPU: the DataParallel's own bookkeeping, both policies.
     DataParallel<LeNet, SingleThread> one{gpus(1), 3}, one_ahead{gpus(1), 3};
     CHECK(differences(five_steps_ahead(one_ahead, data, true, true, true), five_steps_ahead(one, data, false, false, true)) == "");

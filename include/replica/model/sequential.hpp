@@ -472,7 +472,7 @@ private:
                                   bool defer)
     {
         const typename Ctx::GraphKey key{n, slot};
-        ctx.set_step(pass.seed, pass.first_sample);
+        ctx.set_step(slot, pass.seed, pass.first_sample);
         if (const auto* segments = ctx.graph(key)) {
             if (defer) {   // launch_deferred() launches them
                 deferred_ = {n, slot};

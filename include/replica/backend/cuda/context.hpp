@@ -136,8 +136,9 @@ struct State {
     std::map<GraphKey, bool> warmed;
     bool capturing = false;
     std::optional<GraphKey> partial;            // the key whose segments are being captured
-    StepParams* step_host = nullptr;            // pinned
-    core::Buffer<StepParams> step_device;
+    StepParams* step_host = nullptr;            // pinned, one per step slot (two steps may be in flight)
+    core::Buffer<StepParams> step_device;       // one per step slot
+    int step_slot = 0;                          // the slot of the last set_step(): a capture reads its params
     void* cublas_workspace = nullptr;           // ours, so that cuBLAS allocates nothing inside a capture
     static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
 
@@ -166,8 +167,8 @@ struct State {
         REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
         REPLICA_CHECK(cudaMallocHost(&fixed_status, sizeof(core::FixedStatus)));
         *fixed_status = {};
-        REPLICA_CHECK(cudaMallocHost(&step_host, sizeof(StepParams)));
-        *step_host = {};
+        REPLICA_CHECK(cudaMallocHost(&step_host, 2 * sizeof(StepParams)));
+        step_host[0] = step_host[1] = {};
         REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
         for (auto& e : host_mark) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         allocator = std::make_unique<CachingAllocator>(d.index());
@@ -275,15 +276,23 @@ public:
     // thread queues on the compute stream, and on streams that join it, into the next segment of the
     // step kept under `key`, and launch it; graph(key) gives the segments to replay, in order. A
     // failed capture leaves the stream usable and keeps nothing of the key (abandon_capture()).
-    void set_step(std::uint64_t seed, std::uint64_t first_sample) const
+    // One StepParams per step slot: the step queued ahead must not overwrite the one of the step still
+    // waiting to run (its copy may not have run yet). The slot's previous step has finished (the host
+    // waited for it before queueing the step after next).
+    void set_step(int slot, std::uint64_t seed, std::uint64_t first_sample) const
     {
         auto& st = *state_;
-        if (st.step_device.size() == 0) st.step_device = allocate<StepParams>(1);
-        *st.step_host = {seed, first_sample};   // the last step's copy of it has finished (finish())
-        REPLICA_CHECK(cudaMemcpyAsync(st.step_device.data(), st.step_host, sizeof(StepParams), cudaMemcpyHostToDevice,
-                                      stream()));
+        if (st.step_device.size() == 0) st.step_device = allocate<StepParams>(2);
+        st.step_host[slot] = {seed, first_sample};
+        st.step_slot = slot;
+        REPLICA_CHECK(cudaMemcpyAsync(st.step_device.data() + slot, st.step_host + slot, sizeof(StepParams),
+                                      cudaMemcpyHostToDevice, stream()));
     }
-    const StepParams* step_params() const { return state_->capturing ? state_->step_device.data() : nullptr; }
+    // While a step is captured: its slot's StepParams in device memory (set_step); otherwise null.
+    const StepParams* step_params() const
+    {
+        return state_->capturing ? state_->step_device.data() + state_->step_slot : nullptr;
+    }
     const std::vector<Segment>* graph(const GraphKey& key) const
     {
         auto it = state_->graphs.find(key);
