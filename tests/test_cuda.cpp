@@ -122,9 +122,9 @@ void same_on_cpu_and_gpu(std::size_t n = 3, bool training = true)
 TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
 {
     REQUIRE_GPU();
-    static_assert(cuda::detail::direct_filter_grad<core::Window{1, 28, 28, 5, 5, 1, 1, 0, 0, 24, 24}> &&
-                  !cuda::detail::direct_filter_grad<core::Window{4, 17, 17, 5, 5, 2, 2, 2, 2, 9, 9}>);
-    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1>, Shape<3, 12, 10>>();   // these four: our filter gradient (few weights)
+    static_assert(cuda::detail::direct_conv<core::Window{1, 28, 28, 5, 5, 1, 1, 0, 0, 24, 24}> &&
+                  !cuda::detail::direct_conv<core::Window{4, 17, 17, 5, 5, 2, 2, 2, 2, 9, 9}>);
+    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1>, Shape<3, 12, 10>>();   // these four: our forward and filter gradient (few weights)
     same_on_cpu_and_gpu<Conv2d<20, 5>, Shape<1, 28, 28>>(5);       // LeNet's first layer
     same_on_cpu_and_gpu<Conv2d<4, 5, 2, 2>, Shape<1, 17, 17>>(4);  // stride and padding
     same_on_cpu_and_gpu<Conv2d<7, 3, 1, 1>, Shape<2, 9, 9>>(300);  // more samples than parts

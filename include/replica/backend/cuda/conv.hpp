@@ -91,7 +91,7 @@ __global__ void channel_totals(const float* partial, float* db, unsigned channel
     }
 }
 
-// The filter gradient of a convolution with few weights per filter (direct_filter_grad<g>), pass 1:
+// The filter gradient of a convolution with few weights per filter (direct_conv<g>), pass 1:
 // block (f * g.c + ci, part) takes filter f, input channel ci and samples [part * per_part, ...): each
 // thread keeps the kh x kw sums of its output pixels in registers (the window unrolled), the warps add
 // them by shuffles and the block in shared memory, in a fixed order; pass 2 (filter_grad_totals) adds
@@ -145,6 +145,45 @@ __global__ void filter_grad_parts(const float* x, const float* dz, float* partia
     }
 }
 
+// The forward pass of the same convolutions (direct_conv<g>): a thread per output pixel of a
+// sample reads its window once into registers and writes every filter's output, bias added and the
+// ReLU applied when it follows (the filters and biases in shared memory). cuDNN's forward and our bias
+// pass took 8.5 + 2.6 us for LeNet's first layer on an H200.
+template <int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW, bool Relu>
+__global__ void conv_forward_direct(const float* w, const float* b, const float* x, float* y, unsigned cout, unsigned n)
+{
+    constexpr core::Window g{C, H, W, KH, KW, SH, SW, PH, PW, OH, OW};
+    constexpr int K = g.c * g.kh * g.kw;
+    constexpr unsigned pixels = unsigned(g.oh) * unsigned(g.ow);
+    extern __shared__ float filters[];   // cout * K weights, then cout biases
+    for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = w[i];
+    for (unsigned i = threadIdx.x; i < cout; i += blockDim.x) filters[cout * K + i] = b[i];
+    __syncthreads();
+    const std::size_t t = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= std::size_t(n) * pixels) return;
+    const std::size_t s = t / pixels;
+    const unsigned p = unsigned(t % pixels);
+    const int oh = int(p / unsigned(g.ow)), ow = int(p % unsigned(g.ow));
+    float window[K];
+#pragma unroll
+    for (int c = 0; c < g.c; ++c)
+#pragma unroll
+        for (int i = 0; i < g.kh; ++i)
+#pragma unroll
+            for (int j = 0; j < g.kw; ++j) {
+                const int ih = oh * g.sh - g.ph + i, iw = ow * g.sw - g.pw + j;
+                const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+                window[(c * g.kh + i) * g.kw + j] = inside ? x[((s * g.c + c) * g.h + ih) * g.w + iw] : 0.0f;
+            }
+    for (unsigned f = 0; f < cout; ++f) {
+        float v = filters[cout * K + f];
+#pragma unroll
+        for (int k = 0; k < K; ++k) v = fmaf(filters[f * K + k], window[k], v);
+        if constexpr (Relu) v = fmaxf(v, 0.0f);
+        y[(s * cout + f) * pixels + p] = v;
+    }
+}
+
 // Pass 2: dw[fc * K + k] = the sum over parts, in order.
 __global__ void filter_grad_totals(const float* partial, float* dw, unsigned weights_per_fc, unsigned fcs, unsigned parts)
 {
@@ -169,13 +208,13 @@ inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
 }
 
 // Convolutions whose filters have few weights per input channel and few input channels, over small
-// images (LeNet's first layer: 1 x 5 x 5 over 24 x 24 output pixels) get their filter gradient from
-// our kernels (filter_grad_parts) rather than cuDNN's: the sums of a window stay in registers. One
-// H200: LeNet 0.237 -> 0.211 ms a step. Over large images (FCN's first layer, 3 x 3 x 3) a block per
-// filter, channel and part of the batch was too little parallelism: FCN 2.59 -> 3.32 ms, so those stay
-// with cuDNN.
+// images (LeNet's first layer: 1 x 5 x 5 over 24 x 24 output pixels) run forward and get their filter
+// gradient by our kernels (conv_forward_direct, filter_grad_parts) rather than cuDNN's: a window stays
+// in registers. One H200: LeNet 0.237 -> 0.211 ms a step with the filter gradient. Over large images
+// (FCN's first layer, 3 x 3 x 3) a block per filter, channel and part of the batch was too little
+// parallelism for the filter gradient: FCN 2.59 -> 3.32 ms, so those stay with cuDNN.
 template <core::Window g>
-inline constexpr bool direct_filter_grad = g.kh * g.kw <= 25 && g.c * g.kh * g.kw <= 32 && g.oh * g.ow <= 1024;
+inline constexpr bool direct_conv = g.kh * g.kw <= 25 && g.c * g.kh * g.kw <= 32 && g.oh * g.ow <= 1024;
 
 // Parts of the batch for filter_grad_parts: about 256 blocks in all, from the shape alone.
 inline unsigned filter_grad_part_count(unsigned fcs, std::size_t n)
@@ -303,7 +342,7 @@ template <core::Window g>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
     const std::size_t bias = std::size_t(cout) * detail::bias_parts(cout, n * g.oh * g.ow);
-    if constexpr (!detail::direct_filter_grad<g>) return bias;
+    if constexpr (!detail::direct_conv<g>) return bias;
     else {   // the filter gradient's partial sums use the same scratch after the bias's
         const unsigned fcs = unsigned(cout) * unsigned(g.c);
         return std::max(bias, std::size_t(fcs) * detail::filter_grad_part_count(fcs, n) * g.kh * g.kw);
@@ -319,6 +358,21 @@ template <core::Window g>
 void conv_forward(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
                   std::size_t n, float*, bool relu)
 {
+    if constexpr (detail::direct_conv<g>) {
+        constexpr std::size_t K = std::size_t(g.c) * g.kh * g.kw, pixels = std::size_t(g.oh) * g.ow;
+        const std::size_t shared = std::size_t(cout) * (K + 1) * sizeof(float);
+        if (shared <= 48 * 1024) {   // the filters fit the default shared memory
+            const auto blocks = unsigned((n * pixels + detail::kThreads - 1) / detail::kThreads);
+            if (relu)
+                kernels::conv_forward_direct<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, true>
+                    <<<blocks, detail::kThreads, shared, ctx.stream()>>>(w, b, x, y, unsigned(cout), unsigned(n));
+            else
+                kernels::conv_forward_direct<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, false>
+                    <<<blocks, detail::kThreads, shared, ctx.stream()>>>(w, b, x, y, unsigned(cout), unsigned(n));
+            detail::check_launch("conv_forward_direct");
+            return;
+        }
+    }
     const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
     const float one = 1.0f, zero = 0.0f;
     REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
@@ -334,7 +388,7 @@ void conv_backward_filter_data(const Context& ctx, const ConvPlan& p, int cout, 
 {
     const float one = 1.0f, zero = 0.0f;
     void* ws = ctx.workspace(0);
-    if constexpr (direct_filter_grad<g>) {
+    if constexpr (direct_conv<g>) {
         const unsigned fcs = unsigned(cout) * unsigned(g.c), parts = filter_grad_part_count(fcs, n);
         const unsigned per_part = unsigned((n + parts - 1) / parts);
         kernels::filter_grad_parts<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow>
