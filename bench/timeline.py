@@ -28,6 +28,7 @@ the first N steps: offset from the step's start, duration, short name.
 
 import argparse
 import bisect
+import gzip
 import io
 import re
 import sys
@@ -375,7 +376,7 @@ def main():
     if args.file == "-":
         devices, headers = parse(sys.stdin)
     else:
-        with open(args.file) as f:
+        with (gzip.open(args.file, "rt") if args.file.endswith(".gz") else open(args.file)) as f:   # gpu-check gzips them
             devices, headers = parse(f)
     if not devices:
         print(f"{args.file}: no activities")
