@@ -81,14 +81,16 @@ def gpu_list(count):
     return ",".join(f"cuda:{i}" for i in range(count))
 
 
-def pytorch_config(model, gpus, batch, scaling="strong", threads=0):
+def pytorch_config(model, gpus, batch, scaling="strong", threads=0, cudnn_benchmark=False):
     count = max(gpus, 1)
     config = "pytorch" if gpus > 0 or threads == 0 else f"pytorch, {threads} thread{'s' if threads > 1 else ''}"
+    if cudnn_benchmark:
+        config += ", cudnn.benchmark"
     return {"library": "pytorch", "config": config, "model": model, "network": network_of(model),
             "device_list": ",".join(f"cuda:{i}" for i in range(gpus)) if gpus else "cpu", "devices": count,
             "dispatch": "ddp" if gpus > 1 else "eager", "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count, "gpus": gpus,
-            "threads": threads or None}
+            "threads": threads or None, "cudnn_benchmark": cudnn_benchmark}
 
 
 def preset_configs(preset, pytorch):
@@ -106,8 +108,8 @@ def preset_configs(preset, pytorch):
         batches = [(m, DEFAULT_BATCH[m]) for m in ("lenet", "alexnet", "googlenet", "textcnn", "fcn")]
         batches.insert(3, ("googlenet", 128))
         runs += [replica_config(m, "cuda:0", b) for m, b in batches]
-        if pytorch:
-            runs += [pytorch_config(m, 1, b) for m, b in batches]
+        if pytorch:   # its default, and with cuDNN's autotuning as replica's default does it
+            runs += [pytorch_config(m, 1, b, cudnn_benchmark=tuned) for m, b in batches for tuned in (False, True)]
     elif preset == "gpu2":
         for model, b in GPU2_RUNS:
             runs += [replica_config(model, "cuda:0", b), replica_config(model, "cuda:0", b // 2)]
@@ -198,6 +200,8 @@ def command(cfg, args):
     argv = [args.python, os.path.join(HERE, "pytorch_bench.py"), "--gpus", str(cfg["gpus"])] + common
     if cfg["threads"]:
         argv += ["--threads", str(cfg["threads"])]
+    if cfg.get("cudnn_benchmark"):
+        argv += ["--cudnn-benchmark"]
     return argv + args.pytorch_arg
 
 
@@ -299,12 +303,13 @@ def ok(r):
     return not r.get("error") and r.get("median_ms")
 
 
-def pytorch_match(r, results):
-    """The PyTorch run to set against our run r: same network, device kind and count, scaling, batch;
-    of several (CPU runs with different thread counts) the one whose threads equal our BLAS threads."""
+def pytorch_match(r, results, tuned=False):
+    """The PyTorch run to set against our run r: same network, device kind and count, scaling, batch,
+    with its defaults (tuned: with cudnn.benchmark); of several (CPU runs with different thread
+    counts) the one whose threads equal our BLAS threads."""
     found = [p for p in results if p["library"] == "pytorch" and ok(p) and p["network"] == r["network"]
              and kind_of(p) == kind_of(r) and p["devices"] == r["devices"] and p["batch"] == r["batch"]
-             and (r["devices"] == 1 or p["scaling"] == r["scaling"])]
+             and (r["devices"] == 1 or p["scaling"] == r["scaling"]) and bool(p.get("cudnn_benchmark")) == tuned]
     same_threads = [p for p in found if p.get("threads") and p.get("threads") == r.get("blas_threads")]
     return (same_threads or found or [None])[0]
 
@@ -336,6 +341,9 @@ def ratio_text(r, results):
         p = pytorch_match(r, results)
         if p:
             parts.append(f"{sig3(r['median_ms'] / p['median_ms'])} of PyTorch")
+        p = pytorch_match(r, results, tuned=True)
+        if p:
+            parts.append(f"{sig3(r['median_ms'] / p['median_ms'])} of PyTorch with cudnn.benchmark")
     if r["devices"] > 1:
         b = one_device_base(r, results)
         if b:

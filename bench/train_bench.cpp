@@ -35,23 +35,19 @@ struct Settings {
     parallel::ProcessGroup* processes;   // under mpirun: this process is one of several
     std::size_t bucket_floats;           // DataParallelOptions::bucket_floats (0: its default)
     std::size_t first_bucket_floats;     // DataParallelOptions::first_bucket_floats (0: its default)
+    bool data_parallel;                  // a DataParallel even over one device (what its machinery costs)
 };
 
-template <class M>
-int run(const Settings& s)
+DataParallelOptions data_parallel_options(const Settings& s)
 {
-    const std::size_t batch = s.batch ? s.batch : default_batch_size<M>;
-    if (s.processes && parallel::contains_data_parallel<M>)
-        throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
-    auto model = auto_parallel(M{s.devices}, s.devices,
-                               {.dispatch = s.dispatch,
-                                .data_parallel = {.bucket_floats = s.bucket_floats ? s.bucket_floats
-                                                                                   : DataParallelOptions{}.bucket_floats,
-                                                  .first_bucket_floats = s.first_bucket_floats
-                                                                             ? s.first_bucket_floats
-                                                                             : DataParallelOptions{}.first_bucket_floats,
-                                                  .processes = s.processes},
-                                .batch_size = batch ? batch : 64, .scaling = s.scaling});
+    return {.bucket_floats = s.bucket_floats ? s.bucket_floats : DataParallelOptions{}.bucket_floats,
+            .first_bucket_floats = s.first_bucket_floats ? s.first_bucket_floats : DataParallelOptions{}.first_bucket_floats,
+            .processes = s.processes};
+}
+
+template <class M, class Model>
+int measure(const Settings& s, std::size_t batch, Model& model, const std::string& description)
+{
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t replicas = model.global_replica_count();   // over every process
     const std::size_t global = parallel::global_batch(batch, replicas, s.scaling);
@@ -90,7 +86,7 @@ int run(const Settings& s)
     const char* dispatch = s.dispatch == DispatchChoice::threaded ? "threaded"
                            : s.dispatch == DispatchChoice::measured ? "auto"
                                                                     : "single";
-    const std::string chosen = s.dispatch == DispatchChoice::measured ? model.description() : "";
+    const std::string chosen = s.dispatch == DispatchChoice::measured || s.data_parallel ? description : "";
     if (model.process_rank() != 0) return 0;   // one process reports (all take the same steps)
     const int processes = s.processes ? s.processes->size() : 1;
 #if defined(REPLICA_CUDA)
@@ -109,10 +105,35 @@ int run(const Settings& s)
                     s.steps, median, times.front(), rate, loss);
     else
         std::printf("%s on %s%s: batch %zu (global %zu), median step %.3f ms (min %.3f), %.0f samples/s, loss %.4f\n",
-                    s.model.c_str(), model.description().c_str(),
+                    s.model.c_str(), description.c_str(),
                     processes > 1 ? (" in each of " + std::to_string(processes) + " processes").c_str() : "", batch,
                     global, median, times.front(), rate, loss);
     return 0;
+}
+
+template <class M>
+int run(const Settings& s)
+{
+    const std::size_t batch = s.batch ? s.batch : default_batch_size<M>;
+    if (s.processes && parallel::contains_data_parallel<M>)
+        throw Error("a nested DataParallel does not span processes yet: benchmark alexnet-plain under mpirun");
+    if constexpr (parallel::wraps_automatically<M>)
+        if (s.data_parallel) {
+            std::string over;
+            for (const auto& d : s.devices) over += (over.empty() ? "" : ",") + d.name();
+            if (s.dispatch == DispatchChoice::threaded) {
+                DataParallel<M, Threaded> model{s.devices, 0, data_parallel_options(s)};
+                return measure<M>(s, batch, model, "DataParallel<threaded> over " + over);
+            }
+            core::require(s.dispatch == DispatchChoice::single, "--data-parallel takes --dispatch single or threaded");
+            DataParallel<M, SingleThread> model{s.devices, 0, data_parallel_options(s)};
+            return measure<M>(s, batch, model, "DataParallel<single> over " + over);
+        }
+    core::require(!s.data_parallel, "--data-parallel: this network already holds a DataParallel");
+    auto model = auto_parallel(M{s.devices}, s.devices,
+                               {.dispatch = s.dispatch, .data_parallel = data_parallel_options(s),
+                                .batch_size = batch ? batch : 64, .scaling = s.scaling});
+    return measure<M>(s, batch, model, model.description());
 }
 
 } // namespace
@@ -135,13 +156,16 @@ try {
         .option("bucket-floats", "0", "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)")
         .option("first-bucket-floats", "0", "the first bucket (last layers) closes at this many floats, or at "
                                             "--bucket-floats if smaller (0: the default, 256 Ki)")
+        .flag("data-parallel", "a DataParallel with --dispatch single or threaded even over one device: what its "
+                               "machinery (graphs cut at buckets, the all-reduce, event waits) costs")
         .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
-        .flag("cudnn-benchmark", "GPUs: choose convolution algorithms by measuring them (cudnnFind), not by cuDNN's heuristics")
+        .flag("cudnn-heuristics", "GPUs: take cuDNN's heuristic choice of convolution algorithms (default: time its "
+                                  "candidates once per shape and keep the fastest)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
 #if defined(REPLICA_CUDA)
     backend::cuda::default_options().graphs = !args.on("eager");
-    backend::cuda::default_options().benchmark = args.on("cudnn-benchmark");
+    backend::cuda::default_options().benchmark = !args.on("cudnn-heuristics");
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);
@@ -149,7 +173,7 @@ try {
                parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
                args.on("json"), int(args.integer("blas-threads")),
                StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get(), args.count("bucket-floats"), args.count("first-bucket-floats")};
+               processes.get(), args.count("bucket-floats"), args.count("first-bucket-floats"), args.on("data-parallel")};
     core::require(s.steps > 0, "--steps must be at least 1");
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);

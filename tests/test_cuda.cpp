@@ -137,6 +137,43 @@ TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
     same_on_cpu_and_gpu<ConvTranspose2d<3, 3, 1, 0>, Shape<4, 5, 7>>();
 }
 
+TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; deterministic mode takes cuDNN's choice", "[cuda]")
+{
+    REQUIRE_GPU();
+    const OptionScope timed{&cuda::Options::benchmark, true};
+    constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};   // LeNet's second layer
+    const std::size_t n = 61;                                       // a batch no other test uses
+    const auto before = cuda::detail::measured_choices().size();
+    cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
+    const cuda::ConvPlan& pa = cuda::detail::conv_plan(a, g, 50, n);
+    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    const cuda::ConvPlan& pb = cuda::detail::conv_plan(b, g, 50, n);   // another model's context: not timed again
+    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    CHECK((pa.fwd == pb.fwd && pa.bwd_data == pb.bwd_data && pa.bwd_filter == pb.bwd_filter));
+    if (cuda_devices().size() >= 2 && cuda::detail::device_kind(a) == cuda::detail::device_kind(cuda::Context{Device::cuda(1)})) {
+        cuda::Context c{Device::cuda(1)};   // an identical GPU: the same algorithms, timed once
+        const cuda::ConvPlan& pc = cuda::detail::conv_plan(c, g, 50, n);
+        CHECK(cuda::detail::measured_choices().size() == before + 1);
+        CHECK((pa.fwd == pc.fwd && pa.bwd_data == pc.bwd_data && pa.bwd_filter == pc.bwd_filter));
+    }
+
+    // Deterministic: cuDNN's first deterministic candidate, whatever timing says.
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    cuda::Context d{Device::cuda(0)};
+    const cuda::ConvPlan& p = cuda::detail::conv_plan(d, g, 50, n);
+    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    int found = 0;
+    cudnnConvolutionFwdAlgoPerf_t f[16];
+    REQUIRE(cudnnGetConvolutionForwardAlgorithm_v7(d.cudnn(), p.x, p.w, p.conv, p.y, 16, &found, f) == CUDNN_STATUS_SUCCESS);
+    CHECK(p.fwd == f[cuda::detail::pick(f, found, true)].algo);
+    cudnnConvolutionBwdDataAlgoPerf_t bd[16];
+    REQUIRE(cudnnGetConvolutionBackwardDataAlgorithm_v7(d.cudnn(), p.w, p.y, p.conv, p.x, 16, &found, bd) == CUDNN_STATUS_SUCCESS);
+    CHECK(p.bwd_data == bd[cuda::detail::pick(bd, found, true)].algo);
+    cudnnConvolutionBwdFilterAlgoPerf_t bf[16];
+    REQUIRE(cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.cudnn(), p.x, p.y, p.conv, p.w, 16, &found, bf) == CUDNN_STATUS_SUCCESS);
+    CHECK(p.bwd_filter == bf[cuda::detail::pick(bf, found, true)].algo);
+}
+
 TEST_CASE("CUDA layers equal CPU layers: pooling", "[cuda]")
 {
     REQUIRE_GPU();
