@@ -360,6 +360,13 @@ TEST_CASE("auto_parallel can measure every choice and keep the fastest", "[cpu][
     const bool one = log.str().find("chose 1 device") != std::string::npos;
     CHECK(model.replica_count() == (one ? 1u : 2u));
     CHECK(model.holds<LeNet>() == one);
+
+    // One device: nothing to measure, and the log says so (not a rate of 0).
+    std::ostringstream single;
+    auto alone = auto_parallel(LeNet{Device::cpu(), 3}, cpus(1),
+                               {.dispatch = DispatchChoice::measured, .batch_size = 8, .steps = 2, .log = &single});
+    CHECK(single.str() == "auto_parallel: one device (cpu:0), nothing to measure\n");
+    CHECK(alone.holds<LeNet>());
 }
 
 TEST_CASE("process_devices gives each process on a machine its contiguous share", "[cpu][parallel]")

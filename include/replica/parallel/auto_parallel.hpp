@@ -245,6 +245,10 @@ private:
         }
 
         const Candidate* best = &candidates[choose(candidates, o.margin)];
+        if (candidates.size() == 1) {
+            if (o.log) *o.log << "auto_parallel: one device (" << devices.front().name() << "), nothing to measure" << std::endl;
+            return *best;
+        }
         std::string report = "auto_parallel measured (samples/s):";
         auto name = [](const Candidate& c) {
             return c.count == 1 ? std::string(" device")
@@ -254,7 +258,7 @@ private:
         if (o.log)
             *o.log << report << "; chose " << best->count << (best->count == 1 ? " device" : " devices")
                    << (best->count == 1 ? "" : "," + name(*best))
-                   << (best->count > 1 || candidates.size() == 1 ? "" : " (more devices were not faster by " +
+                   << (best->count > 1 ? "" : " (more devices were not faster by " +
                                                                             std::to_string(int(o.margin * 100)) + "%)")
                    << std::endl;
         return *best;

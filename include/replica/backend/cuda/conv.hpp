@@ -273,8 +273,9 @@ int pick(const Perf* perf, int found, bool deterministic)
 // with its choices). cuDNN's first choice stays unless another is at least 3% faster, so that near
 // ties do not change from run to run. A candidate that cannot be captured is never chosen (the
 // step's capture would fail), nor one whose first timed call is many times slower than the best so
-// far (not timed further). Scratch memory is the timer's own, given back when it is done (the
-// caching allocator would keep it).
+// far (not timed further). Scratch memory is the timer's own, stream-ordered (cudaMallocAsync, so
+// that no call waits for the whole device, a peer's all-reduce included) and given back when it is
+// done (the caching allocator would keep it).
 class AlgorithmTimer {
 public:
     // Scratch for tensors x, y, w of these sizes and for the candidates' workspaces (the largest one
@@ -286,7 +287,6 @@ public:
     {
         core::require(!ctx.state().capturing, "a convolution plan was made while a step was captured in a CUDA graph");
         ctx.activate();
-        ctx.synchronize();
         std::size_t free = 0, total = 0;
         REPLICA_CHECK(cudaMemGetInfo(&free, &total));
         limit_ = std::min(std::size_t{1} << 30, free / 4);
@@ -300,10 +300,10 @@ public:
         fit(b, nb);
         const std::size_t bytes[] = {x * sizeof(float), y * sizeof(float), w * sizeof(float), most};
         void** into[] = {reinterpret_cast<void**>(&x_), reinterpret_cast<void**>(&y_), reinterpret_cast<void**>(&w_), &workspace_};
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 4; ++i) {   // stream-ordered: no wait for other streams (a peer's all-reduce)
             if (bytes[i] == 0) continue;
-            REPLICA_CHECK(cudaMalloc(into[i], bytes[i]));
-            REPLICA_CHECK(cudaMemset(*into[i], 0, bytes[i]));   // the time of these kernels does not depend on values
+            REPLICA_CHECK(cudaMallocAsync(into[i], bytes[i], ctx.stream()));
+            REPLICA_CHECK(cudaMemsetAsync(*into[i], 0, bytes[i], ctx.stream()));   // times do not depend on values
         }
         REPLICA_CHECK(cudaEventCreate(&start_));
         REPLICA_CHECK(cudaEventCreate(&stop_));
@@ -312,8 +312,8 @@ public:
     AlgorithmTimer& operator=(const AlgorithmTimer&) = delete;
     ~AlgorithmTimer()
     {
-        cudaStreamSynchronize(ctx_.stream());
-        for (void* p : {static_cast<void*>(x_), static_cast<void*>(y_), static_cast<void*>(w_), workspace_}) cudaFree(p);
+        for (void* p : {static_cast<void*>(x_), static_cast<void*>(y_), static_cast<void*>(w_), workspace_})
+            if (p) cudaFreeAsync(p, ctx_.stream());
         cudaEventDestroy(start_);
         cudaEventDestroy(stop_);
     }
