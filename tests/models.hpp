@@ -68,6 +68,9 @@ inline std::vector<Device> cpus(std::size_t n)
 using FusedConvNet = Sequential<Input<2, 9, 9>, Conv2d<4, 3, 1, 1>, ReLU, Conv2d<3, 3, 2>, ReLU, Flatten, Linear<5>>;
 using UnfusedConvNet =
     Sequential<Input<2, 9, 9>, Conv2d<4, 3, 1, 1>, Dropout<0.0>, ReLU, Conv2d<3, 3, 2>, Dropout<0.0>, ReLU, Flatten, Linear<5>>;
+// The same for fully connected layers.
+using FusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, ReLU, Linear<7>, ReLU, Linear<5>>;
+using UnfusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, Dropout<0.0>, ReLU, Linear<7>, Dropout<0.0>, ReLU, Linear<5>>;
 
 // The reproducible mode as the tests run it, and its standard run: 5 SGD steps of 20 samples from
 // `seed` (micro-shards of 8, 8 and 4: uneven over every replica count).

@@ -143,17 +143,17 @@ TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; dete
     const OptionScope timed{&cuda::Options::benchmark, true};
     constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};   // LeNet's second layer
     const std::size_t n = 61;                                       // a batch no other test uses
-    const auto before = cuda::detail::measured_choices().size();
+    const auto before = cuda::detail::measured_conv_choices().size();
     cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
     const cuda::ConvPlan& pa = cuda::detail::conv_plan(a, g, 50, n);
-    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    CHECK(cuda::detail::measured_conv_choices().size() == before + 1);
     const cuda::ConvPlan& pb = cuda::detail::conv_plan(b, g, 50, n);   // another model's context: not timed again
-    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    CHECK(cuda::detail::measured_conv_choices().size() == before + 1);
     CHECK((pa.fwd == pb.fwd && pa.bwd_data == pb.bwd_data && pa.bwd_filter == pb.bwd_filter));
     if (cuda_devices().size() >= 2 && cuda::detail::device_kind(a) == cuda::detail::device_kind(cuda::Context{Device::cuda(1)})) {
         cuda::Context c{Device::cuda(1)};   // an identical GPU: the same algorithms, timed once
         const cuda::ConvPlan& pc = cuda::detail::conv_plan(c, g, 50, n);
-        CHECK(cuda::detail::measured_choices().size() == before + 1);
+        CHECK(cuda::detail::measured_conv_choices().size() == before + 1);
         CHECK((pa.fwd == pc.fwd && pa.bwd_data == pc.bwd_data && pa.bwd_filter == pc.bwd_filter));
     }
 
@@ -161,7 +161,7 @@ TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; dete
     const OptionScope deterministic{&cuda::Options::deterministic, true};
     cuda::Context d{Device::cuda(0)};
     const cuda::ConvPlan& p = cuda::detail::conv_plan(d, g, 50, n);
-    CHECK(cuda::detail::measured_choices().size() == before + 1);
+    CHECK(cuda::detail::measured_conv_choices().size() == before + 1);
     int found = 0;
     cudnnConvolutionFwdAlgoPerf_t f[16];
     REQUIRE(cudnnGetConvolutionForwardAlgorithm_v7(d.cudnn(), p.x, p.w, p.conv, p.y, 16, &found, f) == CUDNN_STATUS_SUCCESS);
@@ -431,6 +431,23 @@ TEST_CASE("A convolution fused with the ReLU after it trains to the same bits on
     UnfusedConvNet apart{Device::cuda(0), 5};
     apart.set_parameters(parameters(fused));
     CHECK(differences(five_steps(fused, data, 7, {}), five_steps(apart, data, 7, {})) == "");
+}
+
+TEST_CASE("A fully connected layer fused with the ReLU after it trains as the two apart on the GPU", "[cuda]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<FusedMlpNet> data(100, 3);
+    FusedMlpNet fused{Device::cuda(0), 5};
+    UnfusedMlpNet apart{Device::cuda(0), 5};
+    apart.set_parameters(parameters(fused));
+    // The fused product (bias and ReLU in its epilogue) may take another cuBLASLt kernel: equal up to
+    // float rounding, not bit for bit.
+    const auto expected = five_steps(apart, data, 7, {});
+    CHECK(max_relative_difference(five_steps(fused, data, 7, {}), expected) < 1e-5);
+    CHECK(max_relative_difference(expected, parameters(UnfusedMlpNet{Device::cuda(0), 5})) > 1e-3);   // it trained
+    // And as on the CPU.
+    FusedMlpNet cpu{Device::cpu(), 5};
+    CHECK(max_relative_difference(five_steps(cpu, data, 7, {}), expected) < 1e-4);
 }
 
 // ---- the next step queued ahead (train_step's `next`) ----

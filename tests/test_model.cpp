@@ -40,17 +40,34 @@ TEST_CASE("Sequential runs its layers in order", "[cpu]")
     CHECK(out == y);
 }
 
+namespace {
+// Five steps of a network whose layers fuse the ReLU after them, against the same network with a
+// Dropout<0.0> between each such layer and its ReLU (nothing fused): the same bits.
+template <class Fused, class Unfused>
+void fused_trains_as_apart()
+{
+    const RandomBatches<Fused> data(100, 3);
+    Fused fused{Device::cpu(), 5};
+    Unfused apart{Device::cpu(), 5};
+    apart.set_parameters(parameters(fused));   // the Dropouts take layer ids: other initial weights
+    const auto expected = five_steps(apart, data, 7, {});
+    CHECK(differences(five_steps(fused, data, 7, {}), expected) == "");
+    CHECK(max_relative_difference(expected, parameters(Unfused{Device::cpu(), 5})) > 1e-3);   // it trained
+}
+} // namespace
+
 TEST_CASE("A convolution fused with the ReLU after it trains to the same bits as the two apart", "[cpu]")
 {
     static_assert(FusedConvNet::graph::fuses_next_relu<0> && FusedConvNet::graph::fuses_next_relu<2>);
     static_assert(!UnfusedConvNet::graph::fuses_next_relu<0> && !FusedConvNet::graph::fuses_next_relu<1>);
-    const RandomBatches<FusedConvNet> data(100, 3);
-    FusedConvNet fused{Device::cpu(), 5};
-    UnfusedConvNet apart{Device::cpu(), 5};
-    apart.set_parameters(parameters(fused));   // the Dropouts take layer ids: other initial weights
-    const auto expected = five_steps(apart, data, 7, {});
-    CHECK(differences(five_steps(fused, data, 7, {}), expected) == "");
-    CHECK(max_relative_difference(expected, parameters(UnfusedConvNet{Device::cpu(), 5})) > 1e-3);   // it trained
+    fused_trains_as_apart<FusedConvNet, UnfusedConvNet>();
+}
+
+TEST_CASE("A fully connected layer fused with the ReLU after it trains to the same bits as the two apart", "[cpu]")
+{
+    static_assert(FusedMlpNet::graph::fuses_next_relu<1> && FusedMlpNet::graph::fuses_next_relu<3>);
+    static_assert(!UnfusedMlpNet::graph::fuses_next_relu<1> && !FusedMlpNet::graph::fuses_next_relu<5>);
+    fused_trains_as_apart<FusedMlpNet, UnfusedMlpNet>();
 }
 
 TEST_CASE("Models start from their seed", "[cpu]")

@@ -38,6 +38,21 @@ struct Linear {
         {
             linear_backward(ctx, int(N), int(Out), a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n);
         }
+        // Forward followed by a ReLU, which then does not run: on a GPU the product adds the bias and
+        // applies the ReLU as it writes (one kernel instead of three).
+        static constexpr bool fuses_relu = true;
+        template <class Ctx>
+        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        {
+            linear_forward(ctx, int(N), int(Out), a.params, a.params + weight_count, a.x, a.y, a.n, true);
+        }
+        // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
+        template <class Ctx>
+        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        {
+            linear_backward_relu(ctx, int(N), int(Out), a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams,
+                                 a.dparams + weight_count, a.n);
+        }
     };
 };
 

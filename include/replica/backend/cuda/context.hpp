@@ -1,10 +1,12 @@
 #pragma once
-// The CUDA context of one replica: its device, a compute, a communication and a copy stream, cuDNN
-// and cuBLAS handles bound to the compute stream, a workspace, a caching allocator, and the per-layer
-// plans (cuDNN descriptors and algorithms) chosen once per shape. Only under nvcc.
+// The CUDA context of one replica: its device, a compute, a communication and a copy stream, cuDNN,
+// cuBLAS and cuBLASLt handles (the first two bound to the compute stream), a workspace, a caching
+// allocator, and the per-layer plans (cuDNN and cuBLASLt descriptors and algorithms) chosen once per
+// shape. Only under nvcc.
 //
 // Copies of a Context share one state; a Buffer from allocate() must not outlive it.
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -116,14 +118,50 @@ struct ConvKey {
     }
 };
 
+// A matrix product D = op(A) op(B) (+ an epilogue) of fixed shapes through cuBLASLt, FP32 throughout.
+struct Gemm {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    std::size_t workspace = 0;
+    bool usable = false;   // cuBLASLt offers an algorithm (a bias-gradient epilogue may have none)
+    void destroy()
+    {
+        if (desc) cublasLtMatmulDescDestroy(desc);
+        for (auto l : {a, b, d})
+            if (l) cublasLtMatrixLayoutDestroy(l);
+        *this = {};
+    }
+};
+
+// A fully connected layer's products for one batch size: forward with the bias (and ReLU) in the
+// epilogue; the weight gradient with the bias gradient in its epilogue, or without (then a GEMV);
+// the input gradient.
+struct LinearPlan {
+    Gemm forward, weight_grad_bias, weight_grad, input_grad;
+};
+
+struct LinearKey {
+    int in, out;
+    std::size_t n;
+    bool relu;
+    friend auto operator<=>(const LinearKey&, const LinearKey&) = default;
+    friend bool operator==(const LinearKey& a, const LinearKey& b)   // see GraphKey
+    {
+        return a.in == b.in && a.out == b.out && a.n == b.n && a.relu == b.relu;
+    }
+};
+
 namespace detail {
 struct State {
     Device device;
     Options options;
+    std::string kind;   // detail::device_kind(): what makes two GPUs time the same
     cudaStream_t stream = nullptr, comm = nullptr, copy = nullptr;
     cudaEvent_t copied = nullptr;   // the compute stream waits for the copy stream's copies
     cudnnHandle_t cudnn = nullptr;
     cublasHandle_t cublas = nullptr;
+    cublasLtHandle_t cublaslt = nullptr;
     std::unique_ptr<CachingAllocator> allocator;
     core::Buffer<unsigned char> workspace;
     core::Buffer<float> ones;
@@ -133,6 +171,7 @@ struct State {
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
     cudaEvent_t host_mark[2] = {};        // re-recorded by mark_for_host(k)
     std::map<ConvKey, ConvPlan> conv_plans;
+    std::map<LinearKey, LinearPlan> linear_plans;
     // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
     // waited so far); it throws to stop waiting for a peer that died or hangs.
     std::function<void(double)> watchdog;
@@ -170,6 +209,7 @@ struct State {
         REPLICA_CHECK(cublasCreate(&cublas));
         REPLICA_CHECK(cublasSetStream(cublas, stream));
         REPLICA_CHECK(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));   // FP32 GEMMs, as PyTorch by default
+        REPLICA_CHECK(cublasLtCreate(&cublaslt));
         REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
         REPLICA_CHECK(cudaMallocHost(&fixed_status, sizeof(core::FixedStatus)));
         *fixed_status = {};
@@ -183,7 +223,7 @@ struct State {
     }
     State(const State&) = delete;
     State& operator=(const State&) = delete;
-    void drop_conv_plans()
+    void drop_plans()
     {
         drop_graphs();
         for (auto& [key, p] : conv_plans) {
@@ -193,12 +233,15 @@ struct State {
             cudnnDestroyConvolutionDescriptor(p.conv);
         }
         conv_plans.clear();
+        for (auto& [key, p] : linear_plans)
+            for (Gemm* g : {&p.forward, &p.weight_grad_bias, &p.weight_grad, &p.input_grad}) g->destroy();
+        linear_plans.clear();
     }
     ~State()
     {
         cudaSetDevice(device.index());
         cudaStreamSynchronize(stream);
-        drop_conv_plans();   // and the graphs
+        drop_plans();   // and the graphs
         step_device = {};
         allocator->release(cublas_workspace);
         cudaFreeHost(step_host);
@@ -209,6 +252,7 @@ struct State {
         cudaFreeHost(fixed_status);
         cudaEventDestroy(marker);
         for (auto e : host_mark) cudaEventDestroy(e);
+        cublasLtDestroy(cublaslt);
         cublasDestroy(cublas);
         cudnnDestroy(cudnn);
         cudaStreamSynchronize(copy);
@@ -234,6 +278,10 @@ public:
     cudaStream_t comm_stream() const { return state_->comm; }
     cudnnHandle_t cudnn() const { return state_->cudnn; }
     cublasHandle_t cublas() const { return state_->cublas; }
+    cublasLtHandle_t cublaslt() const { return state_->cublaslt; }
+    // cuBLAS's and cuBLASLt's workspace (ours, so that nothing is allocated inside a capture).
+    void* blas_workspace() const { return state_->cublas_workspace; }
+    static constexpr std::size_t blas_workspace_bytes = detail::State::kCublasWorkspace;
     detail::State& state() const { return *state_; }
 
     // Makes this context's device current for the calling thread.
@@ -469,5 +517,17 @@ private:
 
     std::shared_ptr<detail::State> state_;
 };
+
+// The reproducible mode: from now on only deterministic algorithms, chosen by heuristics (a measured
+// choice can differ from one run to the next). Plans made before (convolutions' and fully connected
+// layers') are dropped and made again.
+inline void make_deterministic(const Context& ctx)
+{
+    auto& s = ctx.state();
+    if (s.options.deterministic) return;
+    ctx.synchronize();
+    s.options.deterministic = true;
+    s.drop_plans();
+}
 
 } // namespace replica::backend::cuda

@@ -12,13 +12,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
-#include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/timing.hpp"
 
 namespace replica::backend::cuda {
 
@@ -266,151 +267,68 @@ int pick(const Perf* perf, int found, bool deterministic)
                 std::string(deterministic ? " among its deterministic ones: turn deterministic mode off" : ""));
 }
 
-// Options::benchmark: each usable candidate of cuDNN's heuristics is timed as a step will run it:
-// replayed from a CUDA graph when graphs are on (Options::graphs), else called eagerly, so that
-// cuDNN's host work counts too. cudnnFind* is not used: on an H200 its times were 1.3 to 6 times the
+// Options::benchmark: cuDNN's candidates timed as a step runs them (timing.hpp), with scratch
+// tensors of the layer's sizes. cudnnFind* is not used: on an H200 its times were 1.3 to 6 times the
 // replayed ones and ranked the candidates differently (GoogLeNet-32 took 9.3 instead of 7.7 ms a step
-// with its choices). cuDNN's first choice stays unless another is at least 3% faster, so that near
-// ties do not change from run to run. A candidate that cannot be captured is never chosen (the
-// step's capture would fail), nor one whose first timed call is many times slower than the best so
-// far (not timed further). Scratch memory is the timer's own, stream-ordered (cudaMallocAsync, so
-// that no call waits for the whole device, a peer's all-reduce included) and given back when it is
-// done (the caching allocator would keep it).
+// with its choices).
 class AlgorithmTimer {
 public:
-    // Scratch for tensors x, y, w of these sizes and for the candidates' workspaces (the largest one
-    // that fits in a quarter of the free memory, at most 1 GiB; larger candidates are left out).
+    // Scratch for tensors x, y, w of these sizes (floats) and for the candidates' workspaces (up to
+    // 1 GiB; larger candidates are left out).
     template <class F, class D, class B>
     AlgorithmTimer(const Context& ctx, std::size_t x, std::size_t y, std::size_t w, const F* f, int nf, const D* d,
                    int nd, const B* b, int nb)
-        : ctx_(ctx)
+        : limit_(workspace_limit(std::size_t{1} << 30)),
+          scratch_(ctx, {x * sizeof(float), y * sizeof(float), w * sizeof(float), most(f, nf, d, nd, b, nb)}),
+          timer_(ctx)
     {
-        core::require(!ctx.state().capturing, "a convolution plan was made while a step was captured in a CUDA graph");
-        ctx.activate();
-        std::size_t free = 0, total = 0;
-        REPLICA_CHECK(cudaMemGetInfo(&free, &total));
-        limit_ = std::min(std::size_t{1} << 30, free / 4);
-        std::size_t most = 0;
-        auto fit = [&](const auto* perf, int found) {
-            for (int i = 0; i < found; ++i)
-                if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit_) most = std::max(most, perf[i].memory);
-        };
-        fit(f, nf);
-        fit(d, nd);
-        fit(b, nb);
-        const std::size_t bytes[] = {x * sizeof(float), y * sizeof(float), w * sizeof(float), most};
-        void** into[] = {reinterpret_cast<void**>(&x_), reinterpret_cast<void**>(&y_), reinterpret_cast<void**>(&w_), &workspace_};
-        for (int i = 0; i < 4; ++i) {   // stream-ordered: no wait for other streams (a peer's all-reduce)
-            if (bytes[i] == 0) continue;
-            REPLICA_CHECK(cudaMallocAsync(into[i], bytes[i], ctx.stream()));
-            REPLICA_CHECK(cudaMemsetAsync(*into[i], 0, bytes[i], ctx.stream()));   // times do not depend on values
-        }
-        REPLICA_CHECK(cudaEventCreate(&start_));
-        REPLICA_CHECK(cudaEventCreate(&stop_));
     }
-    AlgorithmTimer(const AlgorithmTimer&) = delete;
-    AlgorithmTimer& operator=(const AlgorithmTimer&) = delete;
-    ~AlgorithmTimer()
-    {
-        for (void* p : {static_cast<void*>(x_), static_cast<void*>(y_), static_cast<void*>(w_), workspace_})
-            if (p) cudaFreeAsync(p, ctx_.stream());
-        cudaEventDestroy(start_);
-        cudaEventDestroy(stop_);
-    }
-    float* x() const { return x_; }
-    float* y() const { return y_; }
-    float* w() const { return w_; }
+    float* x() const { return scratch_.floats(0); }
+    float* y() const { return scratch_.floats(1); }
+    float* w() const { return scratch_.floats(2); }
 
     // The chosen one of perf[0, found): run(algo, workspace, bytes) queues one call of a candidate.
     template <class Perf, class Run>
     auto choose(const Perf* perf, int found, Run&& run)
     {
-        const int first = pick(perf, found, false);
-        const double first_time = perf[first].memory <= limit_ ? seconds(perf[first].algo, perf[first].memory, run, kNever) : kNever;
-        double best = first_time;
-        int chosen = first;
-        for (int i = first + 1; i < found; ++i) {
-            const Perf& c = perf[i];
-            if (c.status != CUDNN_STATUS_SUCCESS || c.memory > limit_) continue;
-            // An eager call takes up to ~0.1 ms of cuDNN's host work more than a replayed one.
-            const double t = seconds(c.algo, c.memory, run, 4.0 * best + 1e-4);
-            if (t < best) {
-                best = t;
-                chosen = i;
-            }
-        }
-        return best * 1.03 < first_time ? perf[chosen].algo : perf[first].algo;
+        std::vector<int> usable;
+        for (int i = 0; i < found; ++i)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit_) usable.push_back(i);
+        if (usable.empty()) return perf[pick(perf, found, false)].algo;
+        const int k = CallTimer::fastest(int(usable.size()), [&](int i, double give_up) {
+            const Perf& c = perf[usable[std::size_t(i)]];
+            return timer_.seconds([&] { return run(c.algo, scratch_.bytes(3), c.memory) == CUDNN_STATUS_SUCCESS; }, give_up);
+        });
+        return perf[usable[std::size_t(k)]].algo;
     }
 
 private:
-    static constexpr double kNever = 1e30;
-    static constexpr int kCalls = 4, kRounds = 3;
-
-    // Seconds per call of one algorithm (kNever if it fails to run or to be captured), or of its
-    // first timed call if that took over `give_up`.
-    template <class Algo, class Run>
-    double seconds(Algo algo, std::size_t bytes, Run& run, double give_up)
+    template <class F, class D, class B>
+    std::size_t most(const F* f, int nf, const D* d, int nd, const B* b, int nb) const
     {
-        cudaStream_t s = ctx_.stream();
-        if (run(algo, workspace_, bytes) != CUDNN_STATUS_SUCCESS) return kNever;   // loads its kernels
-        REPLICA_CHECK(cudaEventRecord(start_, s));
-        if (run(algo, workspace_, bytes) != CUDNN_STATUS_SUCCESS) return kNever;
-        REPLICA_CHECK(cudaEventRecord(stop_, s));
-        const double once = elapsed();
-        if (once > give_up) return once;
-        double best = kNever;
-        if (ctx_.options().graphs) {
-            cudaGraph_t g = nullptr;
-            cudaGraphExec_t exec = nullptr;
-            REPLICA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            bool ok = true;
-            for (int k = 0; k < kCalls; ++k) ok = ok && run(algo, workspace_, bytes) == CUDNN_STATUS_SUCCESS;
-            if (cudaStreamEndCapture(s, &g) == cudaSuccess && ok && g && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
-                REPLICA_CHECK(cudaGraphLaunch(exec, s));   // warm
-                for (int r = 0; r < kRounds; ++r) {
-                    REPLICA_CHECK(cudaEventRecord(start_, s));
-                    REPLICA_CHECK(cudaGraphLaunch(exec, s));
-                    REPLICA_CHECK(cudaEventRecord(stop_, s));
-                    best = std::min(best, elapsed() / kCalls);
-                }
-            }
-            if (exec) cudaGraphExecDestroy(exec);
-            if (g) cudaGraphDestroy(g);
-            cudaGetLastError();   // a failed capture leaves an error to clear, and the stream usable
-        } else {
-            for (int r = 0; r < kRounds; ++r) {
-                REPLICA_CHECK(cudaEventRecord(start_, s));
-                for (int k = 0; k < kCalls; ++k)
-                    if (run(algo, workspace_, bytes) != CUDNN_STATUS_SUCCESS) return kNever;
-                REPLICA_CHECK(cudaEventRecord(stop_, s));
-                best = std::min(best, elapsed() / kCalls);
-            }
-        }
-        return best;
+        std::size_t m = 0;
+        auto fit = [&](const auto* perf, int found) {
+            for (int i = 0; i < found; ++i)
+                if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit_) m = std::max(m, perf[i].memory);
+        };
+        fit(f, nf);
+        fit(d, nd);
+        fit(b, nb);
+        return m;
     }
 
-    double elapsed() const
-    {
-        REPLICA_CHECK(cudaEventSynchronize(stop_));
-        float ms = 0.0f;
-        REPLICA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-        return ms * 1e-3;
-    }
-
-    const Context& ctx_;
-    std::size_t limit_ = 0;
-    float *x_ = nullptr, *y_ = nullptr, *w_ = nullptr;
-    void* workspace_ = nullptr;
-    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+    std::size_t limit_;
+    TimingScratch scratch_;
+    CallTimer timer_;
 };
 
-// Measured choices (Options::benchmark), process-wide: by kind of GPU, shape and the options that
+// Timed choices (Options::benchmark), process-wide: by kind of GPU, shape and the options that
 // change what is timed.
-struct MeasuredKey {
+struct MeasuredConvKey {
     std::string device;   // device_kind()
     ConvKey conv;
     bool tf32, graphs;
-    friend bool operator<(const MeasuredKey& a, const MeasuredKey& b)
+    friend bool operator<(const MeasuredConvKey& a, const MeasuredConvKey& b)
     {
         if (a.device != b.device) return a.device < b.device;
         if (a.conv < b.conv) return true;
@@ -418,28 +336,15 @@ struct MeasuredKey {
         return std::tie(a.tf32, a.graphs) < std::tie(b.tf32, b.graphs);
     }
 };
-struct Algorithms {
+struct ConvAlgorithms {
     cudnnConvolutionFwdAlgo_t fwd{};
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
 };
-inline std::map<MeasuredKey, Algorithms>& measured_choices()
+inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 {
-    static std::map<MeasuredKey, Algorithms> choices;
+    static std::map<MeasuredConvKey, ConvAlgorithms> choices;
     return choices;
-}
-inline std::mutex& measured_mutex()
-{
-    static std::mutex m;
-    return m;
-}
-// What makes two GPUs time the same: model, compute capability, multiprocessors (a MIG slice has fewer).
-inline std::string device_kind(const Context& ctx)
-{
-    cudaDeviceProp prop{};
-    REPLICA_CHECK(cudaGetDeviceProperties(&prop, ctx.device().index()));
-    return std::string(prop.name) + " sm" + std::to_string(prop.major * 10 + prop.minor) + " " +
-           std::to_string(prop.multiProcessorCount);
 }
 
 // The plan for a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h, g.w),
@@ -483,16 +388,16 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     } else {
         // Timed once per kind of GPU and shape in the process: a model's replicas on identical GPUs
         // run the same algorithms (and hold the same workspace), and a second model reuses the times.
-        const MeasuredKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
+        const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
         std::lock_guard lock(measured_mutex());
-        auto& choices = measured_choices();
+        auto& choices = measured_conv_choices();
         auto it = choices.find(measured);
         if (it == choices.end()) {
             AlgorithmTimer timer(ctx, n * g.c * g.h * g.w, n * std::size_t(cout) * g.oh * g.ow,
                                  std::size_t(cout) * g.c * g.kh * g.kw, f, found_fwd, d, found_data, b, found_filter);
             float *x = timer.x(), *y = timer.y(), *w = timer.w();
             const float one = 1.0f, zero = 0.0f;
-            Algorithms a;
+            ConvAlgorithms a;
             a.fwd = timer.choose(f, found_fwd, [&](cudnnConvolutionFwdAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionForward(h, &one, p.x, x, p.w, w, p.conv, algo, ws, bytes, &zero, p.y, y);
             });
@@ -517,17 +422,6 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     return plans.emplace(key, p).first->second;
 }
 } // namespace detail
-
-// The reproducible mode: from now on only deterministic algorithms, chosen by heuristics (a measured
-// choice can differ from one run to the next). Plans made before are dropped and made again.
-inline void make_deterministic(const Context& ctx)
-{
-    auto& s = ctx.state();
-    if (s.options.deterministic) return;
-    ctx.synchronize();
-    s.options.deterministic = true;
-    s.drop_conv_plans();
-}
 
 // Scratch: the bias gradient's partial sums (channel_sums), over the output's channels and pixels.
 template <core::Window g>

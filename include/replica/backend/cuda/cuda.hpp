@@ -12,3 +12,4 @@
 #include "replica/backend/cuda/loss.hpp"
 #include "replica/backend/cuda/optim.hpp"
 #include "replica/backend/cuda/pool.hpp"
+#include "replica/backend/cuda/timing.hpp"
