@@ -91,7 +91,7 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
     const int processes = s.processes ? s.processes->size() : 1;
 #if defined(REPLICA_CUDA)
     const bool graphs = backend::cuda::default_options().graphs && !s.devices.front().is_cpu() &&
-                        !parallel::contains_data_parallel<M> && !s.step.reproducible;
+                        !parallel::contains_data_parallel<M>;
 #else
     const bool graphs = false;
 #endif

@@ -571,6 +571,28 @@ TEST_CASE("A training step replayed from a CUDA graph equals the eager step, bit
     CHECK(graphs_held(lenet_replayed) == 2);
 }
 
+TEST_CASE("The reproducible mode replays its micro-shards from a CUDA graph: the same bits as eager", "[cuda][graphs][reproducible]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<ConcatDropoutNet> data(100, 3);   // dropout: each shard's masks at its samples
+    std::vector<float> expected, expected_dp;
+    {
+        const OptionScope eager{&cuda::Options::graphs, false};
+        ConcatDropoutNet net{Device::cuda(0), 5};
+        DataParallel<ConcatDropoutNet, Threaded> dp{{Device::cuda(0)}, 5};
+        expected = five_steps(net, data, 7);   // kReproducible: shards of 8, 8 and 4
+        expected_dp = five_steps(dp, data, 7);
+        CHECK(graphs_held(net) == 0);
+    }
+    const OptionScope on{&cuda::Options::graphs, true};
+    ConcatDropoutNet net{Device::cuda(0), 5};
+    DataParallel<ConcatDropoutNet, Threaded> dp{{Device::cuda(0)}, 5};
+    CHECK(differences(five_steps(net, data, 7), expected) == "");
+    CHECK(differences(five_steps(dp, data, 7), expected_dp) == "");
+    CHECK(graphs_held(net) == 1);   // the shards of a 20-sample batch: eager, captured, then replayed
+    CHECK(differences(expected_dp, expected) == "");
+}
+
 TEST_CASE("A DataParallel over one GPU replays its deferred graph segments and equals the plain model bit for bit",
           "[cuda][graphs]")
 {

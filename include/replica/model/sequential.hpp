@@ -301,29 +301,47 @@ public:
     // replicas share the shards or in which order they are summed. Returns the accumulator (in this
     // model's memory) for the replicas' exact all-reduce; set_gradients_exact() turns the summed
     // accumulator into the gradient. Every kernel is deterministic from the first call on (on a GPU:
-    // deterministic cuDNN algorithms chosen by heuristics, kept afterwards).
+    // the libraries' deterministic choices, kept afterwards). On a GPU the shards are replayed from a
+    // CUDA graph, as a training step is (keyed by batch and shard size), but in a nested DataParallel.
     std::int64_t* queue_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
         drop_ahead();
         const std::size_t shards = (n + shard - 1) / shard;
-        if (shard_slots_.size() < shards) shard_slots_ = backend::host_buffer<core::LossSlot>(shards);
         first_shard_ = first_shard;
         shard_count_ = shards;
         return visit([&](auto& ctx) {
             make_deterministic(ctx);
             if (exact_.size() != param_count) exact_ = ctx.template allocate<std::int64_t>(param_count);
-            zero_fixed(ctx, exact_.data(), param_count);
-            for (std::size_t k = 0; k < shards; ++k) {
-                const std::size_t begin = k * shard, m = std::min(shard, n - begin);
-                Pass mine = pass;
-                mine.first_sample += begin;
-                mine.whole = true;   // a nested DataParallel computes each shard on its first replica
-                queue(ctx, mine, x + begin * input_shape::size, labels + begin * label_size, m, loss_scale, -1,
-                      detail::NoHook{}, false, &shard_slots_[k]);
-                add_fixed(ctx, grads_.data(), exact_.data(), param_count);
+            if (shard_slots_.size() < shards) {
+                ctx.synchronize();
+                if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible) ctx.drop_graphs();   // they write the slots
+                shard_slots_ = backend::host_buffer<core::LossSlot>(shards);
             }
+            for (std::size_t k = 0; k < shards; ++k) shard_slots_[k] = {};
+            reserve(ctx, std::min(shard, n));   // activations for one shard
+            const auto [xd, ld] = stage_shards(ctx, x, labels, n);
+            auto work = [&](const Pass& p, auto&&) {
+                zero_fixed(ctx, exact_.data(), param_count);
+                for (std::size_t k = 0; k < shards; ++k) {
+                    const std::size_t begin = k * shard, m = std::min(shard, n - begin);
+                    Pass mine = p;
+                    mine.first_sample += begin;
+                    mine.whole = true;   // a nested DataParallel computes each shard on its first replica
+                    queue_pass(ctx, mine, xd + begin * input_shape::size, ld + begin * label_size, m, loss_scale,
+                               &shard_slots_[k], detail::NoHook{});
+                    add_fixed(ctx, grads_.data(), exact_.data(), param_count);
+                }
+            };
+            detail::NoHook none;
+            if constexpr (!std::remove_cvref_t<decltype(ctx)>::host_visible && !graph::has_data_parallel)
+                if (ctx.options().graphs) {
+                    // Negative slots key the shards' graphs (0 and 1 are the steps'); step parameters in slot 0.
+                    replay_or_capture(ctx, pass, {n, -1 - int(std::min<std::size_t>(shard, 1 << 30))}, 0, work, none, false);
+                    return exact_.data();
+                }
+            work(pass, none);
             return exact_.data();
         });
     }
@@ -429,14 +447,12 @@ private:
     }
 
     // Queues forward, loss and backward over n samples: a training step in `step_slot` (its staging
-    // buffer, loss slot and graphs), or with step_slot < 0 a micro-shard, its loss into *shard_loss,
-    // eagerly and in order on the compute stream. With `defer`, see queue_or_defer.
+    // buffer, loss slot and graphs). With `defer`, see queue_or_defer.
     template <class Ctx, class Hook>
     std::size_t queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
-                      float loss_scale, int step_slot, Hook&& hook, bool defer = false,
-                      core::LossSlot* shard_loss = nullptr)
+                      float loss_scale, int step_slot, Hook&& hook, bool defer = false)
     {
-        core::LossSlot* slot = step_slot >= 0 ? &loss_slots_[step_slot] : shard_loss;
+        core::LossSlot* slot = &loss_slots_[step_slot];
         *slot = {};
         if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
             fill(ctx, grads_.data(), 0.0f, param_count);
@@ -444,20 +460,46 @@ private:
             return 0;
         }
         reserve(ctx, n);
-        const auto [xd, ld] = step_slot >= 0 ? staging_.take_for_step(ctx, x, labels, n, step_slot)
-                                             : staging_.take(ctx, x, labels, n);
-        auto work = [&](const Pass& p, auto&& on_layer) {
-            graph_.forward(ctx, p, forward_args(xd, n));
-            loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
-            graph_.backward(ctx, p,
-                            BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
-                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
-                            on_layer);
-        };
+        const auto [xd, ld] = staging_.take_for_step(ctx, x, labels, n, step_slot);
+        auto work = [&](const Pass& p, auto&& on_layer) { queue_pass(ctx, p, xd, ld, n, loss_scale, slot, on_layer); };
         if constexpr (!Ctx::host_visible && !graph::has_data_parallel)
-            if (ctx.options().graphs && step_slot >= 0) return replay_or_capture(ctx, pass, step_slot, n, work, hook, defer);
+            if (ctx.options().graphs) return replay_or_capture(ctx, pass, {n, step_slot}, step_slot, work, hook, defer);
         work(pass, hook);
         return 0;
+    }
+
+    // Forward, loss (into *slot) and backward over n samples already in the context's memory.
+    template <class Ctx, class Hook>
+    void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
+                    core::LossSlot* slot, Hook&& on_layer)
+    {
+        graph_.forward(ctx, pass, forward_args(xd, n));
+        loss::template forward_backward<output_shape>(ctx, y(n), ld, n, loss_scale, dy(n), slot);
+        graph_.backward(ctx, pass,
+                        BackwardArgs{.params = params_.data(), .x = xd, .y = y(n), .dy = dy(n), .dx = nullptr,
+                                     .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch(n)},
+                        on_layer);
+    }
+
+    // The reproducible mode's n samples in the context's memory, all at once (its shards then read
+    // them where they are: a graph of the shards holds no copy from host memory).
+    template <class Ctx>
+    std::pair<const float*, const std::int32_t*> stage_shards(Ctx& ctx, const float* x, const std::int32_t* labels,
+                                                              std::size_t n)
+    {
+        if constexpr (Ctx::host_visible) {
+            return {x, labels};
+        } else {
+            if (shard_inputs_.size() < n * input_shape::size) {
+                ctx.synchronize();
+                ctx.drop_graphs();   // they read the old buffers
+                shard_inputs_ = ctx.template allocate<float>(n * input_shape::size);
+                shard_labels_ = ctx.template allocate<std::int32_t>(n * label_size);
+            }
+            ctx.stage(x, shard_inputs_.data(), n * input_shape::size);
+            ctx.stage(labels, shard_labels_.data(), n * label_size);
+            return {shard_inputs_.data(), shard_labels_.data()};
+        }
     }
 
     // CUDA graphs: the first step of a (batch size, staging buffer) runs eagerly (plans, workspaces and
@@ -468,14 +510,13 @@ private:
     // and the capture goes on in a new segment; a replay launches the segments and calls the hook
     // at the same cuts. So a graph never holds a collective, and communication still overlaps backward.
     template <class Ctx, class Work, class Hook>
-    std::size_t replay_or_capture(Ctx& ctx, const Pass& pass, int slot, std::size_t n, Work& work, Hook& hook,
-                                  bool defer)
+    std::size_t replay_or_capture(Ctx& ctx, const Pass& pass, const typename Ctx::GraphKey& key, int slot, Work& work,
+                                  Hook& hook, bool defer)
     {
-        const typename Ctx::GraphKey key{n, slot};
         ctx.set_step(slot, pass.seed, pass.first_sample);
         if (const auto* segments = ctx.graph(key)) {
             if (defer) {   // launch_deferred() launches them
-                deferred_ = {n, slot};
+                deferred_ = {key.n, key.slot};
                 return segments->size();
             }
             for (const auto& s : *segments) launch_segment(ctx, s, hook);
@@ -576,6 +617,8 @@ private:
     // The reproducible mode's exact accumulator and one loss slot per shard.
     core::Buffer<std::int64_t> exact_;
     core::Buffer<core::LossSlot> shard_slots_;
+    core::Buffer<float> shard_inputs_;   // stage_shards'
+    core::Buffer<std::int32_t> shard_labels_;
     std::size_t first_shard_ = 0, shard_count_ = 0;
     std::vector<double> shard_loss_;
 };

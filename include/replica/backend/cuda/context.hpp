@@ -49,7 +49,7 @@ struct Options {
     // on an H200: 0.28 instead of 0.84 ms; GoogLeNet-32: 9.2 instead of 11.7 ms). A DataParallel
     // replica's step is captured in segments, cut where a gradient bucket is complete: its all-reduce
     // is queued between two segments, eagerly, so it overlaps the rest of backward and no graph holds
-    // a collective. A nested DataParallel and the reproducible mode run eagerly.
+    // a collective. A nested DataParallel runs eagerly; the reproducible mode replays its micro-shards.
     bool graphs = true;
 };
 
