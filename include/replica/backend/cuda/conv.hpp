@@ -1,8 +1,7 @@
 #pragma once
 // Convolutions on the GPU through cuDNN. A plan (descriptors and algorithms) is made once per
-// geometry and batch size and cached in the context; algorithms come from cuDNN's heuristics, or
-// from timing its candidates as a step runs them (Options::benchmark), and are restricted to
-// deterministic ones on request
+// geometry and batch size and cached in the context; algorithms are cuDNN's candidates timed as a
+// step runs them (Options::benchmark, timing.hpp), or cuDNN's own choice, deterministic on request
 // (Options::deterministic). A transposed convolution runs the adjoint passes of the convolution
 // from its output to its input. Bias gradients are our own two-pass channel sums: cuDNN's
 // cudnnConvolutionBackwardBias took 2.1 of AlexNet's 10.2 ms per step on an H200 (FCN: 1.8 of 5.1).
