@@ -134,21 +134,18 @@ struct Gemm {
     }
 };
 
-// A fully connected layer's products for one batch size: forward with the bias (and ReLU) in the
-// epilogue; the weight gradient with the bias gradient in its epilogue, or without (then a GEMV);
-// the input gradient.
-struct LinearPlan {
-    Gemm forward, weight_grad_bias, weight_grad, input_grad;
-};
-
-struct LinearKey {
-    int in, out;
+// Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
+// alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
+struct GemmKey {
+    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad };
+    int kind, in, out;
     std::size_t n;
-    bool relu;
-    friend auto operator<=>(const LinearKey&, const LinearKey&) = default;
-    friend bool operator==(const LinearKey& a, const LinearKey& b)   // see GraphKey
+    int align_a, align_b, align_d;
+    friend auto operator<=>(const GemmKey&, const GemmKey&) = default;
+    friend bool operator==(const GemmKey& a, const GemmKey& b)   // see GraphKey
     {
-        return a.in == b.in && a.out == b.out && a.n == b.n && a.relu == b.relu;
+        return a.kind == b.kind && a.in == b.in && a.out == b.out && a.n == b.n && a.align_a == b.align_a &&
+               a.align_b == b.align_b && a.align_d == b.align_d;
     }
 };
 
@@ -171,7 +168,8 @@ struct State {
     cudaEvent_t marker = nullptr;         // re-recorded by mark()
     cudaEvent_t host_mark[2] = {};        // re-recorded by mark_for_host(k)
     std::map<ConvKey, ConvPlan> conv_plans;
-    std::map<LinearKey, LinearPlan> linear_plans;
+    std::map<GemmKey, Gemm> gemms;
+    core::Buffer<float> aligned_bias;     // a fully connected layer's bias, where it is not 16-byte aligned
     // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
     // waited so far); it throws to stop waiting for a peer that died or hangs.
     std::function<void(double)> watchdog;
@@ -233,9 +231,8 @@ struct State {
             cudnnDestroyConvolutionDescriptor(p.conv);
         }
         conv_plans.clear();
-        for (auto& [key, p] : linear_plans)
-            for (Gemm* g : {&p.forward, &p.weight_grad_bias, &p.weight_grad, &p.input_grad}) g->destroy();
-        linear_plans.clear();
+        for (auto& [key, g] : gemms) g.destroy();
+        gemms.clear();
     }
     ~State()
     {
@@ -243,6 +240,7 @@ struct State {
         cudaStreamSynchronize(stream);
         drop_plans();   // and the graphs
         step_device = {};
+        aligned_bias = {};
         allocator->release(cublas_workspace);
         cudaFreeHost(step_host);
         workspace = {};

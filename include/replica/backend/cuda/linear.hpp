@@ -3,15 +3,20 @@
 // column-major (c, r) one). y (n, out) = x (n, in) W^T + b, W (out, in); FP32 products (no TF32, as
 // PyTorch by default). The bias, and a ReLU that follows (Chain fuses it), are added in the product's
 // epilogue; the bias gradient comes from the weight gradient's epilogue (BGRADB) where cuBLASLt
-// offers one for the shape, else from a GEMV. A plan per (in, out, batch size, ReLU) is made once and
-// kept in the context. Algorithms: cuBLASLt's heuristic choice, or timed as a step runs them
-// (Options::benchmark, timing.hpp; never in deterministic mode). With cublasSgemm, a bias pass and a
-// separate ReLU, LeNet's two layers took 57 of its 190 us a step on an H200: split-K products (a
-// 64 x 500 x 10 one as a GEMM and a 6 us reduction) and 1-2 us kernels between them.
+// offers one and db is 16-byte aligned, else from a GEMV. A layer's parameters sit at any float
+// offset of the flat parameter vector: every product is planned for the alignment of its pointers
+// (cuBLASLt then offers only algorithms that can use them), and a bias that is not 16-byte aligned
+// is copied to an aligned buffer first (PyTorch, too, uses the bias epilogue only on aligned biases).
+// Plans are made once per product, shape and alignment and kept in the context. Algorithms:
+// cuBLASLt's heuristic choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in
+// deterministic mode). With cublasSgemm, a bias pass and a separate ReLU, LeNet's two layers took 57
+// of its 190 us a step on an H200: split-K products (64 x 500 x 10 as a GEMM and a 6 us reduction)
+// and 1-2 us kernels between them.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +40,7 @@ struct Matrix {
 // Timed choices (Options::benchmark), process-wide: by kind of GPU and product.
 struct MeasuredGemmKey {
     std::string device;
-    std::array<std::uint64_t, 9> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs
+    std::array<std::uint64_t, 12> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs, alignments
     friend bool operator<(const MeasuredGemmKey& a, const MeasuredGemmKey& b)
     {
         return a.device != b.device ? a.device < b.device : a.shape < b.shape;
@@ -62,7 +67,7 @@ inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const float* a
 
 // The product op(A) op(B) -> D with `epilogue`; usable = false if cuBLASLt has no algorithm for it.
 inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matrix b, cublasOperation_t op_b, Matrix d,
-                      cublasLtEpilogue_t epilogue, std::size_t bias_length)
+                      cublasLtEpilogue_t epilogue, std::size_t bias_length, const GemmKey& aligned)
 {
     Gemm g;
     REPLICA_CHECK(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -77,6 +82,11 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     REPLICA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const std::size_t most = Context::blas_workspace_bytes;
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &most, sizeof most));
+    const std::uint32_t align[] = {std::uint32_t(aligned.align_a), std::uint32_t(aligned.align_b), std::uint32_t(aligned.align_d)};
+    REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], sizeof align[0]));
+    REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof align[1]));
+    REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof align[2]));
+    REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof align[2]));
     constexpr int kMax = 8;
     cublasLtMatmulHeuristicResult_t found[kMax] = {};
     int count = 0;
@@ -93,7 +103,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
 
     const MeasuredGemmKey key{device_kind(ctx), {a.rows, a.cols, b.rows, b.cols, d.rows, d.cols,
                                                  std::uint64_t(op_a) * 4 + std::uint64_t(op_b), std::uint64_t(epilogue),
-                                                 std::uint64_t(ctx.options().graphs)}};
+                                                 std::uint64_t(ctx.options().graphs), align[0], align[1], align[2]}};
     std::lock_guard lock(measured_mutex());
     auto& choices = measured_gemm_choices();
     auto it = choices.find(key);
@@ -118,31 +128,63 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     return g;
 }
 
-inline const LinearPlan& linear_plan(const Context& ctx, int in, int out, std::size_t n, bool relu)
+// The alignment of a pointer: the largest power of two dividing it, at most 256.
+inline int alignment(const void* p)
 {
-    auto& plans = ctx.state().linear_plans;
-    const LinearKey key{in, out, n, relu};
-    if (auto it = plans.find(key); it != plans.end()) return it->second;
-    const std::uint64_t i = std::uint64_t(in), o = std::uint64_t(out), m = n;
-    LinearPlan p;
-    // y^T (out, n) = W^T... : A = W stored (in, out), transposed; B = x^T (in, n).
-    p.forward = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m},
-                          relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, o);
-    // dW^T (in, out) = x^T (in, n) dy (n, out): B = dy^T stored (out, n), transposed; db = its sum over n.
-    p.weight_grad_bias = make_gemm(ctx, {i, m}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_T, {i, o}, CUBLASLT_EPILOGUE_BGRADB, o);
-    if (!p.weight_grad_bias.usable)
-        p.weight_grad = make_gemm(ctx, {i, m}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_T, {i, o}, CUBLASLT_EPILOGUE_DEFAULT, 0);
-    // dx^T (in, n) = W stored (in, out) times dy^T (out, n).
-    p.input_grad = make_gemm(ctx, {i, o}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_N, {i, m}, CUBLASLT_EPILOGUE_DEFAULT, 0);
-    for (const Gemm* g : {&p.forward, &p.input_grad, p.weight_grad_bias.usable ? &p.weight_grad_bias : &p.weight_grad})
-        if (!g->usable) {
-            for (Gemm* d : {&p.forward, &p.weight_grad_bias, &p.weight_grad, &p.input_grad}) d->destroy();
-            throw Error("cuBLASLt offers no algorithm for a fully connected layer of " + std::to_string(in) + " -> " +
-                        std::to_string(out) + " over " + std::to_string(n) + " samples");
-        }
-    return plans.emplace(key, p).first->second;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    return int(std::min<std::uintptr_t>(a & (~a + 1), 256));
 }
 
+// The product `kind` of a layer in -> out over n samples, for pointers A, B, D of these alignments.
+inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, int out, std::size_t n, const void* a,
+                               const void* b, const void* d)
+{
+    const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d)};
+    auto& gemms = ctx.state().gemms;
+    if (auto it = gemms.find(key); it != gemms.end()) return it->second;
+    const std::uint64_t i = std::uint64_t(in), o = std::uint64_t(out), m = n;
+    Gemm g;
+    switch (kind) {
+    case GemmKey::forward:
+    case GemmKey::forward_relu:   // y^T (out, n) = W stored (in, out), transposed, times x^T (in, n), + b
+        g = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m},
+                      kind == GemmKey::forward_relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, o, key);
+        break;
+    case GemmKey::weight_grad_bias:   // dW^T (in, out) = x^T (in, n) times dy^T stored (out, n), transposed; db
+    case GemmKey::weight_grad:
+        g = make_gemm(ctx, {i, m}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_T, {i, o},
+                      kind == GemmKey::weight_grad_bias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT,
+                      kind == GemmKey::weight_grad_bias ? o : 0, key);
+        break;
+    case GemmKey::input_grad:   // dx^T (in, n) = W stored (in, out) times dy^T (out, n)
+        g = make_gemm(ctx, {i, o}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_N, {i, m}, CUBLASLT_EPILOGUE_DEFAULT, 0, key);
+        break;
+    }
+    if (!g.usable && kind != GemmKey::weight_grad_bias) {   // that one has a GEMV to fall back on
+        g.destroy();
+        throw Error("cuBLASLt offers no algorithm for a fully connected layer of " + std::to_string(in) + " -> " +
+                    std::to_string(out) + " over " + std::to_string(n) + " samples");
+    }
+    return gemms.emplace(key, g).first->second;
+}
+
+inline void run(const Context& ctx, const Gemm& g, const float* a, const float* b, float* d, const float* bias = nullptr)
+{
+    REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace));
+}
+
+// b where it is 16-byte aligned, else a copy of it in the context's aligned buffer (queued).
+inline const float* aligned_bias(const Context& ctx, const float* b, int out)
+{
+    if (alignment(b) >= 16) return b;
+    auto& buffer = ctx.state().aligned_bias;
+    if (buffer.size() < std::size_t(out)) {
+        ctx.state().drop_graphs();   // they read the old buffer
+        buffer = ctx.allocate<float>(std::size_t(out));
+    }
+    REPLICA_CHECK(cudaMemcpyAsync(buffer.data(), b, sizeof(float) * std::size_t(out), cudaMemcpyDeviceToDevice, ctx.stream()));
+    return buffer.data();
+}
 } // namespace detail
 
 // relu: the ReLU after the layer is applied too (y is its output).
@@ -150,30 +192,31 @@ inline void linear_forward(const Context& ctx, int in, int out, const float* w, 
                            std::size_t n, bool relu = false)
 {
     if (n == 0) return;
-    const LinearPlan& p = detail::linear_plan(ctx, in, out, n, relu);
-    REPLICA_CHECK(detail::run_gemm(ctx, p.forward, w, x, y, b, p.forward.algo, p.forward.workspace));
+    const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y);
+    detail::run(ctx, g, w, x, y, detail::aligned_bias(ctx, b, out));
 }
 
 // dw, db assigned; dx (may be null) assigned.
 inline void linear_backward(const Context& ctx, int in, int out, const float* w, const float* x, const float* dy, float* dx,
-                            float* dw, float* db, std::size_t n, bool relu = false)
+                            float* dw, float* db, std::size_t n)
 {
     if (n == 0) {   // no samples: a zero gradient
         REPLICA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * std::size_t(in) * std::size_t(out), ctx.stream()));
         REPLICA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * std::size_t(out), ctx.stream()));
         return;
     }
-    const LinearPlan& p = detail::linear_plan(ctx, in, out, n, relu);
-    if (p.weight_grad_bias.usable) {
-        REPLICA_CHECK(detail::run_gemm(ctx, p.weight_grad_bias, x, dy, dw, db, p.weight_grad_bias.algo,
-                                            p.weight_grad_bias.workspace));
+    const Gemm* with_bias = detail::alignment(db) >= 16
+                                ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw)
+                                : nullptr;
+    if (with_bias && with_bias->usable) {
+        detail::run(ctx, *with_bias, x, dy, dw, db);
     } else {
-        REPLICA_CHECK(detail::run_gemm(ctx, p.weight_grad, x, dy, dw, nullptr, p.weight_grad.algo, p.weight_grad.workspace));
+        detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw), x, dy, dw);
         const float one = 1.0f, zero = 0.0f;
         // db (out) = dy^T (out, n) 1 (n)
         REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
     }
-    if (dx) REPLICA_CHECK(detail::run_gemm(ctx, p.input_grad, w, dy, dx, nullptr, p.input_grad.algo, p.input_grad.workspace));
+    if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx), w, dy, dx);
 }
 
 // The backward of the layer and the ReLU after it: relu_y and dy are the ReLU's output and its
@@ -182,7 +225,7 @@ inline void linear_backward_relu(const Context& ctx, int in, int out, const floa
                                  const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n)
 {
     relu_backward(ctx, relu_y, dy, dz, n * std::size_t(out));
-    linear_backward(ctx, in, out, w, x, dz, dx, dw, db, n, true);
+    linear_backward(ctx, in, out, w, x, dz, dx, dw, db, n);
 }
 
 } // namespace replica::backend::cuda
