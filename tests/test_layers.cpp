@@ -517,6 +517,16 @@ TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][lay
     // Nested twice, with an Input that matches the shape reaching it.
     check_gradients<Sequential<Input<2, 5, 5>, Sequential<Conv2d<3, 3>, ReLU>, Flatten, Linear<4>>, Shape<2, 5, 5>>(
         3, {}, {.kinks = true});
+    // Flatten is a view: skipped between two ops (Net above; twice in a row here), run where it starts
+    // a chain (its backward then copies the gradient into dx) or ends one (it writes the caller's y).
+    using NetChain = model::Chain<Shape<2, 6, 6>, Conv2d<4, 3, 1, 1>, ReLU, MaxPool2d<2>, Flatten, Linear<5>>;
+    static_assert(NetChain::skipped_view<3>);
+    static_assert(model::Chain<Shape<2, 5, 5>, Conv2d<3, 3>, Flatten, Flatten, Linear<4>>::skipped_view<2>);
+    check_gradients<Sequential<Conv2d<3, 3>, Flatten, Flatten, Linear<4>>, Shape<2, 5, 5>>(2);
+    static_assert(model::Chain<Shape<2, 3, 3>, Flatten, Linear<4>>::skipped_view<0>);
+    check_gradients<Sequential<Flatten, Linear<4>>, Shape<2, 3, 3>>(3);
+    static_assert(!model::Chain<Shape<2, 5, 5>, Conv2d<3, 3>, ReLU, Flatten>::skipped_view<2>);
+    check_gradients<Sequential<Conv2d<3, 3>, ReLU, Flatten>, Shape<2, 5, 5>>(2, {}, {.kinks = true});
 }
 
 // =============================================================================================

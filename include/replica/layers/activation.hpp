@@ -71,6 +71,9 @@ struct Flatten {
         using input_shape = In;
         using output_shape = Shape<In::size>;
         static constexpr std::size_t param_count = 0;
+        // The same memory seen flat: a Chain skips it between two ops (model::Chain::skipped_view);
+        // forward and backward copy only where it ends or starts a chain.
+        static constexpr bool is_view = true;
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>

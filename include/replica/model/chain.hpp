@@ -141,14 +141,32 @@ public:
         else return false;
     }();
 
+    // A view (an op with `is_view`: Flatten) changes the shape, not the memory: between two ops it does
+    // not run, the op after it reads the view's input, and backward hands the gradient through (one
+    // copy fewer each way). Last in the chain it runs, since its output is the caller's buffer; first,
+    // its backward runs (it copies the gradient into the caller's dx, if any).
+    template <std::size_t I>
+    static constexpr bool skipped_view = [] {
+        if constexpr (I + 1 < N) return requires { op_t<I>::is_view; };
+        else return false;
+    }();
+    // What op I reads: the output of the last op before it that is not a skipped view.
+    template <std::size_t I>
+    static const float* input_of(const float* x, float* saved, std::size_t n)
+    {
+        if constexpr (I == 0) return x;
+        else if constexpr (skipped_view<I - 1>) return input_of<I - 1>(x, saved, n);
+        else return activation(saved, n, I - 1);
+    }
+
     template <class Ctx>
     void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
     {
         core::static_for<N>([&](auto i) {
-            if constexpr (fused_into_previous<i>) return;   // done by the op before
+            if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
             constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
             const ForwardArgs args{.params = a.params + param_offset[i],
-                                   .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
+                                   .x = input_of<i>(a.x, a.saved, a.n),
                                    .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
                                    .n = a.n,
                                    .saved = op_saved(a.saved, a.n, i),
@@ -164,11 +182,12 @@ public:
         float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
         const float* dy = a.dy;
         core::static_for_reverse<N>([&](auto i) {
-            if constexpr (!fused_into_previous<i>) {   // else the op before runs this ReLU's backward
+            // A fused ReLU's backward runs in the op before's; a view between two ops hands dy through.
+            if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
                 float* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
                 const BackwardArgs args{.params = a.params + param_offset[i],
-                                        .x = i == 0 ? a.x : activation(a.saved, a.n, i - 1),
+                                        .x = input_of<i>(a.x, a.saved, a.n),
                                         .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
                                         .dy = dy,
                                         .dx = dx,

@@ -20,9 +20,11 @@
 //                                             forward left them.
 //
 // Optional: an op with `static constexpr bool fuses_relu`, forward_relu(ctx, pass, ForwardArgs) and
-// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions) applies a ReLU that follows it in a Chain
-// (`static constexpr bool is_relu`) in the same pass, forward and backward; the Chain then skips the
-// ReLU, and the op's own output slot holds dz (its output's gradient) during backward.
+// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions, fully connected layers) applies a ReLU
+// that follows it in a Chain (`static constexpr bool is_relu`) in the same pass, forward and backward;
+// the Chain then skips the ReLU, and the op's own output slot holds dz (its output's gradient) during
+// backward. An op with `static constexpr bool is_view` (Flatten) outputs its input's values unchanged:
+// the Chain skips it between two ops (the next one reads the view's input; dy passes through).
 //
 // Every random choice an op makes is keyed on (pass.seed, its layer id, pass.first_sample + i), so it
 // does not depend on which replica runs sample i.
