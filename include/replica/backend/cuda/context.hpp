@@ -36,13 +36,14 @@ namespace replica::backend::cuda {
 // Process-wide defaults for new contexts (read when a context is made).
 struct Options {
     bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
-    // Only deterministic cuDNN algorithms, in cuDNN's heuristic choice: the same in every context and
-    // every run (benchmark is then not used).
+    // Only deterministic cuDNN algorithms, and cuDNN's and cuBLASLt's own heuristic choices: the same
+    // in every context and every run (benchmark is then not used).
     bool deterministic = false;
-    // Choose each convolution's algorithms by timing cuDNN's candidates as a step runs them (replayed
-    // from a CUDA graph), once per shape and kind of GPU in the process, not by cuDNN's heuristics
-    // alone. On an H200: LeNet 0.209 -> 0.179 ms a step, AlexNet 6.83 -> 6.29, GoogLeNet-32 7.70 ->
-    // 7.33; TextCNN and FCN unchanged. A new shape's first step takes longer (ms per convolution).
+    // Choose each convolution's algorithms and each fully connected layer's products by timing the
+    // candidates of cuDNN's and cuBLASLt's heuristics as a step runs them (timing.hpp), once per shape
+    // and kind of GPU in the process. On an H200 (convolutions): LeNet 0.209 -> 0.179 ms a step,
+    // AlexNet 6.83 -> 6.29, GoogLeNet-32 7.70 -> 7.33; TextCNN and FCN unchanged. A new shape's first
+    // step takes longer (milliseconds per layer).
     bool benchmark = true;
     // Capture a model's training step (forward, loss and backward) in CUDA graphs once per batch
     // size and staging buffer and replay them, so that a step costs a few launches on the host (LeNet

@@ -67,7 +67,7 @@ inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const float* a
 
 // The product op(A) op(B) -> D with `epilogue`; usable = false if cuBLASLt has no algorithm for it.
 inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matrix b, cublasOperation_t op_b, Matrix d,
-                      cublasLtEpilogue_t epilogue, std::size_t bias_length, const GemmKey& aligned)
+                      cublasLtEpilogue_t epilogue, std::size_t bias_length, const GemmKey& key)
 {
     Gemm g;
     REPLICA_CHECK(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -82,7 +82,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     REPLICA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const std::size_t most = Context::blas_workspace_bytes;
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &most, sizeof most));
-    const std::uint32_t align[] = {std::uint32_t(aligned.align_a), std::uint32_t(aligned.align_b), std::uint32_t(aligned.align_d)};
+    const std::uint32_t align[] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b), std::uint32_t(key.align_d)};
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], sizeof align[0]));
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof align[1]));
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof align[2]));
@@ -101,12 +101,12 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     g.workspace = found[0].workspaceSize;
     if (!ctx.options().benchmark || ctx.options().deterministic || usable == 1) return g;
 
-    const MeasuredGemmKey key{device_kind(ctx), {a.rows, a.cols, b.rows, b.cols, d.rows, d.cols,
+    const MeasuredGemmKey measured{device_kind(ctx), {a.rows, a.cols, b.rows, b.cols, d.rows, d.cols,
                                                  std::uint64_t(op_a) * 4 + std::uint64_t(op_b), std::uint64_t(epilogue),
                                                  std::uint64_t(ctx.options().graphs), align[0], align[1], align[2]}};
     std::lock_guard lock(measured_mutex());
     auto& choices = measured_gemm_choices();
-    auto it = choices.find(key);
+    auto it = choices.find(measured);
     if (it == choices.end()) {
         const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
                                           d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
@@ -118,7 +118,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
                                 found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
             }, give_up);
         });
-        it = choices.emplace(key, found[k].algo).first;
+        it = choices.emplace(measured, found[k].algo).first;
     }
     for (int i = 0; i < usable; ++i)   // the chosen one's workspace
         if (std::memcmp(&found[i].algo, &it->second, sizeof(cublasLtMatmulAlgo_t)) == 0) {
