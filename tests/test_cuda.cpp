@@ -184,6 +184,14 @@ TEST_CASE("CUDA layers equal CPU layers: pooling", "[cuda]")
     same_on_cpu_and_gpu<MaxPool1d<3>, Shape<6, 31>>();
     same_on_cpu_and_gpu<AvgPool2d<3, 2, 1>, Shape<3, 9, 9>>();
     same_on_cpu_and_gpu<GlobalAvgPool, Shape<7, 5, 5>>();
+    // Backward takes tiles of inputs: partial tiles, inputs no window covers, stride above the
+    // window, the tile's cap of 4 per axis, ceil mode with padding.
+    same_on_cpu_and_gpu<MaxPool2d<2>, Shape<3, 7, 5>>();
+    same_on_cpu_and_gpu<MaxPool2d<2, 3>, Shape<2, 13, 11>>();
+    same_on_cpu_and_gpu<MaxPool2d<5, 4, 2>, Shape<2, 13, 11>>();
+    same_on_cpu_and_gpu<AvgPool2d<5, 4, 2>, Shape<2, 13, 11>>();
+    same_on_cpu_and_gpu<MaxPool2dCeil<3, 2, 1>, Shape<3, 10, 9>>();
+    same_on_cpu_and_gpu<MaxPool1d<3, 2>, Shape<3, 12>>();
 }
 
 TEST_CASE("CUDA layers equal CPU layers: linear, activations, dropout, flatten, concat", "[cuda]")
