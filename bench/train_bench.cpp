@@ -161,11 +161,19 @@ try {
         .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
         .flag("cudnn-heuristics", "GPUs: take cuDNN's heuristic choice of convolution algorithms (default: time its "
                                   "candidates once per shape and keep the fastest)")
+        .option("conv-path", "timed", "GPUs: convolutions by cuDNN (cudnn), as products over their windows (gemm), "
+                                      "or the faster of the two, timed per layer (timed)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
+    const std::string conv_path = args.str("conv-path");
+    core::require(conv_path == "timed" || conv_path == "cudnn" || conv_path == "gemm",
+                  "--conv-path takes timed, cudnn or gemm, not '" + conv_path + "'");
 #if defined(REPLICA_CUDA)
     backend::cuda::default_options().graphs = !args.on("eager");
     backend::cuda::default_options().benchmark = !args.on("cudnn-heuristics");
+    backend::cuda::default_options().conv_path = conv_path == "gemm"    ? backend::cuda::ConvPath::gemm
+                                                 : conv_path == "cudnn" ? backend::cuda::ConvPath::cudnn
+                                                                        : backend::cuda::ConvPath::timed;
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);

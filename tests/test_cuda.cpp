@@ -20,17 +20,17 @@ namespace cuda = replica::backend::cuda;
 namespace {
 
 // Sets one of cuda::default_options() for the contexts made in its scope; restores it at the end.
+template <class T>
 class OptionScope {
 public:
-    OptionScope(bool cuda::Options::*field, bool value)
-        : field_(field), old_(std::exchange(cuda::default_options().*field, value)) {}
+    OptionScope(T cuda::Options::*field, T value) : field_(field), old_(std::exchange(cuda::default_options().*field, value)) {}
     ~OptionScope() { cuda::default_options().*field_ = old_; }
     OptionScope(const OptionScope&) = delete;
     OptionScope& operator=(const OptionScope&) = delete;
 
 private:
-    bool cuda::Options::*field_;
-    bool old_;
+    T cuda::Options::*field_;
+    T old_;
 };
 
 bool have_gpu()
@@ -239,6 +239,26 @@ void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-4)
 } // namespace
 
 TEST_CASE("The standard networks train the same on CPU and GPU: LeNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<LeNet>(16); }
+
+TEST_CASE("A convolution run as products over its windows (im2row, cuBLASLt) equals the CPU's", "[cuda]")
+{
+    REQUIRE_GPU();
+    const OptionScope products{&cuda::Options::conv_path, cuda::ConvPath::gemm};
+    static_assert(!cuda::detail::direct_conv<core::Window{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>);   // our kernels take those
+    same_on_cpu_and_gpu<Conv2d<50, 5>, Shape<20, 12, 12>>(5);        // LeNet's second layer
+    same_on_cpu_and_gpu<Conv2d<6, 5, 2, 2>, Shape<4, 17, 17>>();      // stride and padding
+    same_on_cpu_and_gpu<Conv2d<5, 3, 2, 1>, Shape<12, 10, 9>>();      // odd sizes
+    same_on_cpu_and_gpu<Conv2d<64, 11, 4, 2>, Shape<3, 64, 64>>(2);   // AlexNet's first layer
+    same_on_cpu_and_gpu<Conv2d<16, 1>, Shape<40, 7, 7>>(5);           // 1 x 1
+    same_on_cpu_and_gpu<Conv2d<7, 3, 1, 1>, Shape<4, 9, 9>>(300);     // more samples than a transpose's grid
+    same_on_cpu_and_gpu<Conv1d<8, 7>, Shape<5, 40>>();
+    same_on_cpu_and_gpu<Conv1d<6, 5, 2, 2>, Shape<9, 33>>();
+    // Branches reading one input (a backward may reuse the rows its forward left, only its own).
+    same_on_cpu_and_gpu<Inception<4, 3, 5, 2, 3, 2>, Shape<40, 9, 9>>(2);
+    // Through whole networks: the ReLU fused into the products' epilogue and the transposes' backward.
+    trains_the_same_on_cpu_and_gpu<LeNet>(16);
+    trains_the_same_on_cpu_and_gpu<TextCNN>(4);
+}
 TEST_CASE("The standard networks train the same on CPU and GPU: AlexNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<AlexNetPlain>(4); }
 TEST_CASE("The standard networks train the same on CPU and GPU: GoogLeNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<GoogLeNet>(4); }
 TEST_CASE("The standard networks train the same on CPU and GPU: TextCNN", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<TextCNN>(4); }

@@ -34,8 +34,17 @@
 namespace replica::backend::cuda {
 
 // Process-wide defaults for new contexts (read when a context is made).
+// How a convolution runs (not a transposed one, nor one that our direct kernels take, conv.hpp).
+enum class ConvPath {
+    timed,   // the faster, timed per layer and batch size, of the two below; needs Options::benchmark, else cudnn
+    cudnn,   // cuDNN's algorithms
+    gemm,    // as products over its windows: im2row, then a fully connected layer over every output pixel
+};
+
 struct Options {
-    bool allow_tf32 = true;       // TF32 tensor cores for convolutions (PyTorch's default); never for GEMMs
+    // TF32 tensor cores for convolutions (PyTorch's default), their products too (ConvPath::gemm);
+    // never for fully connected layers.
+    bool allow_tf32 = true;
     // Only deterministic cuDNN algorithms, and cuDNN's and cuBLASLt's own heuristic choices: the same
     // in every context and every run (benchmark is then not used).
     bool deterministic = false;
@@ -52,6 +61,13 @@ struct Options {
     // is queued between two segments, eagerly, so it overlaps the rest of backward and no graph holds
     // a collective. A nested DataParallel runs eagerly; the reproducible mode replays its micro-shards.
     bool graphs = true;
+    // How convolutions run (ConvPath). `timed` compares, once per shape and kind of GPU, the product
+    // path's forward and backward with cuDNN's three timed algorithms, and keeps cuDNN unless the
+    // products are 3% faster. On an H200 it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over
+    // 12 x 12), for which cuDNN's best kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step
+    // (batch 32: 0.136 -> 0.123), GoogLeNet-32 6.96 -> 6.88; the text CNN, AlexNet and the FCN keep
+    // cuDNN. Deterministic mode with `timed`: cuDNN.
+    ConvPath conv_path = ConvPath::timed;
 };
 
 // What a captured step reads from device memory because it changes from step to step (kernel
@@ -97,6 +113,7 @@ inline std::vector<Device> visible_devices()
 
 // A cuDNN convolution prepared for one geometry and batch size.
 struct ConvPlan {
+    bool gemm = false;   // runs as products over its windows (ConvPath)
     cudnnTensorDescriptor_t x = nullptr, y = nullptr;
     cudnnFilterDescriptor_t w = nullptr;
     cudnnConvolutionDescriptor_t conv = nullptr;
@@ -107,13 +124,16 @@ struct ConvPlan {
 };
 
 struct ConvKey {
+    enum Use { convolution, direct, transposed };   // what the plan is for (conv.hpp)
     core::Window g;
     int cout;
     std::size_t n;
+    int use = convolution;
     friend bool operator<(const ConvKey& a, const ConvKey& b)
     {
         auto t = [](const ConvKey& k) {
-            return std::make_tuple(k.g.c, k.g.h, k.g.w, k.g.kh, k.g.kw, k.g.sh, k.g.sw, k.g.ph, k.g.pw, k.g.oh, k.g.ow, k.cout, k.n);
+            return std::make_tuple(k.g.c, k.g.h, k.g.w, k.g.kh, k.g.kw, k.g.sh, k.g.sw, k.g.ph, k.g.pw, k.g.oh, k.g.ow, k.cout, k.n,
+                                   k.use);
         };
         return t(a) < t(b);
     }
@@ -138,15 +158,16 @@ struct Gemm {
 // Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
 // alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
 struct GemmKey {
-    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad };
+    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t };
     int kind, in, out;
     std::size_t n;
     int align_a, align_b, align_d;
+    bool tf32;   // a convolution's products (conv.hpp) may use TF32, a fully connected layer's never
     friend auto operator<=>(const GemmKey&, const GemmKey&) = default;
     friend bool operator==(const GemmKey& a, const GemmKey& b)   // see GraphKey
     {
         return a.kind == b.kind && a.in == b.in && a.out == b.out && a.n == b.n && a.align_a == b.align_a &&
-               a.align_b == b.align_b && a.align_d == b.align_d;
+               a.align_b == b.align_b && a.align_d == b.align_d && a.tf32 == b.tf32;
     }
 };
 
@@ -162,6 +183,13 @@ struct State {
     cublasLtHandle_t cublaslt = nullptr;
     std::unique_ptr<CachingAllocator> allocator;
     core::Buffer<unsigned char> workspace;
+    // The rows (conv.hpp's product path) that the workspace holds, left by a convolution's forward for
+    // its backward: of input x, window g, n samples. Any later use of the workspace forgets them.
+    struct Rows {
+        const float* x = nullptr;
+        core::Window g{};
+        std::size_t n = 0;
+    } workspace_rows;
     core::Buffer<float> ones;
     core::Buffer<double> reduce;          // device scalars for loss and metric reductions
     double* host_reduce = nullptr;        // pinned mirror
@@ -455,9 +483,11 @@ public:
         if (e.handle) REPLICA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(e.handle), 0));
     }
 
-    // Scratch for cuDNN, grown to the largest request and kept.
+    // Scratch for cuDNN and the product path (conv.hpp), grown to the largest request and kept; the
+    // caller may overwrite it.
     void* workspace(std::size_t bytes) const
     {
+        state_->workspace_rows = {};
         auto& w = state_->workspace;
         if (w.size() < bytes) {
             state_->drop_graphs();

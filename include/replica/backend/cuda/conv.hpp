@@ -18,6 +18,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/timing.hpp"
 
 namespace replica::backend::cuda {
@@ -199,7 +200,159 @@ __global__ void filter_grad_totals(const float* partial, float* dw, unsigned wei
     for (unsigned part = 0; part < parts; ++part) v += partial[(std::size_t(fc) * parts + part) * weights_per_fc + k];
     dw[i] = v;
 }
+
+// The product path (ConvPath::gemm). im2row: row (s, p) of `rows` holds what output pixel p of
+// sample s reads, in the filter's order (channel, row, column), zeros where it reads padding; count =
+// n * oh * ow * c * kh * kw. (A thread per value: on an H200, 6.2 us for LeNet's second layer at
+// batch 64, 8.2 MB; a thread per filter row, 8.2 us; by filter position, 6.1 to 6.6 us.)
+template <class I, int... G>
+__global__ void im2row(const float* x, float* rows, I count)
+{
+    constexpr core::Window g{G...};
+    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow;
+    REPLICA_GRID_LOOP_AS(I, i, count)
+    {
+        const I r = i / I(K), s = r / I(P);
+        const int k = int(i - r * I(K)), p = int(r - s * I(P));
+        const int c = k / (g.kh * g.kw), iy = p / g.ow * g.sh - g.ph + k / g.kw % g.kh, ix = p % g.ow * g.sw - g.pw + k % g.kw;
+        rows[i] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? __ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
+                                                              : 0.0f;
+    }
+}
+
+// dx (n, c, h, w) from the rows' gradient, stored by filter position (c kh kw rows of `pixels` = n oh
+// ow values, so that neighbouring threads read neighbouring values): each input element sums the
+// entries that read it, in the filter's rows then columns (a gather: the same bits every run);
+// count = n * c * h * w.
+template <class I, int... G>
+__global__ void row2im(const float* drows, float* dx, I count, I pixels)
+{
+    constexpr core::Window g{G...};
+    constexpr int P = g.oh * g.ow;
+    REPLICA_GRID_LOOP_AS(I, i, count)
+    {
+        const I plane = i / I(g.h * g.w), s = plane / I(g.c);
+        const int at = int(i - plane * I(g.h * g.w)), c = int(plane - s * I(g.c));
+        const float* d = drows + I(c * g.kh * g.kw) * pixels + s * I(P);
+        float sum = 0.0f;
+#pragma unroll 4
+        for (int a = 0; a < g.kh; ++a) {
+            const int ty = at / g.w + g.ph - a, oy = ty / g.sh;
+            if (ty < 0 || ty != oy * g.sh || oy >= g.oh) continue;
+#pragma unroll 4
+            for (int b = 0; b < g.kw; ++b) {
+                const int tx = at % g.w + g.pw - b, ox = tx / g.sw;
+                if (tx >= 0 && tx == ox * g.sw && ox < g.ow) sum += __ldg(d + I(a * g.kw + b) * pixels + oy * g.ow + ox);
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+// dst (batch, cols, rows) = src (batch, rows, cols) transposed, by tiles of 32 x 32 in shared memory;
+// with a mask (src's layout), the ReLU's backward too: 0 where the mask is not above 0.
+__global__ void transpose(const float* src, const float* mask, float* dst, unsigned rows, unsigned cols, unsigned batch)
+{
+    __shared__ float tile[32][33];
+    const unsigned r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+    for (unsigned b = blockIdx.z; b < batch; b += gridDim.z) {
+        const std::size_t off = std::size_t(b) * rows * cols;
+        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
+            const unsigned r = r0 + j, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) {
+                const std::size_t at = off + std::size_t(r) * cols + c;
+                tile[j][threadIdx.x] = mask ? relu_grad(mask[at], src[at]) : src[at];
+            }
+        }
+        __syncthreads();
+        for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
+            const unsigned c = c0 + j, r = r0 + threadIdx.x;
+            if (r < rows && c < cols) dst[off + std::size_t(c) * rows + r] = tile[threadIdx.x][j];
+        }
+        __syncthreads();
+    }
+}
 } // namespace kernels
+
+namespace detail {
+// The product path's workspace for n samples: the rows (n oh ow x c kh kw), then the output or its
+// gradient pixel-major (n oh ow x cout).
+inline std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n)
+{
+    return sizeof(float) * n * std::size_t(g.oh) * g.ow * (std::size_t(g.c) * g.kh * g.kw + std::size_t(cout));
+}
+
+// Whether the workspace still holds the rows of input x for window g over n samples (State::workspace_rows).
+inline bool rows_kept(const Context& ctx, const core::Window& g, const float* x, std::size_t n)
+{
+    const auto& r = ctx.state().workspace_rows;
+    const core::Window& h = r.g;
+    return r.x == x && r.n == n && h.c == g.c && h.h == g.h && h.w == g.w && h.kh == g.kh && h.kw == g.kw && h.sh == g.sh &&
+           h.sw == g.sw && h.ph == g.ph && h.pw == g.pw && h.oh == g.oh && h.ow == g.ow;
+}
+
+inline void transpose(const Context& ctx, const float* src, const float* mask, float* dst, std::size_t batch,
+                      std::size_t rows, std::size_t cols)
+{
+    if (batch == 0 || rows == 0 || cols == 0) return;
+    const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min<std::size_t>(batch, 65535)));
+    kernels::transpose<<<grid, dim3(32, 8), 0, ctx.stream()>>>(src, mask, dst, unsigned(rows), unsigned(cols), unsigned(batch));
+    check_launch("transpose");
+}
+
+template <core::Window g>
+void im2row(const Context& ctx, const float* x, float* rows, std::size_t n)
+{
+    const std::size_t count = n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
+    indexed(count, [&](auto index) {
+        using I = decltype(index);
+        kernels::im2row<I, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
+    });
+    check_launch("im2row");
+}
+
+// The convolution as a fully connected layer (linear.hpp) over its windows: in = c kh kw, out = cout,
+// a "sample" per output pixel, its output pixel-major (n, oh ow, cout) and transposed to the layer's
+// (n, cout, oh ow); the bias and ReLU in the product's epilogue. `work`: gemm_workspace's bytes.
+template <core::Window g>
+void conv_forward_gemm(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
+                       std::size_t n, bool relu, float* work)
+{
+    constexpr int K = g.c * g.kh * g.kw;
+    const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
+    float* rows = work;
+    float* out = work + pixels * K;
+    im2row<g>(ctx, x, rows, n);
+    linear_forward(ctx, K, cout, w, b, rows, out, pixels, relu, ctx.options().allow_tf32);
+    transpose(ctx, out, nullptr, y, n, std::size_t(g.oh) * g.ow, std::size_t(cout));
+}
+
+// Backward of the same: dy (n, cout, oh ow) transposed to pixel-major into dz (with the ReLU's rule
+// where relu_y, its output, is given), then the layer's products. The rows are made again unless
+// `kept` (forward left them in `work` and nothing used it since: rows_kept); they hold the rows'
+// gradient after.
+template <core::Window g>
+void conv_backward_gemm(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
+                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* work, bool kept)
+{
+    constexpr int K = g.c * g.kh * g.kw;
+    const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
+    transpose(ctx, dy, relu_y, dz, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
+    float* rows = work;
+    if (!kept) im2row<g>(ctx, x, rows, n);
+    const bool tf32 = ctx.options().allow_tf32;
+    linear_backward(ctx, K, cout, w, rows, dz, nullptr, dw, db, pixels, tf32);
+    if (!dx) return;
+    // The rows' gradient by filter position (GemmKey::input_grad_t), over the rows (read above).
+    run(ctx, linear_gemm(ctx, GemmKey::input_grad_t, K, cout, pixels, dz, w, rows, tf32), dz, w, rows);
+    const std::size_t inputs = n * std::size_t(g.c) * g.h * g.w;
+    indexed(std::max(inputs, pixels * K), [&](auto index) {
+        using I = decltype(index);
+        kernels::row2im<I, REPLICA_WINDOW_INTS(g)><<<blocks_for(inputs), kThreads, 0, ctx.stream()>>>(rows, dx, I(inputs), I(pixels));
+    });
+    check_launch("row2im");
+}
+} // namespace detail
 
 namespace detail {
 // Parts per channel for the bias gradient: about 2048 blocks in all, none with fewer than 1024 values
@@ -287,17 +440,25 @@ public:
     float* w() const { return scratch_.floats(2); }
 
     // The chosen one of perf[0, found): run(algo, workspace, bytes) queues one call of a candidate.
+    // Adds its seconds per call to `seconds` (CallTimer::never if none could be timed).
     template <class Perf, class Run>
-    auto choose(const Perf* perf, int found, Run&& run)
+    auto choose(const Perf* perf, int found, Run&& run, double& seconds)
     {
         std::vector<int> usable;
         for (int i = 0; i < found; ++i)
             if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit_) usable.push_back(i);
-        if (usable.empty()) return perf[pick(perf, found, false)].algo;
-        const int k = CallTimer::fastest(int(usable.size()), [&](int i, double give_up) {
+        if (usable.empty()) {
+            seconds = CallTimer::never;
+            return perf[pick(perf, found, false)].algo;
+        }
+        std::vector<double> took(usable.size(), -1.0);
+        auto time = [&](int i, double give_up) {
             const Perf& c = perf[usable[std::size_t(i)]];
-            return timer_.seconds([&] { return run(c.algo, scratch_.bytes(3), c.memory) == CUDNN_STATUS_SUCCESS; }, give_up);
-        });
+            return took[std::size_t(i)] = timer_.seconds(
+                       [&] { return run(c.algo, scratch_.bytes(3), c.memory) == CUDNN_STATUS_SUCCESS; }, give_up);
+        };
+        const int k = CallTimer::fastest(int(usable.size()), time);
+        seconds += took[std::size_t(k)] >= 0.0 ? took[std::size_t(k)] : time(k, CallTimer::never);
         return perf[usable[std::size_t(k)]].algo;
     }
 
@@ -339,6 +500,8 @@ struct ConvAlgorithms {
     cudnnConvolutionFwdAlgo_t fwd{};
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+    double seconds = 0.0;   // the three, per call
+    int gemm = -1;          // ConvPath::timed: the product path is faster (1) or not (0); -1: not timed yet
 };
 inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 {
@@ -347,11 +510,14 @@ inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 }
 
 // The plan for a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h, g.w),
-// w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow).
-inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n)
+// w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow). For a plain convolution (use), gemm_seconds
+// times its product path (gemm_seconds<g> below), so that ConvPath::timed can choose it.
+inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n,
+                                 ConvKey::Use use = ConvKey::convolution,
+                                 double (*gemm_seconds)(const Context&, int, std::size_t) = nullptr)
 {
     auto& plans = ctx.state().conv_plans;
-    const ConvKey key{g, cout, n};
+    const ConvKey key{g, cout, n, use};
     if (auto it = plans.find(key); it != plans.end()) return it->second;
 
     ConvPlan p;
@@ -380,14 +546,15 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     REPLICA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &found, b));
     const int found_filter = found;
     // Deterministic mode: cuDNN's choice, the same in every context and every run.
-    if (!ctx.options().benchmark || det) {
+    const bool timed = ctx.options().benchmark && !det;
+    const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
+    if (!timed) {
         p.fwd = f[pick(f, found_fwd, det)].algo;
         p.bwd_data = d[pick(d, found_data, det)].algo;
         p.bwd_filter = b[pick(b, found_filter, det)].algo;
     } else {
         // Timed once per kind of GPU and shape in the process: a model's replicas on identical GPUs
         // run the same algorithms (and hold the same workspace), and a second model reuses the times.
-        const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
         std::lock_guard lock(measured_mutex());
         auto& choices = measured_conv_choices();
         auto it = choices.find(measured);
@@ -399,26 +566,74 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
             ConvAlgorithms a;
             a.fwd = timer.choose(f, found_fwd, [&](cudnnConvolutionFwdAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionForward(h, &one, p.x, x, p.w, w, p.conv, algo, ws, bytes, &zero, p.y, y);
-            });
+            }, a.seconds);
             a.bwd_data = timer.choose(d, found_data, [&](cudnnConvolutionBwdDataAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionBackwardData(h, &one, p.w, w, p.y, y, p.conv, algo, ws, bytes, &zero, p.x, x);
-            });
+            }, a.seconds);
             a.bwd_filter = timer.choose(b, found_filter, [&](cudnnConvolutionBwdFilterAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, y, p.conv, algo, ws, bytes, &zero, p.w, w);
-            });
+            }, a.seconds);
             it = choices.emplace(measured, a).first;
         }
         p.fwd = it->second.fwd;
         p.bwd_data = it->second.bwd_data;
         p.bwd_filter = it->second.bwd_filter;
     }
+    if (use == ConvKey::convolution && gemm_seconds) {
+        const ConvPath path = ctx.options().conv_path;
+        if (path == ConvPath::gemm) {
+            p.gemm = true;
+        } else if (path == ConvPath::timed && timed) {   // timed once per kind of GPU and shape, as the algorithms
+            auto decided = [&] {
+                std::lock_guard lock(measured_mutex());
+                return measured_conv_choices().at(measured).gemm;
+            };
+            if (decided() < 0) {
+                // Not under the lock: the path's products are planned (and timed) under it first.
+                const double t = gemm_seconds(ctx, cout, n);
+                std::lock_guard lock(measured_mutex());
+                ConvAlgorithms& a = measured_conv_choices().at(measured);
+                if (a.gemm < 0) a.gemm = t * 1.03 < a.seconds ? 1 : 0;   // near ties stay with cuDNN, as in CallTimer
+            }
+            p.gemm = decided() == 1;
+        }
+    }
     std::size_t s1 = 0, s2 = 0, s3 = 0;
     REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &s1));
     REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
     REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
-    p.workspace = std::max({s1, s2, s3});
+    p.workspace = std::max({s1, s2, s3, p.gemm ? gemm_workspace(g, cout, n) : 0});
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, p).first->second;
+}
+
+// Seconds per call of the product path's forward and backward over n samples, as a step runs them
+// (CallTimer::never where its workspace is over the limit of cuDNN's candidates).
+template <core::Window g>
+double gemm_seconds(const Context& ctx, int cout, std::size_t n)
+{
+    constexpr std::size_t K = std::size_t(g.c) * g.kh * g.kw, f = sizeof(float);
+    const std::size_t work = gemm_workspace(g, cout, n);
+    if (work > workspace_limit(std::size_t{1} << 30)) return CallTimer::never;
+    const std::size_t in = n * g.c * g.h * g.w, out = n * std::size_t(cout) * g.oh * g.ow, weights = K * std::size_t(cout);
+    const TimingScratch s(ctx, {in * f, out * f, weights * f, cout * f, in * f, weights * f, cout * f, work, out * f});
+    auto run = [&] {
+        conv_forward_gemm<g>(ctx, cout, s.floats(2), s.floats(3), s.floats(0), s.floats(1), n, false, s.floats(7));
+        conv_backward_gemm<g>(ctx, cout, s.floats(2), s.floats(0), nullptr, s.floats(1), s.floats(8), s.floats(4),
+                              s.floats(5), s.floats(6), n, s.floats(7), false);
+        return true;
+    };
+    run();   // plans (and times) its products first: none is planned while the path is captured
+    CallTimer timer(ctx);
+    return timer.seconds(run, CallTimer::never);
+}
+
+// The plan of a convolution layer (conv_forward and conv_backward below).
+template <core::Window g>
+const ConvPlan& plan_of(const Context& ctx, int cout, std::size_t n)
+{
+    if constexpr (direct_conv<g>) return conv_plan(ctx, g, cout, n, ConvKey::direct);
+    else return conv_plan(ctx, g, cout, n, ConvKey::convolution, &gemm_seconds<g>);
 }
 } // namespace detail
 
@@ -458,7 +673,12 @@ void conv_forward(const Context& ctx, int cout, const float* w, const float* b, 
             return;
         }
     }
-    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
+    if (p.gemm) {
+        detail::conv_forward_gemm<g>(ctx, cout, w, b, x, y, n, relu, static_cast<float*>(ctx.workspace(0)));
+        ctx.state().workspace_rows = {x, g, n};   // for backward, unless something else uses the workspace first
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
                                           &zero, p.y, y));
@@ -496,7 +716,14 @@ template <core::Window g>
 void conv_backward(const Context& ctx, int cout, const float* w, const float* x, const float* dy, float* dx,
                    float* dw, float* db, std::size_t n, float* scratch)
 {
-    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
+    if (p.gemm) {   // the output's gradient, pixel-major, in the workspace after the rows
+        const bool kept = detail::rows_kept(ctx, g, x, n);
+        auto* work = static_cast<float*>(ctx.workspace(0));
+        float* dz = work + n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
+        detail::conv_backward_gemm<g>(ctx, cout, w, x, nullptr, dy, dz, dx, dw, db, n, work, kept);
+        return;
+    }
     detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch);
     detail::conv_backward_filter_data<g>(ctx, p, cout, n, w, x, dy, dx, dw, scratch);
 }
@@ -508,7 +735,13 @@ template <core::Window g>
 void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
                         const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
 {
-    const ConvPlan& p = detail::conv_plan(ctx, g, cout, n);
+    const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
+    if (p.gemm) {   // dz holds the output's gradient pixel-major
+        const bool kept = detail::rows_kept(ctx, g, x, n);
+        detail::conv_backward_gemm<g>(ctx, cout, w, x, relu_y, dy, dz, dx, dw, db, n, static_cast<float*>(ctx.workspace(0)),
+                                      kept);
+        return;
+    }
     detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch, relu_y, dz);
     detail::conv_backward_filter_data<g>(ctx, p, cout, n, w, x, dz, dx, dw, scratch);
 }
@@ -519,7 +752,7 @@ template <core::Window g>
 void conv_transpose_forward(const Context& ctx, int c, const float* w, const float* b, const float* x, float* y,
                             std::size_t n, float*)
 {
-    const ConvPlan& p = detail::conv_plan(ctx, g, c, n);
+    const ConvPlan& p = detail::conv_plan(ctx, g, c, n, ConvKey::transposed);
     const float one = 1.0f, zero = 0.0f;
     REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
                                                p.workspace, &zero, p.x, y));
@@ -531,7 +764,7 @@ template <core::Window g>
 void conv_transpose_backward(const Context& ctx, int c, const float* w, const float* x, const float* dy, float* dx,
                              float* dw, float* db, std::size_t n, float* scratch)
 {
-    const ConvPlan& p = detail::conv_plan(ctx, g, c, n);
+    const ConvPlan& p = detail::conv_plan(ctx, g, c, n, ConvKey::transposed);
     const float one = 1.0f, zero = 0.0f;
     void* ws = ctx.workspace(0);
     // Bias over the output's channels (g.c, g.h x g.w): dy is the output's gradient.

@@ -5,8 +5,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "replica/backend/cuda/check.hpp"
+
+// A window as the template arguments of a kernel (nvcc cannot pass a class-type template argument
+// from namespace scope to a __global__ function): the kernel rebuilds it as a constant.
+#define REPLICA_WINDOW_INTS(g) g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow
 
 namespace replica::backend::cuda::detail {
 
@@ -34,6 +39,19 @@ __device__ T block_reduce(T* lane, T v, Op op)
 // Grid-stride loop over [0, count).
 #define REPLICA_GRID_LOOP(i, count) \
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (count); i += std::size_t(blockDim.x) * gridDim.x)
+
+// Grid-stride loop with an index of type I: 32 bits where the count allows (see indexed() below), so that
+// the index arithmetic is single instructions.
+#define REPLICA_GRID_LOOP_AS(I, i, count) \
+    for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < (count); i += I(blockDim.x) * I(gridDim.x))
+
+// f(I{}) with I = 32-bit where count < 2^31 (the grid-stride index cannot wrap), else 64-bit.
+template <class F>
+void indexed(std::size_t count, F&& f)
+{
+    if (count < (std::size_t{1} << 31)) f(std::uint32_t{});
+    else f(std::size_t{});
+}
 
 inline void check_launch(const char* kernel) { ::replica::backend::cuda::detail::check(cudaGetLastError(), kernel, __FILE__, __LINE__); }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Fully connected layer on the GPU through cuBLASLt (column-major: a row-major (r, c) matrix is a
 // column-major (c, r) one). y (n, out) = x (n, in) W^T + b, W (out, in); FP32 products (no TF32, as
-// PyTorch by default). The bias, and a ReLU that follows (Chain fuses it), are added in the product's
+// PyTorch by default; a convolution run as products, conv.hpp, asks for TF32 where it may). The bias, and a ReLU that follows (Chain fuses it), are added in the product's
 // epilogue; the bias gradient comes from the weight gradient's epilogue (BGRADB) where cuBLASLt
 // offers one and db is 16-byte aligned, else from a GEMV. A layer's parameters sit at any float
 // offset of the flat parameter vector: every product is planned for the alignment of its pointers
@@ -40,7 +40,7 @@ struct Matrix {
 // Timed choices (Options::benchmark), process-wide: by kind of GPU and product.
 struct MeasuredGemmKey {
     std::string device;
-    std::array<std::uint64_t, 12> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs, alignments
+    std::array<std::uint64_t, 13> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs, alignments, TF32
     friend bool operator<(const MeasuredGemmKey& a, const MeasuredGemmKey& b)
     {
         return a.device != b.device ? a.device < b.device : a.shape < b.shape;
@@ -70,7 +70,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
                       cublasLtEpilogue_t epilogue, std::size_t bias_length, const GemmKey& key)
 {
     Gemm g;
-    REPLICA_CHECK(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    REPLICA_CHECK(cublasLtMatmulDescCreate(&g.desc, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
@@ -103,7 +103,8 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
 
     const MeasuredGemmKey measured{device_kind(ctx), {a.rows, a.cols, b.rows, b.cols, d.rows, d.cols,
                                                  std::uint64_t(op_a) * 4 + std::uint64_t(op_b), std::uint64_t(epilogue),
-                                                 std::uint64_t(ctx.options().graphs), align[0], align[1], align[2]}};
+                                                 std::uint64_t(ctx.options().graphs), align[0], align[1], align[2],
+                                                 std::uint64_t(key.tf32)}};
     std::lock_guard lock(measured_mutex());
     auto& choices = measured_gemm_choices();
     auto it = choices.find(measured);
@@ -137,9 +138,9 @@ inline int alignment(const void* p)
 
 // The product `kind` of a layer in -> out over n samples, for pointers A, B, D of these alignments.
 inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, int out, std::size_t n, const void* a,
-                               const void* b, const void* d)
+                               const void* b, const void* d, bool tf32)
 {
-    const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d)};
+    const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d), tf32};
     auto& gemms = ctx.state().gemms;
     if (auto it = gemms.find(key); it != gemms.end()) return it->second;
     const std::uint64_t i = std::uint64_t(in), o = std::uint64_t(out), m = n;
@@ -158,6 +159,9 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
         break;
     case GemmKey::input_grad:   // dx^T (in, n) = W stored (in, out) times dy^T (out, n)
         g = make_gemm(ctx, {i, o}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_N, {i, m}, CUBLASLT_EPILOGUE_DEFAULT, 0, key);
+        break;
+    case GemmKey::input_grad_t:   // dx by feature, stored (n, in): dy^T stored (out, n) and W stored (in, out), both transposed
+        g = make_gemm(ctx, {o, m}, CUBLAS_OP_T, {i, o}, CUBLAS_OP_T, {m, i}, CUBLASLT_EPILOGUE_DEFAULT, 0, key);
         break;
     }
     if (!g.usable && kind != GemmKey::weight_grad_bias) {   // that one has a GEMV to fall back on
@@ -187,18 +191,19 @@ inline const float* aligned_bias(const Context& ctx, const float* b, int out)
 }
 } // namespace detail
 
-// relu: the ReLU after the layer is applied too (y is its output).
+// relu: the ReLU after the layer is applied too (y is its output). tf32: products in TF32 (a
+// convolution's, conv.hpp, where Options::allow_tf32).
 inline void linear_forward(const Context& ctx, int in, int out, const float* w, const float* b, const float* x, float* y,
-                           std::size_t n, bool relu = false)
+                           std::size_t n, bool relu = false, bool tf32 = false)
 {
     if (n == 0) return;
-    const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y);
+    const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y, tf32);
     detail::run(ctx, g, w, x, y, detail::aligned_bias(ctx, b, out));
 }
 
 // dw, db assigned; dx (may be null) assigned.
 inline void linear_backward(const Context& ctx, int in, int out, const float* w, const float* x, const float* dy, float* dx,
-                            float* dw, float* db, std::size_t n)
+                            float* dw, float* db, std::size_t n, bool tf32 = false)
 {
     if (n == 0) {   // no samples: a zero gradient
         REPLICA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * std::size_t(in) * std::size_t(out), ctx.stream()));
@@ -206,17 +211,17 @@ inline void linear_backward(const Context& ctx, int in, int out, const float* w,
         return;
     }
     const Gemm* with_bias = detail::alignment(db) >= 16
-                                ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw)
+                                ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw, tf32)
                                 : nullptr;
     if (with_bias && with_bias->usable) {
         detail::run(ctx, *with_bias, x, dy, dw, db);
     } else {
-        detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw), x, dy, dw);
+        detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw, tf32), x, dy, dw);
         const float one = 1.0f, zero = 0.0f;
         // db (out) = dy^T (out, n) 1 (n)
         REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
     }
-    if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx), w, dy, dx);
+    if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx, tf32), w, dy, dx);
 }
 
 // The backward of the layer and the ReLU after it: relu_y and dy are the ReLU's output and its

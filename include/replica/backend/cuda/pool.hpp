@@ -14,16 +14,7 @@
 
 namespace replica::backend::cuda {
 
-// A window as the template arguments of a kernel (nvcc cannot pass a class-type template argument
-// from namespace scope to a __global__ function): the kernel rebuilds it as a constant.
-#define REPLICA_WINDOW_INTS(g) g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow
-
 namespace kernels {
-// Grid-stride loop with an index of type I: 32 bits where the count allows (see indexed()), so that
-// the index arithmetic is single instructions.
-#define REPLICA_GRID_LOOP_AS(I, i, count) \
-    for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < (count); i += I(blockDim.x) * I(gridDim.x))
-
 // Windows are walked over their full size (kh x kw, or the ceil(k/s) windows that can cover an
 // input along an axis), unrolled (up to 8 per axis, so a global pooling stays small), with bounds
 // tests inside: the same elements in the same order as a loop over the clipped range, so the same bits.
@@ -122,12 +113,35 @@ __device__ inline void read_tile_windows(const core::Window& g, int y0, int x0, 
             if (ylo + r < yhi && xlo + c < xhi) read(r, c, (ylo + r) * g.ow + xlo + c);
 }
 
+// f(iy, ix) for each element of the tile at (y0, x0) that lies in the plane.
+template <class F>
+__device__ inline void for_tile_elements(const core::Window& g, int y0, int x0, F&& f)
+{
+#pragma unroll
+    for (int a = 0; a < tile_of(g.h, g.sh); ++a)
+#pragma unroll
+        for (int b = 0; b < tile_of(g.w, g.sw); ++b)
+            if (y0 + a < g.h && x0 + b < g.w) f(y0 + a, x0 + b);
+}
+
+// The sum of d[r][c] over the windows (r, c) that take(r, c), rows then columns.
+template <int NY, int NX, class Take>
+__device__ inline float sum_windows(const float (&d)[NY][NX], Take&& take)
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NY; ++r)
+#pragma unroll
+        for (int c = 0; c < NX; ++c)
+            if (take(r, c)) s += d[r][c];
+    return s;
+}
+
 template <class I, int... G>
 __global__ void max_pool_backward(const float* arg, const float* dy, float* dx, I count)
 {
     constexpr core::Window g{G...};
-    constexpr int TY = tile_of(g.h, g.sh), TX = tile_of(g.w, g.sw);
-    constexpr int NY = windows_of(TY, g.kh, g.sh, g.oh), NX = windows_of(TX, g.kw, g.sw, g.ow);
+    constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
     for_tiles(g, count, [&](I plane, int y0, int x0) {
         const float* ap = arg + plane * I(g.oh * g.ow);
         const float* dyp = dy + plane * I(g.oh * g.ow);
@@ -143,21 +157,10 @@ __global__ void max_pool_backward(const float* arg, const float* dy, float* dx, 
             d[r][c] = __ldg(dyp + o);
         });
         float* dxp = dx + plane * I(g.h * g.w);
-#pragma unroll
-        for (int a = 0; a < TY; ++a)
-#pragma unroll
-            for (int b = 0; b < TX; ++b) {
-                const int iy = y0 + a, ix = x0 + b;
-                if (iy >= g.h || ix >= g.w) continue;
-                // A window whose maximum is this element covers it: no range test needed.
-                float sum = 0.0f;
-#pragma unroll
-                for (int r = 0; r < NY; ++r)
-#pragma unroll
-                    for (int c = 0; c < NX; ++c)
-                        if (at[r][c] == iy * g.w + ix) sum += d[r][c];
-                dxp[iy * g.w + ix] = sum;
-            }
+        for_tile_elements(g, y0, x0, [&](int iy, int ix) {
+            // A window whose maximum is this element covers it: no range test needed.
+            dxp[iy * g.w + ix] = sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; });
+        });
     });
 }
 
@@ -177,49 +180,27 @@ template <class I, int... G>
 __global__ void avg_pool_backward(const float* dy, float* dx, I count)
 {
     constexpr core::Window g{G...};
-    constexpr int TY = tile_of(g.h, g.sh), TX = tile_of(g.w, g.sw);
-    constexpr int NY = windows_of(TY, g.kh, g.sh, g.oh), NX = windows_of(TX, g.kw, g.sw, g.ow);
+    constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
     for_tiles(g, count, [&](I plane, int y0, int x0) {
         const float* dyp = dy + plane * I(g.oh * g.ow);
-        float d[NY][NX];
+        float d[NY][NX] = {};
         int ylo, xlo;
-#pragma unroll
-        for (int r = 0; r < NY; ++r)
-#pragma unroll
-            for (int c = 0; c < NX; ++c) d[r][c] = 0.0f;
         read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = __ldg(dyp + o); });
         float* dxp = dx + plane * I(g.h * g.w);
-#pragma unroll
-        for (int a = 0; a < TY; ++a)
-#pragma unroll
-            for (int b = 0; b < TX; ++b) {
-                const int iy = y0 + a, ix = x0 + b;
-                if (iy >= g.h || ix >= g.w) continue;
-                int rlo, rhi, clo, chi;
-                covering(iy, g.kh, g.sh, g.ph, g.oh, rlo, rhi);
-                covering(ix, g.kw, g.sw, g.pw, g.ow, clo, chi);
-                float s = 0.0f;
-#pragma unroll
-                for (int r = 0; r < NY; ++r)
-#pragma unroll
-                    for (int c = 0; c < NX; ++c)
-                        if (ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi) s += d[r][c];
-                dxp[iy * g.w + ix] = s * (1.0f / float(g.kh * g.kw));
-            }
+        for_tile_elements(g, y0, x0, [&](int iy, int ix) {
+            int rlo, rhi, clo, chi;
+            covering(iy, g.kh, g.sh, g.ph, g.oh, rlo, rhi);
+            covering(ix, g.kw, g.sw, g.pw, g.ow, clo, chi);
+            const float s = sum_windows(d, [&](int r, int c) {
+                return ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi;
+            });
+            dxp[iy * g.w + ix] = s * (1.0f / float(g.kh * g.kw));
+        });
     });
 }
-#undef REPLICA_GRID_LOOP_AS
 } // namespace kernels
 
 namespace detail {
-// f(I{}) with I = 32-bit where count < 2^31 (the grid-stride index cannot wrap), else 64-bit.
-template <class F>
-void indexed(std::size_t count, F&& f)
-{
-    if (count < (std::size_t{1} << 31)) f(std::uint32_t{});
-    else f(std::size_t{});
-}
-
 // Backward threads per input plane: one per tile (kernels::tile_of).
 constexpr std::size_t tiles(const core::Window& g)
 {
