@@ -65,8 +65,8 @@ struct Options {
     // path's forward and backward with cuDNN's three timed algorithms, and keeps cuDNN unless the
     // products are 3% faster. On an H200 it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over
     // 12 x 12), for which cuDNN's best kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step
-    // (batch 32: 0.136 -> 0.123), GoogLeNet-32 6.96 -> 6.88; the text CNN, AlexNet and the FCN keep
-    // cuDNN. Deterministic mode with `timed`: cuDNN.
+    // (batch 32: 0.136 -> 0.123), GoogLeNet-32 6.96 -> 6.88; the text CNN, AlexNet and the FCN run as
+    // fast as before. Deterministic mode with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
 };
 

@@ -589,8 +589,14 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
                 return measured_conv_choices().at(measured).gemm;
             };
             if (decided() < 0) {
-                // Not under the lock: the path's products are planned (and timed) under it first.
-                const double t = gemm_seconds(ctx, cout, n);
+                // Not under the lock: the path's products are planned (and timed) under it first. A
+                // path that cannot run here (no cuBLASLt algorithm, no memory) is not chosen.
+                double t = CallTimer::never;
+                try {
+                    t = gemm_seconds(ctx, cout, n);
+                } catch (const Error&) {
+                    cudaGetLastError();
+                }
                 std::lock_guard lock(measured_mutex());
                 ConvAlgorithms& a = measured_conv_choices().at(measured);
                 if (a.gemm < 0) a.gemm = t * 1.03 < a.seconds ? 1 : 0;   // near ties stay with cuDNN, as in CallTimer
