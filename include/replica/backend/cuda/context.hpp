@@ -52,7 +52,7 @@ struct Options {
     // candidates of cuDNN's and cuBLASLt's heuristics as a step runs them (timing.hpp), once per shape
     // and kind of GPU in the process. On an H200 (convolutions): LeNet 0.209 -> 0.179 ms a step,
     // AlexNet 6.83 -> 6.29, GoogLeNet-32 7.70 -> 7.33; TextCNN and FCN unchanged. A new shape's first
-    // step takes longer (milliseconds per layer).
+    // step takes longer (milliseconds per layer, more with conv_path's product path timed too).
     bool benchmark = true;
     // Capture a model's training step (forward, loss and backward) in CUDA graphs once per batch
     // size and staging buffer and replay them, so that a step costs a few launches on the host (LeNet
