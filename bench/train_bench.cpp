@@ -165,18 +165,19 @@ try {
         .flag("cudnn-heuristics", "GPUs: take cuDNN's heuristic choice of convolution algorithms (default: time its "
                                   "candidates once per shape and keep the fastest)")
         .option("conv-path", "timed", "GPUs: convolutions by cuDNN (cudnn), as products over their windows (gemm), "
-                                      "or the faster of the two, timed per layer (timed)")
+                                      "products forward only (gemm-forward) or backward only (gemm-backward), or "
+                                      "per pass the faster of cuDNN and the products, timed per layer (timed)")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
     const std::string conv_path = args.str("conv-path");
-    core::require(conv_path == "timed" || conv_path == "cudnn" || conv_path == "gemm",
-                  "--conv-path takes timed, cudnn or gemm, not '" + conv_path + "'");
+    const std::string conv_paths[] = {"timed", "cudnn", "gemm", "gemm-forward", "gemm-backward"};   // cuda::ConvPath's order
+    const auto path = std::ranges::find(conv_paths, conv_path);
+    core::require(path != std::end(conv_paths),
+                  "--conv-path takes timed, cudnn, gemm, gemm-forward or gemm-backward, not '" + conv_path + "'");
 #if defined(REPLICA_CUDA)
     backend::cuda::default_options().graphs = !args.on("eager");
     backend::cuda::default_options().benchmark = !args.on("cudnn-heuristics");
-    backend::cuda::default_options().conv_path = conv_path == "gemm"    ? backend::cuda::ConvPath::gemm
-                                                 : conv_path == "cudnn" ? backend::cuda::ConvPath::cudnn
-                                                                        : backend::cuda::ConvPath::timed;
+    backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - std::begin(conv_paths));
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);

@@ -243,11 +243,17 @@ TEST_CASE("The standard networks train the same on CPU and GPU: LeNet", "[cuda]"
 TEST_CASE("A convolution run as products over its windows (im2row, cuBLASLt) equals the CPU's", "[cuda]")
 {
     REQUIRE_GPU();
-    const OptionScope products{&cuda::Options::conv_path, cuda::ConvPath::gemm};
+    // Both passes as products, and each alone beside cuDNN's other (what ConvPath::timed may choose).
+    const auto path = GENERATE(cuda::ConvPath::gemm, cuda::ConvPath::gemm_forward, cuda::ConvPath::gemm_backward);
+    CAPTURE(int(path));
+    const OptionScope products{&cuda::Options::conv_path, path};
     static_assert(!cuda::detail::direct_conv<core::Window{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>);   // our kernels take those
+    static_assert(!cuda::detail::direct_conv<core::Window{5, 9, 9, 3, 3, 2, 2, 1, 1, 5, 5}>);
     same_on_cpu_and_gpu<Conv2d<50, 5>, Shape<20, 12, 12>>(5);        // LeNet's second layer
     same_on_cpu_and_gpu<Conv2d<6, 5, 2, 2>, Shape<4, 17, 17>>();      // stride and padding
     same_on_cpu_and_gpu<Conv2d<5, 3, 2, 1>, Shape<12, 10, 9>>();      // odd sizes
+    same_on_cpu_and_gpu<Conv2d<5, 3, 2, 1>, Shape<5, 9, 9>>(3);       // rows of 45 values, 3375 in all: im2row's quads
+                                                                       // cross rows, the last is partial
     same_on_cpu_and_gpu<Conv2d<64, 11, 4, 2>, Shape<3, 64, 64>>(2);   // AlexNet's first layer
     same_on_cpu_and_gpu<Conv2d<16, 1>, Shape<40, 7, 7>>(5);           // 1 x 1
     same_on_cpu_and_gpu<Conv2d<7, 3, 1, 1>, Shape<4, 9, 9>>(300);     // more samples than a transpose's grid

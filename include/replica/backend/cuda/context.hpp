@@ -36,9 +36,12 @@ namespace replica::backend::cuda {
 // Process-wide defaults for new contexts (read when a context is made).
 // How a convolution runs (not a transposed one, nor one that our direct kernels take, conv.hpp).
 enum class ConvPath {
-    timed,   // the faster, timed per layer and batch size, of the two below; needs Options::benchmark, else cudnn
-    cudnn,   // cuDNN's algorithms
-    gemm,    // as products over its windows: im2row, then a fully connected layer over every output pixel
+    timed,           // per pass (forward; the two gradients), the faster of cuDNN and the products, timed per
+                     // layer and batch size; needs Options::benchmark, else cudnn
+    cudnn,           // cuDNN's algorithms
+    gemm,            // as products over its windows: im2row, then a fully connected layer over every output pixel
+    gemm_forward,    // the forward pass as products, the gradients by cuDNN (for measurements and tests)
+    gemm_backward,   // the forward pass by cuDNN, the gradients as products (likewise)
 };
 
 struct Options {
@@ -62,11 +65,13 @@ struct Options {
     // a collective. A nested DataParallel runs eagerly; the reproducible mode replays its micro-shards.
     bool graphs = true;
     // How convolutions run (ConvPath). `timed` compares, once per shape and kind of GPU, the product
-    // path's forward and backward with cuDNN's three timed algorithms, and keeps cuDNN unless the
-    // products are 3% faster. On an H200 it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over
-    // 12 x 12), for which cuDNN's best kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step
-    // (batch 32: 0.136 -> 0.123), GoogLeNet-32 6.96 -> 6.88; the text CNN, AlexNet and the FCN run as
-    // fast as before. Deterministic mode with `timed`: cuDNN.
+    // path's forward with cuDNN's timed forward algorithm and its backward with cuDNN's two timed
+    // gradient algorithms, and keeps cuDNN for a pass unless the products are 3% faster. On an H200
+    // it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over 12 x 12), for which cuDNN's best
+    // kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step (batch 32: 0.136 -> 0.123); with the
+    // passes chosen apart, AlexNet 6.06 -> 5.83;
+    // GoogLeNet-32 6.96 -> 6.74; the text CNN and the FCN run as fast as before. Deterministic mode
+    // with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
 };
 
@@ -113,7 +118,7 @@ inline std::vector<Device> visible_devices()
 
 // A cuDNN convolution prepared for one geometry and batch size.
 struct ConvPlan {
-    bool gemm = false;   // runs as products over its windows (ConvPath)
+    bool gemm_forward = false, gemm_backward = false;   // which passes run as products over its windows (ConvPath)
     cudnnTensorDescriptor_t x = nullptr, y = nullptr;
     cudnnFilterDescriptor_t w = nullptr;
     cudnnConvolutionDescriptor_t conv = nullptr;

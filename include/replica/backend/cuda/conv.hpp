@@ -203,20 +203,50 @@ __global__ void filter_grad_totals(const float* partial, float* dw, unsigned wei
 
 // The product path (ConvPath::gemm). im2row: row (s, p) of `rows` holds what output pixel p of
 // sample s reads, in the filter's order (channel, row, column), zeros where it reads padding; count =
-// n * oh * ow * c * kh * kw. (A thread per value: on an H200, 6.2 us for LeNet's second layer at
-// batch 64, 8.2 MB; a thread per filter row, 8.2 us; by filter position, 6.1 to 6.6 us.)
+// n * oh * ow * c * kh * kw. A thread writes four consecutive values (a float4 where `rows` is
+// 16-byte aligned): it splits its first index into (sample, pixel, channel, row, column) once and
+// steps the others from it. (A thread per value, each index split by divisions: 505 us for AlexNet's
+// first layer at batch 128, 562 MB, on an H200, about 120 instructions a value; at LeNet's size,
+// 8.2 MB, 6.2 us, where a thread per filter row took 8.2.)
 template <class I, int... G>
-__global__ void im2row(const float* x, float* rows, I count)
+__global__ void im2row(const float* x, float* rows, I count, bool aligned)
 {
     constexpr core::Window g{G...};
     constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow;
-    REPLICA_GRID_LOOP_AS(I, i, count)
+    REPLICA_GRID_LOOP_AS(I, t, (count + 3) / 4)
     {
-        const I r = i / I(K), s = r / I(P);
-        const int k = int(i - r * I(K)), p = int(r - s * I(P));
-        const int c = k / (g.kh * g.kw), iy = p / g.ow * g.sh - g.ph + k / g.kw % g.kh, ix = p % g.ow * g.sw - g.pw + k % g.kw;
-        rows[i] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? __ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
+        const I first = t * 4, r = first / I(K);
+        I s = r / I(P);
+        const int k = int(first - r * I(K)), p = int(r - s * I(P));
+        int oy = p / g.ow, ox = p % g.ow, c = k / (g.kh * g.kw), a = k / g.kw % g.kh, b = k % g.kw;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
+            v[j] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? __ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
                                                               : 0.0f;
+            if (++b == g.kw) {
+                b = 0;
+                if (++a == g.kh) {
+                    a = 0;
+                    if (++c == g.c) {
+                        c = 0;
+                        if (++ox == g.ow) {
+                            ox = 0;
+                            if (++oy == g.oh) {
+                                oy = 0;
+                                ++s;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if (aligned && first + 4 <= count) *reinterpret_cast<float4*>(rows + first) = make_float4(v[0], v[1], v[2], v[3]);
+        else
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (first + I(j) < count) rows[first + I(j)] = v[j];
     }
 }
 
@@ -304,9 +334,10 @@ template <core::Window g>
 void im2row(const Context& ctx, const float* x, float* rows, std::size_t n)
 {
     const std::size_t count = n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
-    indexed(count, [&](auto index) {
+    indexed(count + 4, [&](auto index) {   // + 4: the last thread's first index + 4 does not wrap
         using I = decltype(index);
-        kernels::im2row<I, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
+        kernels::im2row<I, REPLICA_WINDOW_INTS(g)>
+            <<<blocks_for((count + 3) / 4), kThreads, 0, ctx.stream()>>>(x, rows, I(count), quad_aligned(rows));
     });
     check_launch("im2row");
 }
@@ -482,6 +513,11 @@ private:
     CallTimer timer_;
 };
 
+// Seconds per call of a convolution's forward pass and of its backward (both gradients).
+struct PassSeconds {
+    double forward = 0.0, backward = 0.0;
+};
+
 // Timed choices (Options::benchmark), process-wide: by kind of GPU, shape and the options that
 // change what is timed.
 struct MeasuredConvKey {
@@ -500,8 +536,10 @@ struct ConvAlgorithms {
     cudnnConvolutionFwdAlgo_t fwd{};
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-    double seconds = 0.0;   // the three, per call
-    int gemm = -1;          // ConvPath::timed: the product path is faster (1) or not (0); -1: not timed yet
+    PassSeconds seconds;   // per call: the forward algorithm; the two gradients' together
+    // ConvPath::timed: whether the products are faster for the forward pass, for the gradients; not
+    // timed yet while `products_timed` is false.
+    bool products_timed = false, gemm_forward = false, gemm_backward = false;
 };
 inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 {
@@ -511,10 +549,10 @@ inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 
 // The plan for a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h, g.w),
 // w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow). For a plain convolution (use), gemm_seconds
-// times its product path (gemm_seconds<g> below), so that ConvPath::timed can choose it.
+// times its product path's passes (gemm_seconds<g> below), so that ConvPath::timed can choose them.
 inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n,
                                  ConvKey::Use use = ConvKey::convolution,
-                                 double (*gemm_seconds)(const Context&, int, std::size_t) = nullptr)
+                                 PassSeconds (*gemm_seconds)(const Context&, int, std::size_t) = nullptr)
 {
     auto& plans = ctx.state().conv_plans;
     const ConvKey key{g, cout, n, use};
@@ -566,13 +604,13 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
             ConvAlgorithms a;
             a.fwd = timer.choose(f, found_fwd, [&](cudnnConvolutionFwdAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionForward(h, &one, p.x, x, p.w, w, p.conv, algo, ws, bytes, &zero, p.y, y);
-            }, a.seconds);
+            }, a.seconds.forward);
             a.bwd_data = timer.choose(d, found_data, [&](cudnnConvolutionBwdDataAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionBackwardData(h, &one, p.w, w, p.y, y, p.conv, algo, ws, bytes, &zero, p.x, x);
-            }, a.seconds);
+            }, a.seconds.backward);
             a.bwd_filter = timer.choose(b, found_filter, [&](cudnnConvolutionBwdFilterAlgo_t algo, void* ws, std::size_t bytes) {
                 return cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, y, p.conv, algo, ws, bytes, &zero, p.w, w);
-            }, a.seconds);
+            }, a.seconds.backward);
             it = choices.emplace(measured, a).first;
         }
         p.fwd = it->second.fwd;
@@ -581,17 +619,18 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     }
     if (use == ConvKey::convolution && gemm_seconds) {
         const ConvPath path = ctx.options().conv_path;
-        if (path == ConvPath::gemm) {
-            p.gemm = true;
-        } else if (path == ConvPath::timed && timed) {   // timed once per kind of GPU and shape, as the algorithms
+        if (path == ConvPath::timed && timed) {   // timed once per kind of GPU and shape, as the algorithms
             auto decided = [&] {
                 std::lock_guard lock(measured_mutex());
-                return measured_conv_choices().at(measured).gemm;
+                const ConvAlgorithms& a = measured_conv_choices().at(measured);
+                p.gemm_forward = a.gemm_forward;
+                p.gemm_backward = a.gemm_backward;
+                return a.products_timed;
             };
-            if (decided() < 0) {
+            if (!decided()) {
                 // Not under the lock: the path's products are planned (and timed) under it first. A
                 // path that cannot run here (no cuBLASLt algorithm, no memory) is not chosen.
-                double t = CallTimer::never;
+                PassSeconds t{CallTimer::never, CallTimer::never};
                 try {
                     t = gemm_seconds(ctx, cout, n);
                 } catch (const Error&) {
@@ -599,39 +638,52 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
                 }
                 std::lock_guard lock(measured_mutex());
                 ConvAlgorithms& a = measured_conv_choices().at(measured);
-                if (a.gemm < 0) a.gemm = t * 1.03 < a.seconds ? 1 : 0;   // near ties stay with cuDNN, as in CallTimer
+                if (!a.products_timed) {   // each pass separately; near ties stay with cuDNN, as in CallTimer
+                    a.gemm_forward = t.forward * 1.03 < a.seconds.forward;
+                    a.gemm_backward = t.backward * 1.03 < a.seconds.backward;
+                    a.products_timed = true;
+                }
             }
-            p.gemm = decided() == 1;
+            decided();
+        } else {
+            p.gemm_forward = path == ConvPath::gemm || path == ConvPath::gemm_forward;
+            p.gemm_backward = path == ConvPath::gemm || path == ConvPath::gemm_backward;
         }
     }
     std::size_t s1 = 0, s2 = 0, s3 = 0;
     REPLICA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &s1));
     REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
     REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
-    p.workspace = std::max({s1, s2, s3, p.gemm ? gemm_workspace(g, cout, n) : 0});
+    p.workspace = std::max({s1, s2, s3, p.gemm_forward || p.gemm_backward ? gemm_workspace(g, cout, n) : 0});
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, p).first->second;
 }
 
-// Seconds per call of the product path's forward and backward over n samples, as a step runs them
-// (CallTimer::never where its workspace is over the limit of cuDNN's candidates).
+// Seconds per call of the product path's forward and of its backward (both gradients, the rows made
+// again) over n samples, as a step runs them (CallTimer::never where its workspace is over the limit
+// of cuDNN's candidates).
 template <core::Window g>
-double gemm_seconds(const Context& ctx, int cout, std::size_t n)
+PassSeconds gemm_seconds(const Context& ctx, int cout, std::size_t n)
 {
     constexpr std::size_t K = std::size_t(g.c) * g.kh * g.kw, f = sizeof(float);
     const std::size_t work = gemm_workspace(g, cout, n);
-    if (work > workspace_limit(std::size_t{1} << 30)) return CallTimer::never;
+    if (work > workspace_limit(std::size_t{1} << 30)) return {CallTimer::never, CallTimer::never};
     const std::size_t in = n * g.c * g.h * g.w, out = n * std::size_t(cout) * g.oh * g.ow, weights = K * std::size_t(cout);
     const TimingScratch s(ctx, {in * f, out * f, weights * f, cout * f, in * f, weights * f, cout * f, work, out * f});
-    auto run = [&] {
+    auto forward = [&] {
         conv_forward_gemm<g>(ctx, cout, s.floats(2), s.floats(3), s.floats(0), s.floats(1), n, false, s.floats(7));
+        return true;
+    };
+    auto backward = [&] {
         conv_backward_gemm<g>(ctx, cout, s.floats(2), s.floats(0), nullptr, s.floats(1), s.floats(8), s.floats(4),
                               s.floats(5), s.floats(6), n, s.floats(7), false);
         return true;
     };
-    run();   // plans (and times) its products first: none is planned while the path is captured
+    forward();   // plans (and times) its products first: none is planned while a pass is captured
+    backward();
     CallTimer timer(ctx);
-    return timer.seconds(run, CallTimer::never);
+    const double forward_seconds = timer.seconds(forward, CallTimer::never);
+    return {forward_seconds, timer.seconds(backward, CallTimer::never)};
 }
 
 // The plan of a convolution layer (conv_forward and conv_backward below).
@@ -680,7 +732,7 @@ void conv_forward(const Context& ctx, int cout, const float* w, const float* b, 
         }
     }
     const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
-    if (p.gemm) {
+    if (p.gemm_forward) {
         detail::conv_forward_gemm<g>(ctx, cout, w, b, x, y, n, relu, static_cast<float*>(ctx.workspace(0)));
         ctx.state().workspace_rows = {x, g, n};   // for backward, unless something else uses the workspace first
         return;
@@ -723,7 +775,7 @@ void conv_backward(const Context& ctx, int cout, const float* w, const float* x,
                    float* dw, float* db, std::size_t n, float* scratch)
 {
     const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
-    if (p.gemm) {   // the output's gradient, pixel-major, in the workspace after the rows
+    if (p.gemm_backward) {   // the output's gradient, pixel-major, in the workspace after the rows
         const bool kept = detail::rows_kept(ctx, g, x, n);
         auto* work = static_cast<float*>(ctx.workspace(0));
         float* dz = work + n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
@@ -742,7 +794,7 @@ void conv_backward_relu(const Context& ctx, int cout, const float* w, const floa
                         const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
 {
     const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
-    if (p.gemm) {   // dz holds the output's gradient pixel-major
+    if (p.gemm_backward) {   // dz holds the output's gradient pixel-major
         const bool kept = detail::rows_kept(ctx, g, x, n);
         detail::conv_backward_gemm<g>(ctx, cout, w, x, relu_y, dy, dz, dx, dw, db, n, static_cast<float*>(ctx.workspace(0)),
                                       kept);
