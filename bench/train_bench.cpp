@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,7 @@ try {
         .option("conv-path", "timed", "GPUs: convolutions by cuDNN (cudnn), as products over their windows (gemm), "
                                       "products forward only (gemm-forward) or backward only (gemm-backward), or "
                                       "per pass the faster of cuDNN and the products, timed per layer (timed)")
+        .flag("log-choices", "GPUs: print each timed convolution choice to stderr as it is made")
         .flag("json", "print one JSON object");
     args.parse(argc, argv);
     const std::string conv_path = args.str("conv-path");
@@ -178,6 +180,7 @@ try {
     backend::cuda::default_options().graphs = !args.on("eager");
     backend::cuda::default_options().benchmark = !args.on("cudnn-heuristics");
     backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - std::begin(conv_paths));
+    if (args.on("log-choices")) backend::cuda::default_options().log = &std::cerr;
 #endif
     auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
     if (processes) devices = parallel::process_devices(*processes, devices);

@@ -6,7 +6,10 @@
 // models after 3 SGD steps: 1e-4 in the norm of the parameter difference over the norm of the
 // parameters (cuDNN and im2col+BLAS sum in different orders, and the differences grow through training).
 
+#include <algorithm>
 #include <cmath>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "catch.hpp"
@@ -135,6 +138,27 @@ TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
     same_on_cpu_and_gpu<Conv1d<4, 3, 2, 1>, Shape<3, 21>>();
     same_on_cpu_and_gpu<ConvTranspose2d<5, 4, 2, 1>, Shape<6, 8, 8>>();
     same_on_cpu_and_gpu<ConvTranspose2d<3, 3, 1, 0>, Shape<4, 5, 7>>();
+}
+
+TEST_CASE("Each timed convolution choice is logged once, with what each pass runs", "[cuda]")
+{
+    REQUIRE_GPU();
+    std::ostringstream out;
+    const OptionScope timed{&cuda::Options::benchmark, true};
+    const OptionScope per_pass{&cuda::Options::conv_path, cuda::ConvPath::timed};
+    const OptionScope log{&cuda::Options::log, static_cast<std::ostream*>(&out)};
+    constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};   // LeNet's second layer
+    const std::size_t n = 59;                                       // a batch no other test uses
+    cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
+    const cuda::ConvPlan& p = cuda::detail::plan_of<g>(a, 50, n);
+    cuda::detail::plan_of<g>(b, 50, n);   // timed already: not logged again
+    const std::string line = out.str();
+    CAPTURE(line);
+    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    CHECK(line.find("convolution 20x12x12 -> 50x8x8 (5x5, stride 1x1, pad 0x0), batch 59: cuDNN forward algorithm ") !=
+          std::string::npos);
+    CHECK(line.find(std::string("forward by ") + (p.gemm_forward ? "products" : "cuDNN") + ", gradients by " +
+                    (p.gemm_backward ? "products" : "cuDNN")) != std::string::npos);
 }
 
 TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; deterministic mode takes cuDNN's choice", "[cuda]")

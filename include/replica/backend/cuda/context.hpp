@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,10 @@ struct Options {
     // GoogLeNet-32 6.96 -> 6.74; the text CNN and the FCN run as fast as before. Deterministic mode
     // with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
+    // Where each timed convolution choice is written, one line per shape and kind of GPU as it is
+    // made (the layer, cuDNN's chosen algorithms and their times, the product path's times and which
+    // passes take it); nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
+    std::ostream* log = nullptr;
 };
 
 // What a captured step reads from device memory because it changes from step to step (kernel

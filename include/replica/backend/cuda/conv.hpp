@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -537,10 +538,27 @@ struct ConvAlgorithms {
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
     PassSeconds seconds;   // per call: the forward algorithm; the two gradients' together
-    // ConvPath::timed: whether the products are faster for the forward pass, for the gradients; not
-    // timed yet while `products_timed` is false.
+    // ConvPath::timed: the product path's passes, and whether they are faster; not timed yet while
+    // `products_timed` is false.
+    PassSeconds products;
     bool products_timed = false, gemm_forward = false, gemm_backward = false;
 };
+
+// One line of Options::log: a timed choice.
+inline void log_choice(std::ostream& out, const std::string& device, const ConvKey& key, const ConvAlgorithms& a)
+{
+    const core::Window& g = key.g;
+    auto us = [](double s) { return s >= CallTimer::never ? std::string("-") : std::to_string(int(s * 1e6 + 0.5)) + " us"; };
+    out << "replica: " << device << (key.use == ConvKey::transposed ? ": transposed convolution over " : ": convolution ")
+        << g.c << "x" << g.h << "x" << g.w << " -> " << key.cout << "x" << g.oh << "x" << g.ow << " (" << g.kh << "x" << g.kw
+        << ", stride " << g.sh << "x" << g.sw << ", pad " << g.ph << "x" << g.pw << "), batch " << key.n
+        << ": cuDNN forward algorithm " << int(a.fwd) << " " << us(a.seconds.forward) << ", gradients (data " << int(a.bwd_data)
+        << ", filter " << int(a.bwd_filter) << ") " << us(a.seconds.backward);
+    if (a.products_timed)
+        out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
+            << (a.gemm_forward ? "products" : "cuDNN") << ", gradients by " << (a.gemm_backward ? "products" : "cuDNN");
+    out << std::endl;
+}
 inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 {
     static std::map<MeasuredConvKey, ConvAlgorithms> choices;
@@ -586,6 +604,7 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     // Deterministic mode: cuDNN's choice, the same in every context and every run.
     const bool timed = ctx.options().benchmark && !det;
     const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
+    bool fresh = false;   // this call timed something (Options::log)
     if (!timed) {
         p.fwd = f[pick(f, found_fwd, det)].algo;
         p.bwd_data = d[pick(d, found_data, det)].algo;
@@ -612,6 +631,7 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
                 return cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, y, p.conv, algo, ws, bytes, &zero, p.w, w);
             }, a.seconds.backward);
             it = choices.emplace(measured, a).first;
+            fresh = true;
         }
         p.fwd = it->second.fwd;
         p.bwd_data = it->second.bwd_data;
@@ -639,9 +659,11 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
                 std::lock_guard lock(measured_mutex());
                 ConvAlgorithms& a = measured_conv_choices().at(measured);
                 if (!a.products_timed) {   // each pass separately; near ties stay with cuDNN, as in CallTimer
+                    a.products = t;
                     a.gemm_forward = t.forward * 1.03 < a.seconds.forward;
                     a.gemm_backward = t.backward * 1.03 < a.seconds.backward;
                     a.products_timed = true;
+                    fresh = true;
                 }
             }
             decided();
@@ -655,6 +677,10 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     REPLICA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.bwd_data, &s2));
     REPLICA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, p.bwd_filter, &s3));
     p.workspace = std::max({s1, s2, s3, p.gemm_forward || p.gemm_backward ? gemm_workspace(g, cout, n) : 0});
+    if (fresh && ctx.options().log) {
+        std::lock_guard lock(measured_mutex());
+        log_choice(*ctx.options().log, measured.device, key, measured_conv_choices().at(measured));
+    }
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, p).first->second;
 }
