@@ -640,14 +640,14 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     if (use == ConvKey::convolution && gemm_seconds) {
         const ConvPath path = ctx.options().conv_path;
         if (path == ConvPath::timed && timed) {   // timed once per kind of GPU and shape, as the algorithms
-            auto decided = [&] {
+            auto take_choice = [&] {   // the process-wide choice into this plan; false while not timed yet
                 std::lock_guard lock(measured_mutex());
                 const ConvAlgorithms& a = measured_conv_choices().at(measured);
                 p.gemm_forward = a.gemm_forward;
                 p.gemm_backward = a.gemm_backward;
                 return a.products_timed;
             };
-            if (!decided()) {
+            if (!take_choice()) {
                 // Not under the lock: the path's products are planned (and timed) under it first. A
                 // path that cannot run here (no cuBLASLt algorithm, no memory) is not chosen.
                 PassSeconds t{CallTimer::never, CallTimer::never};
@@ -666,7 +666,7 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
                     fresh = true;
                 }
             }
-            decided();
+            take_choice();
         } else {
             p.gemm_forward = path == ConvPath::gemm || path == ConvPath::gemm_forward;
             p.gemm_backward = path == ConvPath::gemm || path == ConvPath::gemm_backward;
