@@ -70,9 +70,9 @@ struct Options {
     // gradient algorithms, and keeps cuDNN for a pass unless the products are 3% faster. On an H200
     // it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over 12 x 12), for which cuDNN's best
     // kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step (batch 32: 0.136 -> 0.123), and
-    // AlexNet's first layer forward only (3 channels: cuDNN runs FP32 kernels): AlexNet 6.06 -> 5.83;
-    // GoogLeNet-32 6.96 -> 6.74; the text CNN and the FCN run as fast as before. Deterministic mode
-    // with `timed`: cuDNN.
+    // AlexNet's first layer forward only (3 channels: cuDNN runs FP32 kernels): AlexNet 6.06 -> 5.83
+    // once each pass was chosen on its own; GoogLeNet-32 6.96 -> 6.88, then 6.83 -> 6.74; the text CNN
+    // and the FCN run as fast as before. Deterministic mode with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
     // Where each timed convolution choice is written, one line per shape and kind of GPU as it is
     // made (the layer, cuDNN's chosen algorithms and their times, the product path's times and which

@@ -544,13 +544,18 @@ struct ConvAlgorithms {
     bool products_timed = false, gemm_forward = false, gemm_backward = false;
 };
 
-// One line of Options::log: a timed choice.
+// One line of Options::log: a timed choice, the layer named input -> output (a transposed
+// convolution's window maps its output to its input: conv_transpose_forward). The algorithms are
+// those of the cuDNN convolution; a transposed layer runs its forward pass by backward data.
 inline void log_choice(std::ostream& out, const std::string& device, const ConvKey& key, const ConvAlgorithms& a)
 {
     const core::Window& g = key.g;
     auto us = [](double s) { return s >= CallTimer::never ? std::string("-") : std::to_string(int(s * 1e6 + 0.5)) + " us"; };
-    out << "replica: " << device << (key.use == ConvKey::transposed ? ": transposed convolution over " : ": convolution ")
-        << g.c << "x" << g.h << "x" << g.w << " -> " << key.cout << "x" << g.oh << "x" << g.ow << " (" << g.kh << "x" << g.kw
+    const std::string conv_in = std::to_string(g.c) + "x" + std::to_string(g.h) + "x" + std::to_string(g.w),
+                      conv_out = std::to_string(key.cout) + "x" + std::to_string(g.oh) + "x" + std::to_string(g.ow);
+    const bool transposed = key.use == ConvKey::transposed;
+    out << "replica: " << device << (transposed ? ": transposed convolution " : ": convolution ")
+        << (transposed ? conv_out : conv_in) << " -> " << (transposed ? conv_in : conv_out) << " (" << g.kh << "x" << g.kw
         << ", stride " << g.sh << "x" << g.sw << ", pad " << g.ph << "x" << g.pw << "), batch " << key.n
         << ": cuDNN forward algorithm " << int(a.fwd) << " " << us(a.seconds.forward) << ", gradients (data " << int(a.bwd_data)
         << ", filter " << int(a.bwd_filter) << ") " << us(a.seconds.backward);
