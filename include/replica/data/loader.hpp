@@ -22,6 +22,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
+#include "replica/data/source.hpp"
 #include "replica/parallel/scaling.hpp"
 
 namespace replica::data {
@@ -49,32 +50,31 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // destructor: a caller holds two batches (this step's, and the next one to copy to the GPUs ahead)
 // while the loader gathers a third. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
+// A SampleSource (files decoded and augmented on demand) is read on the background thread, sample by
+// sample, with the epoch of the batch: set.read(sample, e, ...).
 //
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
 // [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
 // written. A DataParallel spanning processes reads exactly its process's part (process_share).
 class Loader {
 public:
-    Loader(const Dataset& set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
+    Loader(SampleSource set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
            bool drop_last = false)
-        : set_(set), batch_size_(batch_size), seed_(seed), shuffle_(shuffle)
+        : set_(std::move(set)), batch_size_(batch_size), seed_(seed), shuffle_(shuffle)
     {
         core::require(batch_size > 0, "Loader needs a batch size > 0");
-        core::require(set.count > 0, "Loader needs a data set with samples; this one is empty");
-        core::require(set.inputs.size() == set.count * set.input_size &&
-                          set.labels.size() == set.count * set.label_size,
-                      "Loader: the data set holds " + std::to_string(set.inputs.size()) + " inputs and " +
-                          std::to_string(set.labels.size()) + " labels, not count * input_size and count * label_size");
-        core::require(set.count <= (std::uint64_t{1} << 32), "Loader: at most 2^32 samples, not " +
-                                                                 std::to_string(set.count));
-        core::require(!drop_last || batch_size <= set.count,
+        core::require(set_.count > 0, "Loader needs a data set with samples; this one is empty");
+        core::require(bool(set_.read), "Loader: the sample source has no read function");
+        core::require(set_.count <= (std::uint64_t{1} << 32), "Loader: at most 2^32 samples, not " +
+                                                                 std::to_string(set_.count));
+        core::require(!drop_last || batch_size <= set_.count,
                       "Loader with drop_last and batch size " + std::to_string(batch_size) + " over " +
-                          std::to_string(set.count) + " samples gives no batch: use a smaller batch size");
-        batches_ = drop_last ? set.count / batch_size : (set.count + batch_size - 1) / batch_size;
-        order_.resize(set.count);
+                          std::to_string(set_.count) + " samples gives no batch: use a smaller batch size");
+        batches_ = drop_last ? set_.count / batch_size : (set_.count + batch_size - 1) / batch_size;
+        order_.resize(set_.count);
         for (Slot& slot : slots_) {
-            slot.inputs = backend::host_buffer<float>(batch_size * set.input_size);
-            slot.labels = backend::host_buffer<std::int32_t>(batch_size * set.label_size);
+            slot.inputs = backend::host_buffer<float>(batch_size * set_.input_size);
+            slot.labels = backend::host_buffer<std::int32_t>(batch_size * set_.label_size);
         }
         worker_ = std::thread([this] { work(); });
     }
@@ -172,11 +172,8 @@ private:
         const std::size_t n = batch_samples(k);
         const parallel::Share part = part_ ? part_(n) : parallel::Share{0, n};
         core::require(part.offset + part.count <= n, "Loader::only: the part lies outside the batch");
-        for (std::size_t i = part.offset; i < part.offset + part.count; ++i) {
-            const std::size_t s = samples[i];
-            if (in) std::memcpy(slot.inputs.data() + i * in, set_.inputs.data() + s * in, in * sizeof(float));
-            if (out) std::memcpy(slot.labels.data() + i * out, set_.labels.data() + s * out, out * sizeof(std::int32_t));
-        }
+        for (std::size_t i = part.offset; i < part.offset + part.count; ++i)
+            set_.read(samples[i], epoch_, slot.inputs.data() + i * in, slot.labels.data() + i * out);
     }
 
     void work()
@@ -200,7 +197,7 @@ private:
         }
     }
 
-    const Dataset& set_;
+    SampleSource set_;
     std::size_t batch_size_;
     std::uint64_t seed_;
     bool shuffle_;
@@ -210,8 +207,8 @@ private:
     Slot slots_[kSlots];             // batch k is gathered into slots_[k % kSlots]
     std::function<parallel::Share(std::size_t)> part_;   // only(): written only while idle
 
+    std::uint64_t epoch_ = 0;        // the worker reads it; written only while idle
     // Caller thread only.
-    std::uint64_t epoch_ = 0;
     std::size_t next_batch_ = 0;
     bool started_ = false;
 

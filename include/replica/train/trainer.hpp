@@ -17,9 +17,11 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <utility>
 
 #include "replica/data/dataset.hpp"
 #include "replica/data/loader.hpp"
+#include "replica/data/source.hpp"
 #include "replica/parallel/scaling.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"
@@ -44,6 +46,11 @@ struct TrainOptions {
     std::size_t micro_shard = 8;            // samples per micro-shard in reproducible mode
     bool progress = true;                   // live line on a terminal
     std::ostream* log = &std::cout;         // one line per epoch; null: silent
+    // The History written while training (HistoryWriter: CSV a line per record, JSON after every
+    // epoch); empty: not written. history_every N > 0 adds a record every N steps.
+    std::filesystem::path history_csv = {};
+    std::filesystem::path history_json = {};
+    std::size_t history_every = 0;
 };
 
 template <class M, class Opt>
@@ -66,7 +73,8 @@ public:
         return parallel::global_batch(options_.batch_size, replicas(), options_.scaling);
     }
 
-    History fit(const data::Dataset& train_set, const data::Dataset& validation_set = {})
+    // `train_set`: a Dataset, or a SampleSource (images decoded and augmented as the loader reads them).
+    History fit(const data::SampleSource& train_set, const data::Dataset& validation_set = {})
     {
         check_fits(train_set, "training");
         if (validation_set.count) check_fits(validation_set, "validation");
@@ -97,6 +105,11 @@ public:
         const std::size_t steps = loader.batches_per_epoch();
         Progress progress(options_.progress);
         if (state.epoch == 0 && state.history.empty()) header();
+        const bool first = model_.process_rank() == 0;
+        HistoryWriter history(first ? options_.history_csv : "", first ? options_.history_json : "");
+        for (const EpochRecord& r : state.history) history.epoch(r, r.epoch * steps);   // resumed: the epochs so far
+        double recent_loss = 0.0;       // summed over the samples since the last step record
+        std::size_t recent_samples = 0;
 
         for (std::size_t epoch = state.epoch; epoch < options_.epochs; ++epoch) {
             const auto t0 = std::chrono::steady_clock::now();
@@ -104,6 +117,8 @@ public:
             progress.start_epoch(epoch, options_.epochs, steps);
             double loss_sum = 0.0;
             std::size_t samples = 0, step = 0;
+            double seen_loss = 0.0;          // loss_sum and samples at the last step record
+            std::size_t seen_samples = 0;
             // Two batches at hand: this step's, and the next one, which GPU replicas copy meanwhile.
             for (auto b = loader.next(), next = loader.next(); b; b = next, next = loader.next()) {
                 opt_.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
@@ -114,6 +129,14 @@ public:
                 ++step;
                 ++state.step;
                 progress.update(step, samples, loss_sum / double(samples));
+                recent_loss += loss_sum - std::exchange(seen_loss, loss_sum);
+                recent_samples += samples - std::exchange(seen_samples, samples);
+                if (options_.history_every && state.step % options_.history_every == 0) {
+                    history.step({.step = state.step, .epoch = double(epoch) + double(step) / double(steps),
+                                  .train_loss = recent_loss / double(recent_samples)});
+                    recent_loss = 0.0;
+                    recent_samples = 0;
+                }
             }
             progress.finish_epoch();
 
@@ -127,20 +150,22 @@ public:
                 record.validation_accuracy = m.accuracy;
             }
             state.history.push_back(record);
+            history.epoch(record, state.step);
             state.epoch = epoch + 1;
             row(record, double(samples) / record.seconds);
             if (!options_.checkpoint.empty() && (state.epoch % options_.checkpoint_every == 0 || last) &&
                 model_.process_rank() == 0)
                 save_checkpoint(options_.checkpoint, model_, state);
         }
-        return History{state.history};
+        return History{.epochs = state.history, .steps = history.history().steps};
     }
 
 private:
     // Replicas of every process: weak scaling's global batch (and scaled lr) grow with them.
     std::size_t replicas() const { return model_.global_replica_count(); }
 
-    void check_fits(const data::Dataset& set, const char* which) const
+    template <class Set>
+    void check_fits(const Set& set, const char* which) const
     {
         core::require(set.input_size == M::input_shape::size,
                       std::string("the ") + which + " set's samples have " + std::to_string(set.input_size) +

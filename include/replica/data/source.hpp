@@ -1,0 +1,60 @@
+#pragma once
+// SampleSource: samples made on demand (decoded from files, augmented) for the Loader to gather on
+// its background thread. A Dataset in memory converts to one.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "replica/core/error.hpp"
+#include "replica/data/dataset.hpp"
+
+namespace replica::data {
+
+// `count` samples of `input_size` floats and `label_size` class indices. read(index, epoch, input,
+// label) writes sample `index` (in [0, count)) as epoch `epoch` sees it into input[0, input_size) and
+// label[0, label_size); it may throw Error (a file that cannot be read). The Loader calls it from its
+// background thread, one sample at a time; what it refers to must outlive the loaders that use it.
+struct SampleSource {
+    std::size_t count = 0;
+    std::size_t input_size = 0;
+    std::size_t label_size = 1;
+    std::function<void(std::size_t index, std::uint64_t epoch, float* input, std::int32_t* label)> read;
+
+    SampleSource() = default;
+    SampleSource(std::size_t count_, std::size_t input_size_, std::size_t label_size_,
+                 std::function<void(std::size_t, std::uint64_t, float*, std::int32_t*)> read_)
+        : count(count_), input_size(input_size_), label_size(label_size_), read(std::move(read_))
+    {
+    }
+
+    // The samples of `set` as they are (the same in every epoch); `set` must outlive the source.
+    // Throws Error when set holds other than count x input_size inputs and count x label_size labels.
+    SampleSource(const Dataset& set) // NOLINT: implicit, so that a Dataset goes wherever a source does
+        : count(checked(set).count), input_size(set.input_size), label_size(set.label_size),
+          read([&set](std::size_t index, std::uint64_t, float* input, std::int32_t* label) {
+              const std::size_t in = set.input_size, out = set.label_size;
+              if (in) std::memcpy(input, set.inputs.data() + index * in, in * sizeof(float));
+              if (out) std::memcpy(label, set.labels.data() + index * out, out * sizeof(std::int32_t));
+          })
+    {
+    }
+
+private:
+    static const Dataset& checked(const Dataset& set)
+    {
+        core::require(set.inputs.size() == set.count * set.input_size &&
+                          set.labels.size() == set.count * set.label_size,
+                      "the data set holds " + std::to_string(set.inputs.size()) + " inputs and " +
+                          std::to_string(set.labels.size()) + " labels, not count * input_size and count * label_size");
+        return set;
+    }
+};
+
+} // namespace replica::data
+
+namespace replica {
+using data::SampleSource;
+} // namespace replica
