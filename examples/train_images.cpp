@@ -90,9 +90,11 @@ int run(const Settings& s)
                                        .validation_fraction = s.validation_fraction, .seed = std::uint64_t(s.seed),
                                        .on_error = s.skip_bad_images ? data::OnError::skip : data::OnError::stop,
                                        .log = first ? &std::cerr : nullptr});
-        } catch (const Error& e) {
-            if (s.skip_bad_images) throw;
-            throw Error(std::string(e.what()) + "; --skip-bad-images leaves such images out");
+        } catch (const Error& e) {   // name this program's option for skipping
+            std::string message = e.what();
+            const std::string option = "(OnError::skip)";
+            if (const auto at = message.find(option); at != std::string::npos) message.replace(at, option.size(), "(--skip-bad-images)");
+            throw Error(message);
         }
         if (shape.height != shape.width) throw Error("train_images fits images to square inputs only");
         train_source = folder->train();
@@ -137,9 +139,8 @@ int run(const Settings& s)
                     s.model.c_str(), M::param_count, shape.channels, shape.height, shape.width,
                     model.description().c_str(), classes.size(), train.count, validation.count,
                     cifar ? " (CIFAR-10)" : "");
-        std::printf("batch %zu (%s scaling: global batch %zu); history in %s and %s\n", s.batch_size,
-                    s.scaling.c_str(), trainer.global_batch(), csv.empty() ? "(none)" : csv.c_str(),
-                    json.empty() ? "(none)" : json.c_str());
+        std::printf("batch %zu (%s scaling: global batch %zu); %s\n", s.batch_size, s.scaling.c_str(),
+                    trainer.global_batch(), csv.empty() ? "no history files" : ("history in " + csv + " and " + json).c_str());
     }
     trainer.fit(train, validation);
     if (validation.count) {
@@ -151,7 +152,7 @@ int run(const Settings& s)
 }
 
 // The networks this example trains; one line each.
-const std::map<std::string, std::function<int(const Settings&)>> models = {
+const std::map<std::string, std::function<int(const Settings&)>> networks = {
     {"lenet", run<LeNet>},
     {"alexnet", run<AlexNetPlain>},
     {"googlenet", run<GoogLeNet>},
@@ -163,7 +164,7 @@ try {
     Settings s;
     s.processes = processes.get();
     std::string names;
-    for (const auto& [name, _] : models) names += (names.empty() ? "" : ", ") + name;
+    for (const auto& [name, _] : networks) names += (names.empty() ? "" : ", ") + name;
 
     CLI::App app{"train a standard network on a folder of images sorted by class (root/<class>/*.png|jpg) or on "
                  "CIFAR-10's binary files, and write the loss and accuracy curves"};
@@ -205,8 +206,8 @@ try {
     app.add_option("--micro-shard", s.micro_shard, "samples per micro-shard in --reproducible mode")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
-    const auto it = models.find(s.model);
-    if (it == models.end()) throw Error("unknown --model '" + s.model + "': use " + names);
+    const auto it = networks.find(s.model);
+    if (it == networks.end()) throw Error("unknown --model '" + s.model + "': use " + names);
     return it->second(s);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -58,7 +58,7 @@ struct ImageFile {
 // classes in sorted order, files sorted by name. Each class's files are split by `seed`:
 // round(fraction x count) go to validation. Every image is decoded once at construction (on
 // `threads` threads), so that a corrupt one is found before training: OnError::stop throws Error
-// naming it, OnError::skip leaves it out and says so in `log`. Throws Error when root is not a folder,
+// naming it, OnError::skip leaves it out with a line "skipping <path>: <reason>" in `log`. Throws Error when root is not a folder,
 // holds no class folders, or a class holds no image.
 class ImageFolder {
 public:
@@ -183,7 +183,8 @@ private:
                     fit_image(read_image(files[i].path), shape(), options_.fit, out.data());
                 } catch (const std::exception& e) {
                     errors[i] = e.what();
-                    if (errors[i].empty()) errors[i] = "unreadable image " + files[i].path.string();
+                    const std::string path = files[i].path.string();
+                    if (errors[i].find(path) == std::string::npos) errors[i] = path + ": " + errors[i];
                 }
             }
         };
@@ -194,8 +195,8 @@ private:
         for (std::size_t i = 0; i < files.size(); ++i) {
             if (errors[i].empty()) continue;
             if (options_.on_error == OnError::stop)
-                throw Error(errors[i] + " (remove it, or skip such images: OnError::skip)");
-            if (options_.log) *options_.log << "skipping " << files[i].path.string() << ": " << errors[i] << '\n';
+                throw Error(errors[i] + "; remove or replace the file, or leave such images out (OnError::skip)");
+            if (options_.log) *options_.log << "skipping " << errors[i] << '\n';
         }
         return errors;
     }
