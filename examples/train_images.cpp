@@ -15,8 +15,11 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "replica/data/augment.hpp"
 #include "replica/data/cifar.hpp"

@@ -18,6 +18,9 @@ ensure_packages() {
 }
 
 base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-dev libopenmpi-dev openmpi-bin)
+# Image files (data::ImageFolder, the train_images example) and drawing the curves (scripts/plot-history).
+image_packages=(libpng-dev libjpeg62-turbo-dev libcli11-dev)
+plot_packages=(python3-matplotlib)
 
 # Configures the build folder once (again if meson.build changed: ninja does that itself).
 configure() {

@@ -4,6 +4,7 @@
 
 #include <png.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -163,7 +164,7 @@ TEST_CASE("Corrupt, truncated and foreign files are errors that name the file", 
     auto png = file_bytes(dir.path / "ok.png");
     auto jpg = file_bytes(dir.path / "ok.jpg");
     write_bytes(dir.path / "cut.png", {png.begin(), png.begin() + std::ptrdiff_t(png.size() / 2)});
-    write_bytes(dir.path / "cut.jpg", {jpg.begin(), jpg.begin() + std::ptrdiff_t(jpg.size() / 2)});
+    write_bytes(dir.path / "cut.jpg", {jpg.begin(), jpg.end() - 20});   // inside the scan: libjpeg only warns
     const std::string idat = "IDAT";
     const auto at = std::search(png.begin(), png.end(), idat.begin(), idat.end());
     REQUIRE(at != png.end());
@@ -222,39 +223,43 @@ TEST_CASE("Images are fitted to the model's channels and size", "[cpu][images]")
     std::vector<float> shrunk(4);
     data::fit_image(flat, {1, 2, 2}, data::Fit::resize, shrunk.data());
     for (float v : shrunk) CHECK(v * 255.0f == Approx(128.0).margin(1e-3));
-    const data::Image stripes{4, 1, 1, {0, 255, 0, 255}};
-    float half[2];
-    data::fit_image(stripes, {1, 1, 2}, data::Fit::resize, half);
-    CHECK(half[0] == Approx(half[1]).margin(0.2));   // both see black and white, not one of them
+    // 8 -> 2: each output's triangle spans 4 source pixels either side of its centre (2 and 6), weights
+    // 1 - |j + 0.5 - centre| / 4, normalised (they sum to 3.5), so the lit pixels 0 and 4 count.
+    const data::Image dots{8, 1, 1, {255, 0, 0, 0, 255, 0, 0, 0}};
+    float two[2];
+    data::fit_image(dots, {1, 1, 2}, data::Fit::resize, two);
+    CHECK(two[0] * 255.0f == Approx(255.0 * (0.625 + 0.375) / 3.5).margin(1e-3));
+    CHECK(two[1] * 255.0f == Approx(255.0 * 0.625 / 3.5).margin(1e-3));
 }
 
 TEST_CASE("ImageFolder: labels by sorted class name, a split by fraction and seed", "[cpu][images]")
 {
     TempDir dir("folder");
-    // Classes created out of order; "b" holds JPEGs. A stray text file and a hidden file are ignored.
-    for (const char* c : {"cherry", "apple", "banana"})
+    // Classes created out of order; "cat" holds JPEGs. A stray text file and a hidden file are ignored.
+    const std::vector<std::string> sorted{"ant", "bee", "cat", "mole", "yak", "zebra"};
+    for (const char* c : {"zebra", "yak", "cat", "mole", "bee", "ant"})
         for (int i = 0; i < 10; ++i) {
             const std::vector<std::uint8_t> px(6 * 6, std::uint8_t(c[0] + i));
-            if (std::string(c) == "banana") write_jpeg(dir.path / c / ("i" + std::to_string(i) + ".JPG"), 6, 6, 1, px);
+            if (std::string(c) == "cat") write_jpeg(dir.path / c / ("i" + std::to_string(i) + ".JPG"), 6, 6, 1, px);
             else write_png(dir.path / c / ("i" + std::to_string(i) + ".png"), 6, 6, 1, px);
         }
-    write_bytes(dir.path / "apple" / "notes.txt", {'x'});
-    write_bytes(dir.path / "apple" / ".hidden.png", {'x'});
+    write_bytes(dir.path / "ant" / "notes.txt", {'x'});
+    write_bytes(dir.path / "ant" / ".hidden.png", {'x'});
 
     const data::ImageFolder folder(dir.path, {.channels = 1, .image_size = 4, .validation_fraction = 0.3, .seed = 5});
-    CHECK(folder.classes() == std::vector<std::string>{"apple", "banana", "cherry"});
-    CHECK(folder.train_files().size() == 21);
-    CHECK(folder.validation_files().size() == 9);
+    CHECK(folder.classes() == sorted);
+    CHECK(folder.train_files().size() == 42);
+    CHECK(folder.validation_files().size() == 18);
     std::set<std::string> seen;
-    std::size_t per_class_val[3] = {};
+    std::size_t per_class_val[6] = {};
     for (const auto* list : {&folder.train_files(), &folder.validation_files()})
         for (const data::ImageFile& f : *list) {
             CHECK(f.path.parent_path().filename() == folder.classes()[std::size_t(f.label)]);
             seen.insert(f.path.string());
             if (list == &folder.validation_files()) ++per_class_val[f.label];
         }
-    CHECK(seen.size() == 30);   // every image once: no overlap, nothing lost
-    CHECK((per_class_val[0] == 3 && per_class_val[1] == 3 && per_class_val[2] == 3));
+    CHECK(seen.size() == 60);   // every image once: no overlap, nothing lost
+    for (std::size_t c = 0; c < 6; ++c) CHECK(per_class_val[c] == 3);
 
     auto names = [](const std::vector<data::ImageFile>& files) {
         std::vector<std::string> out;
@@ -268,7 +273,9 @@ TEST_CASE("ImageFolder: labels by sorted class name, a split by fraction and see
 
     // Decoded values and labels: the loader's background thread reads the same as decode_all.
     const Dataset direct = folder.decode_all(folder.train_files());
-    CHECK(direct.inputs[0] == Approx(double('a') / 255.0));   // apple/i0.png is flat 'a'
+    const fs::path first = folder.train_files()[0].path;   // ant/iN.png, flat 'a' + N
+    CHECK(first.parent_path().filename() == "ant");
+    CHECK(direct.inputs[0] == Approx(double('a' + std::stoi(first.stem().string().substr(1))) / 255.0));
     data::Loader loader(folder.train(), 7, 1, /*shuffle=*/false);
     loader.start_epoch(0);
     std::size_t k = 0;
@@ -278,7 +285,22 @@ TEST_CASE("ImageFolder: labels by sorted class name, a split by fraction and see
             CHECK(std::equal(b->inputs + i * 16, b->inputs + (i + 1) * 16, direct.inputs.begin() + std::ptrdiff_t(k * 16)));
         }
     }
-    CHECK(k == 21);
+    CHECK(k == 42);
+
+    // Three loader threads decode the same; a file gone since the check is an error naming it.
+    const data::ImageFolder threaded(dir.path, {.channels = 1, .image_size = 4, .validation_fraction = 0.3, .seed = 5,
+                                                .threads = 3});
+    data::Loader three(threaded.train(), 7, 1, /*shuffle=*/false);
+    three.start_epoch(0);
+    k = 0;
+    while (auto b = three.next())
+        for (std::size_t i = 0; i < b->size; ++i, ++k)
+            CHECK(std::equal(b->inputs + i * 16, b->inputs + (i + 1) * 16, direct.inputs.begin() + std::ptrdiff_t(k * 16)));
+    CHECK(k == 42);
+    const fs::path gone = threaded.train_files()[5].path;
+    fs::remove(gone);
+    three.start_epoch(1);
+    CHECK(message_of([&] { three.next(); }).find(gone.string()) != std::string::npos);
 
     CHECK(message_of([&] { data::ImageFolder(dir.path / "nowhere", {.image_size = 4}); }).find("does not exist") !=
           std::string::npos);
@@ -514,7 +536,7 @@ TEST_CASE("The Trainer writes its History as CSV and JSON while it trains", "[cp
         CHECK(f[0] == kinds[i - 1]);
         if (f[0] == "step") {
             CHECK(std::stoull(f[2]) == h.steps[s].step);
-            CHECK(std::stod(f[3]) == h.steps[s].train_loss);   // %.17g: exact
+            CHECK(std::stod(f[3]) == h.steps[s].train_loss);   // shortest round-trip text: exact
             CHECK((f[4].empty() && f[5].empty() && f[6].empty()));
             ++s;
         } else {
@@ -534,14 +556,15 @@ TEST_CASE("The Trainer writes its History as CSV and JSON while it trains", "[cp
 
     std::ifstream json_file(dir.path / "h.json");
     const std::string json{std::istreambuf_iterator<char>(json_file), std::istreambuf_iterator<char>()};
-    char expected[256];
-    std::snprintf(expected, sizeof expected, "{\"epoch\": 2, \"step\": 10, \"train_loss\": %.17g, \"validation_loss\": %.17g",
-                  h.epochs[1].train_loss, h.epochs[1].validation_loss);
-    CHECK(json.find(expected) != std::string::npos);
+    auto text = [](double v) {   // shortest text that reads back exactly, as the writer prints
+        char buf[32];
+        return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+    };
+    CHECK(json.find("{\"epoch\": 2, \"step\": 10, \"train_loss\": " + text(h.epochs[1].train_loss) +
+                    ", \"validation_loss\": " + text(h.epochs[1].validation_loss)) != std::string::npos);
     CHECK(json.find("\"validation_loss\": null") != std::string::npos);   // epoch 1
-    std::snprintf(expected, sizeof expected, "{\"step\": 15, \"epoch\": %.17g, \"train_loss\": %.17g}", h.steps[2].epoch,
-                  h.steps[2].train_loss);
-    CHECK(json.find(expected) != std::string::npos);
+    CHECK(json.find("{\"step\": 15, \"epoch\": " + text(h.steps[2].epoch) + ", \"train_loss\": " +
+                    text(h.steps[2].train_loss) + "}") != std::string::npos);
     CHECK(json.rfind("]}\n") == json.size() - 3);
     CHECK_FALSE(fs::exists(dir.path / "h.json.tmp"));
 }

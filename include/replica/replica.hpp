@@ -28,11 +28,15 @@
 #include "replica/train/step.hpp"
 #include "replica/train/trainer.hpp"
 
+#include "replica/data/augment.hpp"
+#include "replica/data/cifar.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/fashion_mnist.hpp"
 #include "replica/data/idx.hpp"
 #include "replica/data/loader.hpp"
+#include "replica/data/source.hpp"
 #include "replica/data/synthetic.hpp"
+// data/image.hpp and data/image_folder.hpp need libpng and libjpeg: include them yourself (replica-images).
 
 #include "replica/parallel/auto_parallel.hpp"
 #include "replica/parallel/communicator.hpp"

@@ -168,6 +168,7 @@ inline AugmentedSource augmented(SampleSource base, ImageShape shape, AugmentOpt
     out.count = base.count;
     out.input_size = base.input_size;
     out.label_size = base.label_size;
+    out.threads = base.threads;
     out.stats = augment.stats();
     out.read = [base = std::move(base), augment](std::size_t index, std::uint64_t epoch, float* input,
                                                   std::int32_t* label) {

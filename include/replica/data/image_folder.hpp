@@ -46,7 +46,7 @@ struct ImageFolderOptions {
     std::uint64_t seed = 1;             // which images go to validation
     OnError on_error = OnError::stop;
     std::ostream* log = &std::cerr;     // skipped images are reported here; null: silent
-    std::size_t threads = 0;            // for the check at construction; 0: one per core
+    std::size_t threads = 0;            // that decode: the check at construction, and the loader's; 0: one per core
 };
 
 struct ImageFile {
@@ -130,9 +130,9 @@ public:
     const std::vector<std::filesystem::path>& skipped() const { return skipped_; }
     ImageShape shape() const { return {options_.channels, options_.image_size, options_.image_size}; }
 
-    // The training images, decoded and fitted when read: values in [0, 1], not normalised (see
-    // augmented()). The ImageFolder must outlive the source. A file that cannot be read any more
-    // (changed since the check) throws Error naming it.
+    // The training images, decoded and fitted when read, by `threads` loader threads: values in [0, 1],
+    // not normalised (see augmented()). The ImageFolder must outlive the source. A file that cannot be
+    // read any more (changed since the check) throws Error naming it.
     SampleSource train() const { return source(train_); }
 
     // The validation images, decoded now: inputs (N, shape().size()) in [0, 1], labels (N, 1).
@@ -163,19 +163,25 @@ private:
 
     SampleSource source(const std::vector<ImageFile>& files) const
     {
-        return SampleSource(files.size(), shape().size(), 1,
-                            [this, &files](std::size_t index, std::uint64_t, float* input, std::int32_t* label) {
-                                fit_image(read_image(files[index].path), shape(), options_.fit, input);
-                                *label = files[index].label;
-                            });
+        SampleSource out(files.size(), shape().size(), 1,
+                         [this, &files](std::size_t index, std::uint64_t, float* input, std::int32_t* label) {
+                             fit_image(read_image(files[index].path), shape(), options_.fit, input);
+                             *label = files[index].label;
+                         });
+        out.threads = threads();
+        return out;
+    }
+
+    std::size_t threads() const
+    {
+        return options_.threads ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
     }
 
     // Decodes every file; returns per file the error ("" when fine). Stops at the first under OnError::stop.
     std::vector<std::string> check(const std::vector<ImageFile>& files) const
     {
         std::vector<std::string> errors(files.size());
-        std::size_t threads = options_.threads ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
-        threads = std::min(threads, files.size());
+        const std::size_t threads = std::min(this->threads(), files.size());
         auto work = [&](std::size_t t) {
             std::vector<float> out(shape().size());
             for (std::size_t i = t; i < files.size(); i += threads) {

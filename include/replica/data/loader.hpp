@@ -51,7 +51,8 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // while the loader gathers a third. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
 // A SampleSource (files decoded and augmented on demand) is read on the background thread, sample by
-// sample, with the epoch of the batch: set.read(sample, e, ...).
+// sample, with the epoch of the batch: set.read(sample, e, ...); with set.threads > 1, by that many
+// threads at once, started for each batch.
 //
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
 // [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
@@ -172,8 +173,31 @@ private:
         const std::size_t n = batch_samples(k);
         const parallel::Share part = part_ ? part_(n) : parallel::Share{0, n};
         core::require(part.offset + part.count <= n, "Loader::only: the part lies outside the batch");
-        for (std::size_t i = part.offset; i < part.offset + part.count; ++i)
-            set_.read(samples[i], epoch_, slot.inputs.data() + i * in, slot.labels.data() + i * out);
+        auto read = [&](std::size_t first, std::size_t step) {
+            for (std::size_t i = part.offset + first; i < part.offset + part.count; i += step)
+                set_.read(samples[i], epoch_, slot.inputs.data() + i * in, slot.labels.data() + i * out);
+        };
+        // A source that allows it (decoding files) is read by several threads, each every t-th sample.
+        const std::size_t threads = std::min(set_.threads, part.count);
+        if (threads <= 1) return read(0, 1);
+        std::vector<std::exception_ptr> errors(threads);
+        std::vector<std::thread> helpers;
+        for (std::size_t t = 1; t < threads; ++t)
+            helpers.emplace_back([&, t] {
+                try {
+                    read(t, threads);
+                } catch (...) {
+                    errors[t] = std::current_exception();
+                }
+            });
+        try {
+            read(0, threads);
+        } catch (...) {
+            errors[0] = std::current_exception();
+        }
+        for (std::thread& h : helpers) h.join();
+        for (const std::exception_ptr& e : errors)
+            if (e) std::rethrow_exception(e);
     }
 
     void work()

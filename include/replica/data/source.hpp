@@ -16,12 +16,14 @@ namespace replica::data {
 // `count` samples of `input_size` floats and `label_size` class indices. read(index, epoch, input,
 // label) writes sample `index` (in [0, count)) as epoch `epoch` sees it into input[0, input_size) and
 // label[0, label_size); it may throw Error (a file that cannot be read). The Loader calls it from its
-// background thread, one sample at a time; what it refers to must outlive the loaders that use it.
+// background thread, or from `threads` threads at once for different samples (decoding files); what
+// it refers to must outlive the loaders that use it.
 struct SampleSource {
     std::size_t count = 0;
     std::size_t input_size = 0;
     std::size_t label_size = 1;
     std::function<void(std::size_t index, std::uint64_t epoch, float* input, std::int32_t* label)> read;
+    std::size_t threads = 1;   // how many threads the Loader may call read() from at once (> 1: read must allow it)
 
     SampleSource() = default;
     SampleSource(std::size_t count_, std::size_t input_size_, std::size_t label_size_,

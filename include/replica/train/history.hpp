@@ -4,6 +4,7 @@
 // run. HistoryWriter writes it as CSV and JSON while the run goes on (scripts/plot-history draws them).
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -83,8 +84,8 @@ private:
     {
         if (!std::isfinite(v)) return "";
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%.17g", v);
-        return buf;
+        const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+        return std::string(buf, end);
     }
     static std::string json_number(double v)
     {
