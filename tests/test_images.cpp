@@ -160,7 +160,9 @@ TEST_CASE("Corrupt, truncated and foreign files are errors that name the file", 
 {
     TempDir dir("corrupt");
     write_png(dir.path / "ok.png", 8, 8, 1, ramp(8, 8, 0));
-    write_jpeg(dir.path / "ok.jpg", 16, 16, 3, std::vector<std::uint8_t>(16 * 16 * 3, 90));
+    std::vector<std::uint8_t> busy(16 * 16 * 3);   // enough detail that the scan data outweighs the header
+    for (std::size_t i = 0; i < busy.size(); ++i) busy[i] = std::uint8_t(i * 7);
+    write_jpeg(dir.path / "ok.jpg", 16, 16, 3, busy);
     auto png = file_bytes(dir.path / "ok.png");
     auto jpg = file_bytes(dir.path / "ok.jpg");
     write_bytes(dir.path / "cut.png", {png.begin(), png.begin() + std::ptrdiff_t(png.size() / 2)});
@@ -435,6 +437,8 @@ TEST_CASE("Augmentation: crop of the padded image, flip, normalisation, keyed on
         CHECK(found);
     }
     CHECK(seen.size() > 10);   // 40 draws over 50 choices: many different ones
+    const auto flips = std::count_if(seen.begin(), seen.end(), [](const auto& t) { return std::get<2>(t); });
+    CHECK((flips > 3 && flips < std::ptrdiff_t(seen.size()) - 3));   // about half mirrored
     std::size_t differs = 0;
     for (std::size_t s = 0; s < set.count; ++s) differs += read(source, s, 3) != read(source, s, 4);
     CHECK(differs > 30);   // another epoch, other crops
