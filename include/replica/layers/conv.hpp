@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "replica/core/window.hpp"
-#include "replica/model/concepts.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::layers {
 
@@ -21,7 +21,7 @@ inline void conv_init(float* params, std::uint64_t seed, std::uint32_t id, std::
                std::size_t fan_in)
 {
     const float bound = 1.0f / std::sqrt(float(fan_in));
-    model::init_uniform(params, weights + biases, bound, seed, id);
+    init_uniform(params, weights + biases, bound, seed, id);
 }
 } // namespace detail
 
@@ -30,7 +30,7 @@ struct Conv2d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv2d needs at least one output channel, a kernel and a stride");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         static_assert(In::rank == 3,
                       "Conv2d needs a (channels, height, width) input; use Conv1d for (channels, length), "
                       "and put Flatten after convolutions, not before");
@@ -51,7 +51,7 @@ struct Conv2d {
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
         }
@@ -59,18 +59,18 @@ struct Conv2d {
         // backward, the ReLU's rule runs in the bias-gradient pass.
         static constexpr bool fuses_relu = true;
         template <class Ctx>
-        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
-        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
         {
             conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
                                        a.n, a.scratch);
@@ -83,7 +83,7 @@ struct Conv1d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv1d needs at least one output channel, a kernel and a stride");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         static_assert(In::rank == 2,
                       "Conv1d needs a (channels, length) input; use Conv2d for images");
         static constexpr std::size_t C = In::dims[0], L = In::dims[1];
@@ -102,7 +102,7 @@ struct Conv1d {
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
         }
@@ -110,18 +110,18 @@ struct Conv1d {
         // backward, the ReLU's rule runs in the bias-gradient pass.
         static constexpr bool fuses_relu = true;
         template <class Ctx>
-        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
-        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
         {
             conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
                                        a.n, a.scratch);
@@ -135,7 +135,7 @@ struct ConvTranspose2d {
                   "ConvTranspose2d needs at least one output channel, a kernel and a stride");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         static_assert(In::rank == 3, "ConvTranspose2d needs a (channels, height, width) input");
         static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
         static_assert((H - 1) * Stride + K > 2 * Pad && (W - 1) * Stride + K > 2 * Pad,
@@ -154,12 +154,12 @@ struct ConvTranspose2d {
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size<window>(ctx, C, n); }
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_transpose_forward<window>(ctx, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }

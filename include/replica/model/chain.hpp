@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <tuple>
 
+#include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 
@@ -33,20 +34,6 @@ struct bind_all<In, L, Rest...> {
     using type = decltype(std::tuple_cat(std::declval<std::tuple<first>>(), std::declval<typename rest::type>()));
     using output_shape = typename rest::output_shape;
 };
-
-struct NoHook {
-    void operator()(std::size_t) const {}
-    bool acts(std::size_t) const { return false; }
-};
-
-// Whether hook(from) would do anything now (a captured step is cut only there); a hook that
-// cannot say is assumed to act every time.
-template <class Hook>
-bool hook_acts(const Hook& hook, std::size_t from)
-{
-    if constexpr (requires { { hook.acts(from) } -> std::convertible_to<bool>; }) return hook.acts(from);
-    else return true;
-}
 
 // Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or children
 // that might (Chain, Concat) define update(); a plain layer is one contiguous slice.
@@ -99,8 +86,8 @@ public:
     static constexpr std::size_t param_count = param_offset[N];
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr std::size_t saved_size = act_offset[N] + saved_offset[N];
-    static constexpr bool has_data_parallel = []<std::size_t... I>(std::index_sequence<I...>) {
-        return (false || ... || op_t<I>::has_data_parallel);
+    static constexpr bool spans_devices = []<std::size_t... I>(std::index_sequence<I...>) {
+        return (false || ... || op_t<I>::spans_devices);
     }(seq{});
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
@@ -176,7 +163,7 @@ public:
         });
     }
 
-    template <class Ctx, class Hook = detail::NoHook>
+    template <class Ctx, class Hook = core::NoHook>
     void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
     {
         float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
@@ -206,7 +193,7 @@ public:
     template <class Ctx, class Opt>
     void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
     {
-        if constexpr (!has_data_parallel) {
+        if constexpr (!spans_devices) {
             opt.apply(ctx, w, g, state, param_count);   // one pass over the whole buffer
         } else {
             const std::size_t per = Opt::state_per_param;
@@ -220,7 +207,7 @@ public:
     template <class Ctx>
     void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
     {
-        if constexpr (has_data_parallel)
+        if constexpr (spans_devices)
             core::static_for<N>([&](auto i) {
                 const std::size_t o = param_offset[i];
                 detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);

@@ -69,7 +69,7 @@ struct Concat {
         static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[B]);
         // Each branch's output, then each branch's own saved state.
         static constexpr std::size_t saved_size = out_offset[B] + saved_offset[B];
-        static constexpr bool has_data_parallel = (false || ... || Branches::template op<In>::has_data_parallel);
+        static constexpr bool spans_devices = (false || ... || Branches::template op<In>::spans_devices);
 
         explicit op(const Build& b) : ops_(make(b, std::make_index_sequence<B>{})) {}
 
