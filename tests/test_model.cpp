@@ -20,6 +20,18 @@ static_assert(!LeNet::chain::spans_devices && SmallAlexNet<Threaded>::chain::spa
 // Nesting keeps layer ids distinct and in order: features take 6, the classifier follows.
 static_assert(SmallAlexNetPlain::chain::id_offset[1] == 6);
 
+// The training contract: what train_step, the Trainer and checkpoints rely on, and what a DataParallel
+// needs of the model it replicates.
+static_assert(model::TrainableModel<LeNet> && model::Replica<LeNet>);
+static_assert(model::TrainableModel<DataParallel<LeNet, Threaded>> && !model::Replica<DataParallel<LeNet, Threaded>>);
+static_assert(model::TrainableModel<AutoParallel<LeNet>> && model::TrainableModel<SmallAlexNet<SingleThread>>);
+static_assert(!model::TrainableModel<int> && !model::TrainableModel<SmallClassifier::op<Shape<16, 8, 8>>>);
+// The loss ends a model's entries; without one it is SoftmaxCrossEntropy, and the layers are the same.
+using ExplicitLoss = Sequential<Input<1, 28, 28>, Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>, Flatten,
+                                Linear<500>, ReLU, Linear<10>, SoftmaxCrossEntropy>;
+static_assert(std::same_as<ExplicitLoss::loss, SoftmaxCrossEntropy> && std::same_as<LeNet::loss, SoftmaxCrossEntropy>);
+static_assert(std::same_as<ExplicitLoss::chain, LeNet::chain>);
+
 TEST_CASE("Sequential runs its layers in order", "[cpu]")
 {
     using Net = Sequential<Input<2, 6, 6>, Conv2d<3, 3>, ReLU, Flatten, Linear<4>>;
