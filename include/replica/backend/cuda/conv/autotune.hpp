@@ -153,7 +153,9 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
         auto& choices = measured_conv_choices();
         auto it = choices.find(measured);
         if (it == choices.end()) {
-            it = choices.emplace(measured, ConvAlgorithms{.cudnn = cudnn_timed(ctx, p, candidates, g, cout, n)}).first;
+            ConvAlgorithms a;
+            a.cudnn = cudnn_timed(ctx, p, candidates, g, cout, n);
+            it = choices.emplace(measured, a).first;
             fresh = true;
         }
         chosen = it->second.cudnn;
