@@ -5,9 +5,10 @@
 // every buffer becomes ((b0 + b1) + b2) + ..., in rank order, so SingleThread and Threaded dispatch
 // get the same bits, and every replica gets the same floats.
 //
-// All sums run on one stream, rank 0's communication stream, each after an event per rank and bucket
-// that says the rank's compute stream has produced the bucket; wait(rank) orders the rank's later
-// work after the last sum queued. So a sum overlaps the rest of backward, as NCCL's does.
+// Gradient sums run on one stream, rank 0's communication stream, each after an event per rank and
+// bucket that says the rank's compute stream has produced the bucket; wait(rank) orders the rank's
+// later work after the last sum queued. So a sum overlaps the rest of backward, as NCCL's does. The
+// reproducible mode's integer sum runs on rank 0's compute stream, ordered with the others' by events.
 //
 // Threaded dispatch (all_reduce from each replica's thread): the last rank to join a bucket queues
 // its sum; an earlier one records its event and returns. A rank joins bucket b's next sum only once
