@@ -267,6 +267,11 @@ TEST_CASE("A DataParallel built from a model keeps its parameters", "[cpu][paral
 TEST_CASE("Bad device lists are refused with a clear error", "[cpu][parallel]")
 {
     CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cpu(0)}}; }).find("appears twice") != std::string::npos);
+    // Checked before any replica is made, so a CPU build says so too.
+    CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cuda(0)}}; })
+              .find("DataParallel replicas must all be CPU or all CUDA devices (got cpu:0,cuda:0)") != std::string::npos);
+    CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cuda(0), Device::cuda(0), Device::cuda(1)}}; })
+              .find("the device list cuda:0,cuda:0,cuda:1 repeats a GPU and names others") != std::string::npos);
     CHECK(error_message([] { DataParallel<LeNet> dp{std::vector<Device>{}}; }).find("at least one device") != std::string::npos);
     CHECK(error_message([] { parse_devices("gpu:0"); }).find("write cpu:N or cuda:N") != std::string::npos);
     CHECK(error_message([] { parse_devices("cpu:x"); }).find("must be a number") != std::string::npos);

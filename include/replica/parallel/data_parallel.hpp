@@ -45,13 +45,17 @@ struct DataParallelOptions {
 };
 
 namespace detail {
+// A GPU may be listed several times when it is the only one listed (its replicas share it); a CPU
+// device may not: CPU replicas share the host anyway, and their numbers only tell them apart.
 inline std::vector<Device> check_replica_devices(std::vector<Device> devices)
 {
     core::require(!devices.empty(), "DataParallel needs at least one device");
     for (std::size_t i = 0; i < devices.size(); ++i)
         for (std::size_t j = 0; j < i; ++j)
-            core::require(!(devices[i] == devices[j]),
-                          "device " + devices[i].name() + " appears twice in the DataParallel device list");
+            core::require(!(devices[i] == devices[j]) || devices[i].is_cuda(),
+                          "device " + devices[i].name() + " appears twice in the DataParallel device list: "
+                          "number CPU replicas cpu:0, cpu:1, ...");
+    check_communicator_devices(devices, false);
     return devices;
 }
 
