@@ -997,7 +997,8 @@ TEST_CASE("Replicas sharing one GPU: a nested DataParallel gives the same bits w
     SmallAlexNet<SingleThread> single{shared_gpu(2), 6};
     SmallAlexNet<Threaded> threaded{shared_gpu(2), 6};
     const auto a = three_steps(single, data, 9);
-    CHECK(norm_relative(expected, a) < 1e-5);
+    // Another split of the batch, deterministic algorithms and TF32 convolutions: float rounding only.
+    CHECK(norm_relative(expected, a) < 1e-4);
     CHECK(differences(three_steps(threaded, data, 9), a) == "");
 }
 
