@@ -8,7 +8,6 @@
 #include <cstring>
 #include <string>
 
-#include "replica/backend/contract.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
@@ -69,7 +68,6 @@ public:
 private:
     Device device_;
 };
-static_assert(backend::Context<Context>);
 
 // Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
 // DataParallel over several CPU replicas sets it to 1, so that replicas, not BLAS, use the cores.
