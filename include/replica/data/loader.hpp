@@ -49,6 +49,8 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // destructor: a caller holds two batches (this step's, and the next one to copy to the GPUs ahead)
 // while the loader gathers a third. The last batch of an epoch holds the remaining samples, or is left out with drop_last.
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
+// The constructor refuses (Error) a batch larger than the data set, a data set whose sizes do not
+// match its vectors, and NaN or infinite inputs (checked once, here, not per batch).
 //
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
 // [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
@@ -61,19 +63,18 @@ public:
     {
         core::require(batch_size > 0, "Loader needs a batch size > 0");
         core::require(set.count > 0, "Loader needs a data set with samples; this one is empty");
-        core::require(set.inputs.size() == set.count * set.input_size &&
-                          set.labels.size() == set.count * set.label_size,
-                      "Loader: the data set holds " + std::to_string(set.inputs.size()) + " inputs and " +
-                          std::to_string(set.labels.size()) + " labels, not count * input_size and count * label_size");
+        set.check_sizes("Loader: the data set");
         core::require(set.count <= (std::uint64_t{1} << 32), "Loader: at most 2^32 samples, not " +
                                                                  std::to_string(set.count));
-        core::require(!drop_last || batch_size <= set.count,
-                      "Loader with drop_last and batch size " + std::to_string(batch_size) + " over " +
-                          std::to_string(set.count) + " samples gives no batch: use a smaller batch size");
+        core::require(batch_size <= set.count,
+                      "Loader: batch size " + std::to_string(batch_size) + " is larger than the data set's " +
+                          std::to_string(set.count) + " samples, so no batch could be full: use a batch size of at most " +
+                          std::to_string(set.count));
+        set.check_finite("Loader: the data set");
         batches_ = drop_last ? set.count / batch_size : (set.count + batch_size - 1) / batch_size;
         order_.resize(set.count);
         for (Slot& slot : slots_) {
-            slot.inputs = backend::host_buffer<float>(batch_size * set.input_size);
+            slot.inputs = backend::host_buffer<float>(batch_size * set.input_size);   // <= inputs.size()
             slot.labels = backend::host_buffer<std::int32_t>(batch_size * set.label_size);
         }
         worker_ = std::thread([this] { work(); });

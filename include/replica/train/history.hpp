@@ -2,6 +2,7 @@
 // History: what a training run measured, one record per epoch. The Trainer returns it; checkpoints
 // keep it, so that a resumed run reports the whole run.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct EpochRecord {
 
 struct History {
     std::vector<EpochRecord> epochs;
+    std::size_t skipped_steps = 0;   // steps undone for a NaN or infinite loss (TrainOptions::skip_nonfinite),
+                                     // in this call of fit(); checkpoints do not keep it
 };
 
 } // namespace replica::train
