@@ -17,7 +17,7 @@ ensure_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-dev libopenmpi-dev openmpi-bin)
+base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-dev libopenmpi-dev openmpi-bin libcli11-dev)
 
 # Configures the build folder once (again if meson.build changed: ninja does that itself).
 configure() {

@@ -35,6 +35,15 @@
 
 namespace replica::examples {
 
+// CLI11 gives an option its value even when the next argument is another option ("--checkpoint
+// --resume" would make "--resume" the path). Every validator here refuses such a value by this message.
+inline std::string option_as_value(const std::string& text)
+{
+    if (text.size() > 2 && text[0] == '-' && text[1] == '-')
+        return "got the option " + text + " where a value was expected: give this option a value";
+    return {};
+}
+
 // A validator for whole numbers in [min, max], written in decimal digits only: "-1", "", "1e3",
 // "0x10" and "010" are refused (CLI11 alone would wrap "-1" around and read "010" as octal).
 inline CLI::Validator whole_number(std::uint64_t min, std::uint64_t max)
@@ -42,6 +51,7 @@ inline CLI::Validator whole_number(std::uint64_t min, std::uint64_t max)
     const std::string range = std::to_string(min) + " to " + std::to_string(max);
     return CLI::Validator(
         [min, max, range](std::string& text) -> std::string {
+            if (std::string option = option_as_value(text); !option.empty()) return option;
             const bool digits = !text.empty() && text.size() <= 20 &&
                                 std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
                                 (text.size() == 1 || text[0] != '0');
@@ -64,6 +74,7 @@ inline CLI::Validator real_number(double min, double max)
 {
     return CLI::Validator(
         [min, max](std::string& text) -> std::string {
+            if (std::string option = option_as_value(text); !option.empty()) return option;
             double value = 0.0;
             if (text.empty() || !CLI::detail::lexical_cast(text, value) || !(value >= min && value <= max))
                 return "'" + text + "' is not a number from " + std::to_string(min) + " to " + std::to_string(max) +
@@ -73,9 +84,11 @@ inline CLI::Validator real_number(double min, double max)
         "FLOAT in [" + std::to_string(min) + ", " + std::to_string(max) + "]", "real_number");
 }
 
-// Refuses an empty value: "--checkpoint=" or "--checkpoint ''".
+// Refuses an empty value ("--checkpoint=" or "--checkpoint ''") and an option taken for a value.
 inline const CLI::Validator not_empty(
-    [](std::string& text) -> std::string { return text.empty() ? "an empty value is not allowed; give one" : ""; },
+    [](std::string& text) -> std::string {
+        return text.empty() ? "an empty value is not allowed; give one" : option_as_value(text);
+    },
     "TEXT", "not_empty");
 
 template <class T>
@@ -134,6 +147,7 @@ inline CLI::Validator devices_validator(bool allow_all)
     return CLI::Validator(
         [allow_all](std::string& text) -> std::string {
             if (allow_all && text == "all") return {};
+            if (std::string option = option_as_value(text); !option.empty()) return option;
             try {
                 checked_devices(text);
             } catch (const Error& e) {
