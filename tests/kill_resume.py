@@ -41,7 +41,7 @@ def run(binary, ckpt, env, resume):
 
 def main():
     binary = sys.argv[1]
-    trials = int(sys.argv[2]) if len(sys.argv) > 2 else 6
+    trials = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     rng = random.Random(int(os.environ.get("REPLICA_KILL_SEED", "0")) or None)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:

@@ -167,14 +167,15 @@ TEST_CASE("a diverging run stops with an error naming the step and the causes; i
 
 TEST_CASE("with skip_nonfinite a batch whose loss is not finite is undone and counted", "[cpu][robust]")
 {
-    // x in [-1, 1], label x > 0; one sample of 3e38, which overflows the logits of weights +-2.
+    // x in [-1, 1], class 0 when x > 0 (as the weights +-2 already say); one sample of 3e38, which
+    // overflows the logits of those weights.
     Dataset set;
     set.count = 16;
     set.input_size = 1;
     for (std::size_t i = 0; i < set.count; ++i) {
         const float x = i == 11 ? 3e38f : float(i) / 8.0f - 1.0f;
         set.inputs.push_back(x);
-        set.labels.push_back(x > 0.0f ? 1 : 0);
+        set.labels.push_back(x > 0.0f ? 0 : 1);
     }
     auto run = [&](bool skip, History* out) {
         OneFeature model{Device::cpu(), 1};
@@ -193,7 +194,7 @@ TEST_CASE("with skip_nonfinite a batch whose loss is not finite is undone and co
     REQUIRE(history.epochs.size() == 3);
     for (const auto& r : history.epochs) CHECK(std::isfinite(r.train_loss));
     REQUIRE(all_finite(w));
-    CHECK(w[0] > 1.9f);   // the update of the skipped batch (a huge gradient) was not applied
+    CHECK(w[0] > 1.9f);   // the skipped batches' updates (NaN) were not applied; the others agree with +-2
 }
 
 TEST_CASE("a checkpoint is never written with NaN or infinite values", "[cpu][robust]")
@@ -322,7 +323,8 @@ TEST_CASE("a checkpoint with a valid checksum but nonsense content is refused", 
     SECTION("optimizer state of the wrong size") {
         // Twice the state SGD keeps: the header, the sizes and the checksum all agree.
         auto b = bytes;
-        b.insert(b.end() - 4, b.end() - 4 - 4 * Small::param_count, b.end() - 4);
+        const std::vector<unsigned char> state(b.end() - 4 - 4 * Small::param_count, b.end() - 4);
+        b.insert(b.end() - 4, state.begin(), state.end());
         put_u64(b, 28, 2 * Small::param_count);
         reseal(b);
         write_bytes(bad, b);
