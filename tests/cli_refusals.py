@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 lenet, bench, feature = sys.argv[1:4]
-SMALL = ["--train-samples", "256", "--test-samples", "50", "--devices", "cpu:0", "--dispatch", "single"]
+SMALL = ["--train-samples", "256", "--test-samples", "50", "--dispatch", "single"]
 
 # (program, arguments, exit status, parts the message must hold)
 CASES = [
@@ -50,11 +50,11 @@ CASES = [
     (feature, ["--devices", "cpu:0,"], 2, ["has an empty item"]),
     (feature, ["--steps", ""], 2, ["--steps"]),
     # Runs refused after the command line: the batch against the data set, divergence.
-    (lenet, SMALL + ["--batch-size", "300"], 1, ["--batch-size 300 is larger than the 256 training samples",
+    (lenet, SMALL + ["--devices", "cpu:0", "--batch-size", "300"], 1, ["--batch-size 300 is larger than the 256 training samples",
                                                  "use --batch-size 256 or less"]),
     (lenet, SMALL + ["--batch-size", "200", "--scaling", "weak", "--devices", "cpu:0,cpu:1"], 1,
      ["--batch-size 200 per device (global 400) is larger than the 256 training samples"]),
-    (lenet, SMALL + ["--lr", "1000", "--epochs", "3", "--validate-every", "0"], 1,
+    (lenet, SMALL + ["--devices", "cpu:0", "--lr", "1000", "--epochs", "3", "--validate-every", "0"], 1,
      ["training diverged", "(epoch 1, batch ", "learning rate too high", "--skip-nonfinite"]),
 ]
 

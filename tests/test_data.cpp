@@ -438,7 +438,7 @@ TEST_CASE("Loader refuses bad arguments", "[cpu][data][loader]")
     REQUIRE_ERROR(Loader(set, 6, 1), "batch size 6 is larger than the data set's 5 samples");
     REQUIRE_ERROR(Loader(set, std::size_t{1} << 62, 1), "use a batch size of at most 5");
     Dataset lying = set;
-    lying.count = std::size_t{1} << 62;   // count x input_size wraps around
+    lying.count = std::size_t{1} << 63;   // count x input_size wraps around
     REQUIRE_ERROR(Loader(lying, 2, 1), "does not fit in a 64-bit size");
     Dataset nan = set;
     nan.inputs[3] = std::nanf("");
