@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "replica/parallel/worker_pool.hpp"
-#include "support/args.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
@@ -109,11 +109,11 @@ Figures measure(Pool& pool, std::size_t rounds, int phases, std::chrono::microse
 
 int main(int argc, char** argv)
 try {
-    replica::examples::Args args("pool_bench", "what Threaded's phase hand-offs cost: WorkerPool against a condition-variable pool");
-    args.option("threads", "2", "worker threads (replicas)").option("rounds", "20000", "rounds per measurement");
-    args.parse(argc, argv);
-    const std::size_t threads = args.count("threads"), rounds = args.count("rounds");
-    replica::core::require(threads > 0 && threads <= 64 && rounds > 0, "--threads must be 1 to 64 and --rounds at least 1");
+    CLI::App app{"what Threaded's phase hand-offs cost: WorkerPool against a condition-variable pool", "pool_bench"};
+    std::size_t threads = 2, rounds = 20000;
+    replica::examples::count_option(app, "--threads", threads, "worker threads (replicas)", 1, 64);
+    replica::examples::count_option(app, "--rounds", rounds, "rounds per measurement", 1, 100000000);
+    if (int code = replica::examples::parse(app, argc, argv)) return code - 1;
     const auto asleep = replica::parallel::WorkerPool::poll_for * 5;
     std::printf("%zu worker threads, %zu rounds; microseconds, median (90th percentile)\n", threads, rounds);
     std::printf("%-40s %22s %22s\n", "", "WorkerPool", "condition variables");

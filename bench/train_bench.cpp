@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "support/args.hpp"
+#include "support/cli.hpp"
 #include "support/processes.hpp"
 #include "replica/data/synthetic.hpp"
 #include "replica/replica.hpp"
@@ -51,7 +51,10 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
 {
     if (s.blas_threads > 0) backend::cpu::set_blas_threads(s.blas_threads);
     const std::size_t replicas = model.global_replica_count();   // over every process
-    const std::size_t global = parallel::global_batch(batch, replicas, s.scaling);
+    const std::size_t global = s.scaling == Scaling::weak
+                                   ? core::checked_mul(batch, replicas, "--batch x devices (weak scaling)")
+                                   : batch;
+    core::checked_mul(2 * global, M::input_shape::size, "two batches of synthetic inputs");
     // Two distinct batches, alternated, so no step sees the data of the step before.
     // In page-locked memory under CUDA, as the Loader's batches are: each batch goes to the devices
     // while the step before computes, as the Trainer does it.
@@ -145,51 +148,60 @@ int run(const Settings& s)
 int main(int argc, char** argv)
 try {
     const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
-    examples::Args args("train_bench", "median training-step time of a standard network on synthetic data");
-    args.option("model", "lenet", "lenet, alexnet (features replicated), alexnet-plain, googlenet, textcnn or fcn")
-        .option("batch", "0", "batch size (0: the network's default); global with strong scaling, per device with weak")
-        .option("steps", "20", "timed steps")
-        .option("warmup", "3", "untimed steps first")
-        .option("devices", "all", "all, or a list such as cpu:0,cpu:1 or cuda:0,cuda:1 (under mpirun: each process "
-                                  "takes its share)")
-        .option("dispatch", "single", "single, threaded or auto (measure every choice, keep the fastest)")
-        .option("scaling", "strong", "strong or weak")
-        .option("blas-threads", "0", "OpenBLAS threads for CPU runs (0: leave as is)")
-        .flag("reproducible", "bit-identical on any device count (micro-shards, exact sums): measures its cost")
-        .option("micro-shard", "8", "samples per micro-shard with --reproducible")
-        .option("bucket-floats", "0", "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)")
-        .option("first-bucket-floats", "0", "the first bucket (last layers) closes at this many floats, or at "
-                                            "--bucket-floats if smaller (0: the default, 256 Ki)")
-        .flag("data-parallel", "a DataParallel with --dispatch single or threaded even over one device: what its "
-                               "machinery (graphs cut at buckets, the all-reduce, event waits) costs")
-        .flag("eager", "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs and replays them)")
-        .flag("cudnn-heuristics", "GPUs: take cuDNN's heuristic choice of convolution algorithms (default: time its "
-                                  "candidates once per shape and keep the fastest)")
-        .option("conv-path", "timed", "GPUs: convolutions by cuDNN (cudnn), as products over their windows (gemm), "
-                                      "products forward only (gemm-forward) or backward only (gemm-backward), or "
-                                      "per pass the faster of cuDNN and the products, timed per layer (timed)")
-        .flag("log-choices", "GPUs: print each timed convolution choice to stderr as it is made")
-        .flag("json", "print one JSON object");
-    args.parse(argc, argv);
-    const std::string conv_path = args.str("conv-path");
-    const std::string conv_paths[] = {"timed", "cudnn", "gemm", "gemm-forward", "gemm-backward"};   // cuda::ConvPath's order
-    const auto path = std::ranges::find(conv_paths, conv_path);
-    core::require(path != std::end(conv_paths),
-                  "--conv-path takes timed, cudnn, gemm, gemm-forward or gemm-backward, not '" + conv_path + "'");
+    CLI::App app{"median training-step time of a standard network on synthetic data", "train_bench"};
+    std::string model = "lenet", conv_path = "timed";
+    std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0;
+    int blas_threads = 0;
+    bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false;
+    examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
+    examples::ReproducibleFlags repro;
+    app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
+                                     "textcnn or fcn")
+        ->check(CLI::IsMember({"lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn"}))
+        ->capture_default_str();
+    examples::count_option(app, "--batch", batch, "batch size (0: the network's default); global with strong "
+                                                  "scaling, per device with weak", 0, 1u << 16);
+    examples::count_option(app, "--steps", steps, "timed steps", 1, 1000000);
+    examples::count_option(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
+    dev.add(app, "all (every GPU, or the CPU)", {"single", "threaded", "auto"});
+    examples::count_option(app, "--blas-threads", blas_threads, "OpenBLAS threads for CPU runs (0: leave as is)", 0, 1024);
+    repro.add(app);
+    examples::count_option(app, "--bucket-floats", bucket_floats,
+                           "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)", 0,
+                           std::uint64_t{1} << 34);
+    examples::count_option(app, "--first-bucket-floats", first_bucket_floats,
+                           "the first bucket (last layers) closes at this many floats, or at --bucket-floats if "
+                           "smaller (0: the default, 256 Ki)", 0, std::uint64_t{1} << 34);
+    app.add_flag("--data-parallel", data_parallel, "a DataParallel with --dispatch single or threaded even over one "
+                                                   "device: what its machinery (graphs cut at buckets, the all-reduce, "
+                                                   "event waits) costs");
+    app.add_flag("--eager", eager, "GPUs: run every step eagerly (default: each GPU captures its step in CUDA graphs "
+                                   "and replays them)");
+    app.add_flag("--cudnn-heuristics", cudnn_heuristics, "GPUs: take cuDNN's heuristic choice of convolution "
+                                                         "algorithms (default: time its candidates once per shape and "
+                                                         "keep the fastest)");
+    const std::vector<std::string> conv_paths = {"timed", "cudnn", "gemm", "gemm-forward", "gemm-backward"};   // cuda::ConvPath's order
+    app.add_option("--conv-path", conv_path, "GPUs: convolutions by cuDNN (cudnn), as products over their windows "
+                                             "(gemm), products forward only (gemm-forward) or backward only "
+                                             "(gemm-backward), or per pass the faster of cuDNN and the products, timed "
+                                             "per layer (timed)")
+        ->check(CLI::IsMember(conv_paths))
+        ->capture_default_str();
+    app.add_flag("--log-choices", log_choices, "GPUs: print each timed convolution choice to stderr as it is made");
+    app.add_flag("--json", json, "print one JSON object");
+    if (int code = examples::parse(app, argc, argv)) return code - 1;
 #if defined(REPLICA_CUDA)
-    backend::cuda::default_options().graphs = !args.on("eager");
-    backend::cuda::default_options().benchmark = !args.on("cudnn-heuristics");
-    backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - std::begin(conv_paths));
-    if (args.on("log-choices")) backend::cuda::default_options().log = &std::cerr;
+    const auto path = std::ranges::find(conv_paths, conv_path);
+    backend::cuda::default_options().graphs = !eager;
+    backend::cuda::default_options().benchmark = !cudnn_heuristics;
+    backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - conv_paths.begin());
+    if (log_choices) backend::cuda::default_options().log = &std::cerr;
 #endif
-    auto devices = args.str("devices") == "all" ? backend::default_devices() : parse_devices(args.str("devices"));
+    auto devices = dev.device_list(backend::default_devices());
     if (processes) devices = parallel::process_devices(*processes, devices);
-    Settings s{args.str("model"), args.count("batch"), args.count("steps"), args.count("warmup"), devices,
-               parallel::parse_dispatch(args.str("dispatch")), parallel::parse_scaling(args.str("scaling")),
-               args.on("json"), int(args.integer("blas-threads")),
-               StepOptions{.reproducible = args.on("reproducible"), .micro_shard = args.count("micro-shard")},
-               processes.get(), args.count("bucket-floats"), args.count("first-bucket-floats"), args.on("data-parallel")};
-    core::require(s.steps > 0, "--steps must be at least 1");
+    Settings s{model, batch, steps, warmup, devices, dev.dispatch_choice(), dev.scaling_choice(), json, blas_threads,
+               StepOptions{.reproducible = repro.reproducible, .micro_shard = repro.micro_shard},
+               processes.get(), bucket_floats, first_bucket_floats, data_parallel};
     if (s.model == "lenet") return run<LeNet>(s);
     if (s.model == "alexnet") return run<AlexNet>(s);
     if (s.model == "alexnet-plain") return run<AlexNetPlain>(s);

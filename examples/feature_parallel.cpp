@@ -10,7 +10,7 @@
 #include <exception>
 
 #include "replica/replica.hpp"
-#include "support/args.hpp"
+#include "support/cli.hpp"
 
 using namespace replica;
 
@@ -24,13 +24,17 @@ static_assert(std::same_as<decltype(auto_parallel(std::declval<Net>())), Net>);
 
 int main(int argc, char** argv)
 try {
-    examples::Args args("feature_parallel", "a model whose features are replicated and whose classifier is not");
-    args.option("devices", "cpu:0,cpu:1", "the features' devices; the classifier runs on the first")
-        .option("steps", "30", "training steps")
-        .option("batch-size", "64", "global batch size");
-    args.parse(argc, argv);
-    const auto devices = parse_devices(args.str("devices"));
-    const std::size_t batch = args.count("batch-size"), steps = args.count("steps");
+    CLI::App app{"a model whose features are replicated and whose classifier is not", "feature_parallel"};
+    std::string device_list = "cpu:0,cpu:1";
+    std::size_t steps = 30, batch = 64;
+    app.add_option("--devices", device_list, "the features' devices, such as cpu:0,cpu:1 or cuda:0,cuda:1; the "
+                                             "classifier runs on the first")
+        ->check(examples::devices_validator(false))
+        ->capture_default_str();
+    examples::count_option(app, "--steps", steps, "training steps", 1, 1000000);
+    examples::count_option(app, "--batch-size", batch, "global batch size", 1, 4096);
+    if (int code = examples::parse(app, argc, argv)) return code - 1;
+    const auto devices = examples::checked_devices(device_list);
 
     Net net{devices};   // the nested DataParallel replicates Features over every device of the list
     std::printf("%s: %zu parameters, features on %zu device(s)\n", net.description().c_str(), Net::param_count,

@@ -355,7 +355,7 @@ std::vector<std::size_t> iota(std::size_t n)
 TEST_CASE("Loader visits every sample exactly once per epoch", "[cpu][data][loader]")
 {
     const Dataset set = numbered_dataset(103);
-    for (std::size_t batch_size : {1, 7, 32, 103, 500}) {
+    for (std::size_t batch_size : {1, 7, 32, 103}) {
         for (bool shuffle : {true, false}) {
             INFO("batch size " << batch_size << ", shuffle " << shuffle);
             Loader loader(set, batch_size, 42, shuffle);
@@ -435,6 +435,14 @@ TEST_CASE("Loader refuses bad arguments", "[cpu][data][loader]")
     const Dataset set = numbered_dataset(5);
     REQUIRE_ERROR(Loader(set, 0, 1), "batch size > 0");
     REQUIRE_ERROR(Loader(Dataset{}, 4, 1), "empty");
+    REQUIRE_ERROR(Loader(set, 6, 1), "batch size 6 is larger than the data set's 5 samples");
+    REQUIRE_ERROR(Loader(set, std::size_t{1} << 62, 1), "use a batch size of at most 5");
+    Dataset lying = set;
+    lying.count = std::size_t{1} << 63;   // count x input_size wraps around
+    REQUIRE_ERROR(Loader(lying, 2, 1), "does not fit in a 64-bit size");
+    Dataset nan = set;
+    nan.inputs[3] = std::nanf("");
+    REQUIRE_ERROR(Loader(nan, 2, 1), "is nan; every input must be a finite number");
     Loader loader(set, 2, 1);
     REQUIRE_ERROR(loader.next(), "start_epoch");
 }

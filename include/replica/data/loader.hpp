@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/checked.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
@@ -52,7 +53,8 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // `set` must outlive the loader and stay unchanged. One thread calls the loader at a time.
 // A SampleSource (files decoded and augmented on demand) is read on the background thread, sample by
 // sample, with the epoch of the batch: set.read(sample, e, ...); with set.threads > 1, by that many
-// threads at once, started for each batch.
+// threads at once, started for each batch. The constructor refuses (Error) a batch larger than the
+// data set; a Dataset's sizes and finiteness are checked once, when it becomes a source (source.hpp).
 //
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
 // [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
@@ -68,14 +70,15 @@ public:
         core::require(bool(set_.read), "Loader: the sample source has no read function");
         core::require(set_.count <= (std::uint64_t{1} << 32), "Loader: at most 2^32 samples, not " +
                                                                  std::to_string(set_.count));
-        core::require(!drop_last || batch_size <= set_.count,
-                      "Loader with drop_last and batch size " + std::to_string(batch_size) + " over " +
-                          std::to_string(set_.count) + " samples gives no batch: use a smaller batch size");
+        core::require(batch_size <= set_.count,
+                      "Loader: batch size " + std::to_string(batch_size) + " is larger than the data set's " +
+                          std::to_string(set_.count) + " samples, so no batch could be full: use a batch size of at most " +
+                          std::to_string(set_.count));
         batches_ = drop_last ? set_.count / batch_size : (set_.count + batch_size - 1) / batch_size;
         order_.resize(set_.count);
         for (Slot& slot : slots_) {
-            slot.inputs = backend::host_buffer<float>(batch_size * set_.input_size);
-            slot.labels = backend::host_buffer<std::int32_t>(batch_size * set_.label_size);
+            slot.inputs = backend::host_buffer<float>(core::checked_mul(batch_size, set_.input_size, "Loader: batch x input size"));
+            slot.labels = backend::host_buffer<std::int32_t>(core::checked_mul(batch_size, set_.label_size, "Loader: batch x label size"));
         }
         worker_ = std::thread([this] { work(); });
     }

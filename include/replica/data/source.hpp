@@ -33,7 +33,8 @@ struct SampleSource {
     }
 
     // The samples of `set` as they are (the same in every epoch); `set` must outlive the source.
-    // Throws Error when set holds other than count x input_size inputs and count x label_size labels.
+    // Throws Error when set holds other than count x input_size inputs and count x label_size labels,
+    // or an input that is NaN or infinite.
     SampleSource(const Dataset& set) // NOLINT: implicit, so that a Dataset goes wherever a source does
         : count(checked(set).count), input_size(set.input_size), label_size(set.label_size),
           read([&set](std::size_t index, std::uint64_t, float* input, std::int32_t* label) {
@@ -47,10 +48,8 @@ struct SampleSource {
 private:
     static const Dataset& checked(const Dataset& set)
     {
-        core::require(set.inputs.size() == set.count * set.input_size &&
-                          set.labels.size() == set.count * set.label_size,
-                      "the data set holds " + std::to_string(set.inputs.size()) + " inputs and " +
-                          std::to_string(set.labels.size()) + " labels, not count * input_size and count * label_size");
+        set.check_sizes("the data set");
+        set.check_finite("the data set");   // once, here: never per batch
         return set;
     }
 };

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "replica/core/checked.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
@@ -13,7 +14,8 @@ namespace replica::data {
 
 // `count` samples: input element e of sample s is 2 * random_uniform(seed, Stream::synthetic, 0, s, e) - 1,
 // in [-1, 1); label j of sample s is random_bits(seed, Stream::synthetic, 1, s, j) % classes.
-// Throws Error when a size or `classes` is 0, or input_size or label_size exceeds 2^32.
+// Throws Error when a size or `classes` is 0, input_size or label_size exceeds 2^32, or count x a
+// size overflows.
 inline Dataset synthetic_dataset(std::size_t count, std::size_t input_size, std::size_t label_size,
                                  std::size_t classes, std::uint64_t seed)
 {
@@ -27,8 +29,8 @@ inline Dataset synthetic_dataset(std::size_t count, std::size_t input_size, std:
     set.count = count;
     set.input_size = input_size;
     set.label_size = label_size;
-    set.inputs.resize(count * input_size);
-    set.labels.resize(count * label_size);
+    set.inputs.resize(core::checked_mul(count, input_size, "synthetic_dataset: count x input_size"));
+    set.labels.resize(core::checked_mul(count, label_size, "synthetic_dataset: count x label_size"));
     for (std::size_t s = 0; s < count; ++s) {
         float* x = set.inputs.data() + s * input_size;
         for (std::size_t e = 0; e < input_size; ++e)

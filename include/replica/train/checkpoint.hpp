@@ -27,8 +27,12 @@
 // save_checkpoint is atomic: it writes <path>.tmp beside <path>, fsyncs it, renames it over <path> and
 // fsyncs the directory, creating missing parent directories first. On failure it removes the temporary
 // file and throws Error; a checkpoint already at <path> is untouched.
-// load_checkpoint checks the whole file (size, magic, version, checksum, model) before it touches the
-// model; on failure it throws Error naming the file and the model is left as it was.
+// save_checkpoint refuses (Error) parameters or optimizer state holding NaN or infinity.
+// load_checkpoint reads the header first and then never more bytes than the header and the model allow
+// (a pipe or /dev/zero fails at once); it checks the whole file (size, magic, version, checksum, model)
+// and then that every field makes sense (finite values, history consistent with the epoch, and with
+// CheckpointExpectations the run's epochs, steps and optimizer) before it touches the model; on
+// failure it throws Error naming the file and the model is left as it was.
 
 #include <zlib.h>
 
@@ -37,6 +41,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cerrno>
 #include <concepts>
 #include <cstddef>
@@ -62,6 +67,13 @@ struct CheckpointState {
     std::uint64_t step = 0;             // optimizer steps taken
     std::uint64_t seed = 0;             // the run's seed (shuffling and dropout are keyed on it)
     std::vector<EpochRecord> history = {};   // "= {}": {.epoch = 3} stays warning-free under -Wextra
+};
+
+// What the loading run allows, checked after the checksum (defaults: only the checks every file passes).
+struct CheckpointExpectations {
+    std::uint64_t max_epoch = std::numeric_limits<std::uint64_t>::max();   // the run's epochs
+    std::uint64_t steps_per_epoch = 0;     // 0: not checked; else step must be epoch x steps_per_epoch
+    std::size_t state_per_param = 0;       // 0: not checked; else the file holds 0 or this many floats per parameter
 };
 
 namespace detail {
@@ -123,6 +135,9 @@ inline constexpr unsigned char checkpoint_magic[8] = {'R', 'E', 'P', 'L', 'I', '
 inline constexpr std::uint32_t checkpoint_version = 1;
 inline constexpr std::size_t checkpoint_header_size = 68;   // up to and including the history count
 inline constexpr std::size_t checkpoint_record_size = 40;
+// Bounds a reader trusts a header with: more is a damaged header, never a real checkpoint.
+inline constexpr std::uint64_t checkpoint_max_records = std::uint64_t{1} << 20;   // one per epoch
+inline constexpr std::uint64_t checkpoint_max_state_per_param = 16;             // SGD keeps 1
 
 class ByteWriter {
 public:
@@ -236,27 +251,96 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
     ::close(fd);
 }
 
-// The whole file. Throws Error when it is missing or cannot be read.
-inline std::vector<unsigned char> read_file(const std::filesystem::path& path)
+// Opens a checkpoint for reading. Throws Error when it is missing or cannot be opened.
+class CheckpointFile {
+public:
+    explicit CheckpointFile(const std::filesystem::path& path) : name_(path.string()), file_(std::fopen(path.c_str(), "rb"))
+    {
+        if (!file_) {
+            if (errno == ENOENT) throw Error("checkpoint " + name_ + " not found: check the path");
+            throw Error("cannot read checkpoint " + name_ + ": " + std::strerror(errno));
+        }
+    }
+    ~CheckpointFile() { std::fclose(file_); }
+    CheckpointFile(const CheckpointFile&) = delete;
+    CheckpointFile& operator=(const CheckpointFile&) = delete;
+
+    // Appends up to n more bytes to out; fewer only at the end of the file. Throws Error on a read error.
+    void read(std::vector<unsigned char>& out, std::size_t n)
+    {
+        unsigned char chunk[1 << 16];
+        while (n > 0) {
+            const std::size_t want = std::min(n, sizeof chunk);
+            const std::size_t got = std::fread(chunk, 1, want, file_);
+            out.insert(out.end(), chunk, chunk + got);
+            n -= got;
+            if (got < want) break;
+        }
+        if (std::ferror(file_)) throw Error("cannot read checkpoint " + name_ + ": " + std::strerror(errno));
+    }
+
+private:
+    std::string name_;
+    std::FILE* file_;
+};
+
+// The size a checkpoint has, from its first bytes (the header, or less when the file is shorter).
+// Throws Error when the header is short, not a checkpoint's, of another version, of another
+// parameter count, or claims more data than the bounds above.
+inline std::uint64_t checkpoint_size_from_header(const std::string& name, std::span<const unsigned char> b,
+                                                 std::uint64_t param_count)
 {
-    const std::string name = path.string();
-    std::FILE* file = std::fopen(path.c_str(), "rb");
-    if (!file) {
-        if (errno == ENOENT) throw Error("checkpoint " + name + " not found: check the path");
-        throw Error("cannot read checkpoint " + name + ": " + std::strerror(errno));
-    }
+    const std::size_t size = b.size();
+    auto truncated = [&] {
+        return Error("checkpoint " + name + " is truncated (" + std::to_string(size) + " bytes, expected at least " +
+                     std::to_string(checkpoint_header_size) + "): the write was interrupted; use an earlier checkpoint");
+    };
+    if (size == 0) throw truncated();
+    if (std::memcmp(b.data(), checkpoint_magic, std::min(size, sizeof checkpoint_magic)) != 0)
+        throw Error(name + " is not a replica checkpoint (it does not start with \"REPLICA\"): check the path");
+    if (size < 12) throw truncated();
+    const std::uint32_t version = read_u32(b.data() + 8);
+    if (version != checkpoint_version)
+        throw Error("checkpoint " + name + " has format version " + std::to_string(version) +
+                    "; this build of replica reads version " + std::to_string(checkpoint_version) +
+                    ": load it with the replica that wrote it");
+    if (size < checkpoint_header_size) throw truncated();
+
+    const std::uint64_t file_params = read_u64(b.data() + 20);
+    const std::uint64_t file_states = read_u64(b.data() + 28);
+    const std::uint64_t records = read_u64(b.data() + 60);
+    if (file_params != param_count)
+        throw Error("checkpoint " + name + " was saved from a different model (" + std::to_string(file_params) +
+                    " parameters); this model has " + std::to_string(param_count) +
+                    " parameters: load it into the model that saved it");
+    if (records > checkpoint_max_records || file_states > checkpoint_max_state_per_param * param_count ||
+        (param_count != 0 && file_states % param_count != 0))
+        throw Error("checkpoint " + name + " is corrupt (its header claims " + std::to_string(records) +
+                    " history records and " + std::to_string(file_states) + " optimizer values for " +
+                    std::to_string(param_count) + " parameters): use an earlier checkpoint");
+    return checkpoint_header_size + checkpoint_record_size * records + 4 * (file_params + file_states) + 4;
+}
+
+// The checkpoint's bytes: the header, then at most what the header says follows, plus one byte to
+// tell a longer file. Throws Error as checkpoint_size_from_header does, or when the file cannot be read.
+inline std::vector<unsigned char> read_checkpoint_bytes(const std::filesystem::path& path, std::uint64_t param_count)
+{
+    CheckpointFile file(path);
     std::vector<unsigned char> out;
-    unsigned char chunk[1 << 16];
-    for (;;) {
-        const std::size_t got = std::fread(chunk, 1, sizeof chunk, file);
-        out.insert(out.end(), chunk, chunk + got);
-        if (got < sizeof chunk) break;
-    }
-    const int err = errno;
-    const bool failed = std::ferror(file) != 0;
-    std::fclose(file);
-    if (failed) throw Error("cannot read checkpoint " + name + ": " + std::strerror(err));
+    file.read(out, checkpoint_header_size);
+    const std::uint64_t size = checkpoint_size_from_header(path.string(), out, param_count);
+    file.read(out, std::size_t(size - out.size() + 1));
     return out;
+}
+
+inline bool all_finite(std::span<const float> values, std::size_t& first_bad)
+{
+    for (std::size_t i = 0; i < values.size(); ++i)
+        if (!std::isfinite(values[i])) {
+            first_bad = i;
+            return false;
+        }
+    return true;
 }
 
 struct CheckpointContents {
@@ -267,59 +351,80 @@ struct CheckpointContents {
 
 // Checks a checkpoint file's bytes, in the order a reader would want to hear about problems, and
 // decodes them. Throws Error naming the file.
+// A checkpoint whose checksum is right but whose content makes no sense was not written by replica
+// (or was forged): every field is checked. Throws Error naming the file and the field.
+inline void check_sense(const std::string& name, const CheckpointContents& c, std::uint64_t param_count,
+                        const CheckpointExpectations& expect)
+{
+    const std::string refused = "checkpoint " + name + " has a valid checksum but ";
+    const std::string advice = ": it was not written by this run's replica; use an earlier checkpoint";
+    const CheckpointState& s = c.state;
+    std::size_t bad = 0;
+    if (!all_finite(c.parameters, bad))
+        throw Error(refused + "parameter " + std::to_string(bad) + " is " + std::to_string(c.parameters[bad]) + advice);
+    if (!all_finite(c.optimizer_state, bad))
+        throw Error(refused + "optimizer value " + std::to_string(bad) + " is " +
+                    std::to_string(c.optimizer_state[bad]) + advice);
+    if (s.history.size() > s.epoch)
+        throw Error(refused + "holds " + std::to_string(s.history.size()) + " history records after " +
+                    std::to_string(s.epoch) + " epochs (at most one per epoch)" + advice);
+    std::uint64_t previous = 0;
+    for (const EpochRecord& r : s.history) {
+        const bool measured_ok = [](double v) { return std::isfinite(v) || std::isnan(v); }(r.validation_loss) &&
+                                 (std::isnan(r.validation_accuracy) ||
+                                  (r.validation_accuracy >= 0.0 && r.validation_accuracy <= 1.0));
+        if (r.epoch <= previous || r.epoch > s.epoch || !std::isfinite(r.train_loss) || !measured_ok ||
+            !std::isfinite(r.seconds) || r.seconds < 0.0)
+            throw Error(refused + "its history record for epoch " + std::to_string(r.epoch) +
+                        " makes no sense (epochs must rise from 1 to " + std::to_string(s.epoch) +
+                        ", losses and times be finite, accuracy in [0, 1])" + advice);
+        previous = r.epoch;
+    }
+    if (s.epoch > expect.max_epoch)
+        throw Error("checkpoint " + name + " was saved after epoch " + std::to_string(s.epoch) + ", but this run has " +
+                    std::to_string(expect.max_epoch) + " epochs: pass more epochs (--epochs) to train on from it, "
+                    "or start a new run without --resume");
+    if (expect.steps_per_epoch != 0 &&
+        (s.epoch > std::numeric_limits<std::uint64_t>::max() / expect.steps_per_epoch ||
+         s.step != s.epoch * expect.steps_per_epoch))
+        throw Error("checkpoint " + name + " holds step " + std::to_string(s.step) + " after epoch " +
+                    std::to_string(s.epoch) + ", but this run takes " + std::to_string(expect.steps_per_epoch) +
+                    " steps per epoch: resume with the batch size, devices and data set that saved it");
+    if (expect.state_per_param != 0 && !c.optimizer_state.empty() &&
+        c.optimizer_state.size() != expect.state_per_param * param_count)
+        throw Error("checkpoint " + name + " holds " + std::to_string(c.optimizer_state.size()) +
+                    " optimizer values, but this optimizer keeps " + std::to_string(expect.state_per_param) +
+                    " per parameter (" + std::to_string(expect.state_per_param * param_count) +
+                    "): resume with the optimizer that saved it");
+}
+
 inline CheckpointContents parse_checkpoint(const std::string& name, std::span<const unsigned char> b,
-                                           std::uint64_t signature, std::uint64_t param_count)
+                                           std::uint64_t signature, std::uint64_t param_count,
+                                           const CheckpointExpectations& expect = {})
 {
     const std::size_t size = b.size();
-    auto truncated = [&](const std::string& expected) {
-        return Error("checkpoint " + name + " is truncated (" + std::to_string(size) + " bytes, expected " + expected +
-                     "): the write was interrupted; use an earlier checkpoint");
-    };
-    if (size == 0) throw truncated("at least " + std::to_string(checkpoint_header_size));
-    if (std::memcmp(b.data(), checkpoint_magic, std::min(size, sizeof checkpoint_magic)) != 0)
-        throw Error(name + " is not a replica checkpoint (it does not start with \"REPLICA\"): check the path");
-    if (size < 12) throw truncated("at least " + std::to_string(checkpoint_header_size));
-    const std::uint32_t version = read_u32(b.data() + 8);
-    if (version != checkpoint_version)
-        throw Error("checkpoint " + name + " has format version " + std::to_string(version) +
-                    "; this build of replica reads version " + std::to_string(checkpoint_version) +
-                    ": load it with the replica that wrote it");
-    if (size < checkpoint_header_size) throw truncated("at least " + std::to_string(checkpoint_header_size));
-
+    const std::uint64_t expected =
+        checkpoint_size_from_header(name, b.first(std::min(size, checkpoint_header_size)), param_count);
     const std::uint64_t file_signature = read_u64(b.data() + 12);
     const std::uint64_t file_params = read_u64(b.data() + 20);
     const std::uint64_t file_states = read_u64(b.data() + 28);
     const std::uint64_t records = read_u64(b.data() + 60);
-
-    // header + 40 H + 4 (P + S) + 4, unless it overflows (only a damaged header claims that much).
-    constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
-    std::uint64_t expected = checkpoint_header_size + 4;
-    bool fits = records <= (max - expected) / checkpoint_record_size;
-    if (fits) expected += records * checkpoint_record_size;
-    fits = fits && file_params <= (max - expected) / 4;
-    if (fits) expected += file_params * 4;
-    fits = fits && file_states <= (max - expected) / 4;
-    if (fits) expected += file_states * 4;
-    if (!fits)
-        throw Error("checkpoint " + name + " is corrupt (its header claims more data than a file can hold): "
-                    "use an earlier checkpoint");
-    if (size < expected) throw truncated(std::to_string(expected));
+    if (size < expected)
+        throw Error("checkpoint " + name + " is truncated (" + std::to_string(size) + " bytes, expected " +
+                    std::to_string(expected) + "): the write was interrupted; use an earlier checkpoint");
     if (size > expected)
-        throw Error("checkpoint " + name + " is corrupt (" + std::to_string(size) + " bytes, expected " +
-                    std::to_string(expected) + "): use an earlier checkpoint");
+        throw Error("checkpoint " + name + " is corrupt (more than the " + std::to_string(expected) +
+                    " bytes its header promises): use an earlier checkpoint");
 
     if (crc32_of(b.data(), size - 4) != read_u32(b.data() + size - 4))
         throw Error("checkpoint " + name + " is corrupt (checksum mismatch): the file was damaged after it was "
                     "written; use an earlier checkpoint");
 
-    if (file_signature != signature || file_params != param_count)
+    if (file_signature != signature)
         throw Error("checkpoint " + name + " was saved from a different model (" + std::to_string(file_params) +
                     " parameters, signature " + hex64(file_signature) + "); this model has " +
                     std::to_string(param_count) + " parameters, signature " + hex64(signature) +
                     ": load it into the model that saved it");
-    if (param_count != 0 && file_states % param_count != 0)
-        throw Error("checkpoint " + name + " holds " + std::to_string(file_states) + " optimizer values, not a whole "
-                    "number per parameter: it was not written by replica; use an earlier checkpoint");
 
     CheckpointContents out;
     out.state.epoch = read_u64(b.data() + 36);
@@ -338,13 +443,15 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
     out.parameters = read_f32s(p, std::size_t(file_params));
     p += 4 * file_params;
     out.optimizer_state = read_f32s(p, std::size_t(file_states));
+    check_sense(name, out, param_count, expect);
     return out;
 }
 
 } // namespace detail
 
 // Writes model's parameters and optimizer state, and `state`, to `path` atomically. Throws Error
-// naming the path and the OS error when any step fails; a checkpoint already at `path` is then untouched.
+// naming the path and the OS error when any step fails, or when a parameter or optimizer value is NaN
+// or infinite; a checkpoint already at `path` is then untouched.
 template <class M>
 void save_checkpoint(const std::filesystem::path& path, const M& model, const CheckpointState& state)
 {
@@ -352,6 +459,13 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
                                      "DataParallel or AutoParallel of one");
     const std::vector<float> w = model.parameters();
     const std::vector<float> s = model.optimizer_state();
+    std::size_t bad = 0;
+    const bool finite_w = detail::all_finite(w, bad);
+    if (!finite_w || !detail::all_finite(s, bad))
+        throw Error("not writing checkpoint " + path.string() + ": " + (finite_w ? "optimizer value " : "parameter ") +
+                    std::to_string(bad) + " is " + std::to_string(finite_w ? s[bad] : w[bad]) +
+                    "; training has diverged (a learning rate too high, or NaN or infinite inputs). "
+                    "The previous checkpoint, if any, is unchanged: resume from it with a smaller learning rate");
     detail::ByteWriter out;
     out.reserve(detail::checkpoint_header_size + detail::checkpoint_record_size * state.history.size() +
                 4 * (w.size() + s.size()) + 4);
@@ -379,15 +493,15 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
 
 // Loads the checkpoint at `path` into model (parameters, and optimizer state when the file has any)
 // and returns the rest. Throws Error naming the file when it is missing, truncated, not a checkpoint,
-// of another format version, corrupt, or saved from a model of another structure; the model is then
-// untouched.
+// of another format version, corrupt, saved from a model of another structure, holds values that make
+// no sense (non-finite, history beyond its epoch) or does not fit `expect`; the model is then untouched.
 template <class M>
-CheckpointState load_checkpoint(const std::filesystem::path& path, M& model)
+CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, const CheckpointExpectations& expect = {})
 {
     static_assert(Checkpointable<M>, "load_checkpoint: the model must be a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
-    const std::vector<unsigned char> bytes = detail::read_file(path);
-    auto contents = detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count);
+    const std::vector<unsigned char> bytes = detail::read_checkpoint_bytes(path, M::param_count);
+    auto contents = detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, expect);
     model.set_parameters(contents.parameters);
     model.set_optimizer_state(contents.optimizer_state);   // none saved: the run restarts its momentum
     return std::move(contents.state);
@@ -396,6 +510,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model)
 } // namespace replica::train
 
 namespace replica {
+using train::CheckpointExpectations;
 using train::CheckpointState;
 using train::load_checkpoint;
 using train::model_signature;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,8 @@ struct StepRecord {
 struct History {
     std::vector<EpochRecord> epochs;
     std::vector<StepRecord> steps;      // only with TrainOptions::history_every; not kept in checkpoints
+    std::size_t skipped_steps = 0;   // steps undone for a NaN or infinite loss (TrainOptions::skip_nonfinite),
+                                     // in this call of fit(); checkpoints do not keep it
 };
 
 // Writes a History as it grows: `csv` gets one line per record, flushed at once (a plot can follow a

@@ -9,8 +9,17 @@
 // replicas; with Scaling::weak it is PER REPLICA (global batch = replicas x batch_size), and
 // scale_lr multiplies the learning rate by the replica count. An epoch is one pass over the data set
 // in either case: ceil(samples / global batch) steps.
+//
+// Nothing non-finite passes silently. The data sets are checked for NaN and infinite inputs once, in
+// fit(). The loss of every step is checked: a NaN or infinite loss stops training with an Error naming
+// the step, the epoch and the likely causes, and the last checkpoint stays as it was; with
+// skip_nonfinite such a step is undone instead (parameters and optimizer state as before it) and
+// counted in History::skipped_steps. The parameters are checked at the end of every epoch (ReLU can
+// hide a NaN from the loss), and save_checkpoint refuses non-finite values.
 
 #include <chrono>
+#include <string>
+#include <vector>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +28,7 @@
 #include <iostream>
 #include <utility>
 
+#include "replica/core/checked.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/loader.hpp"
 #include "replica/data/source.hpp"
@@ -43,6 +53,8 @@ struct TrainOptions {
     bool resume = false;                    // continue from `checkpoint` when it exists
     Schedule schedule = Schedule::fixed();
     bool reproducible = false;              // bit-identical on any replica count (see StepOptions)
+    bool skip_nonfinite = false;            // undo and skip a step whose loss is NaN or infinite, instead of
+                                            // stopping; costs a host copy of parameters and optimizer state per step
     std::size_t micro_shard = 8;            // samples per micro-shard in reproducible mode
     bool progress = true;                   // live line on a terminal
     std::ostream* log = &std::cout;         // one line per epoch; null: silent
@@ -64,13 +76,16 @@ public:
             options_.progress = false;
         }
         core::require(options_.batch_size > 0, "batch size must be at least 1");
+        core::require(options_.epochs > 0, "epochs must be at least 1: a run of 0 epochs trains nothing");
         core::require(options_.checkpoint_every > 0, "checkpoint_every must be at least 1 epoch");
         core::require(!options_.resume || !options_.checkpoint.empty(), "resume needs a checkpoint path");
     }
 
     std::size_t global_batch() const
     {
-        return parallel::global_batch(options_.batch_size, replicas(), options_.scaling);
+        return options_.scaling == parallel::Scaling::weak
+                   ? core::checked_mul(options_.batch_size, replicas(), "the global batch (batch size x replicas)")
+                   : options_.batch_size;
     }
 
     // `train_set`: a Dataset, or a SampleSource (images decoded and augmented as the loader reads them).
@@ -79,11 +94,27 @@ public:
         check_fits(train_set, "training");
         if (validation_set.count) check_fits(validation_set, "validation");
         core::require(train_set.count > 0, "the training set is empty");
+        const std::size_t batch = global_batch();
+        core::require(batch <= train_set.count,
+                      "the global batch of " + std::to_string(batch) + " samples is larger than the training set's " +
+                          std::to_string(train_set.count) + ": use a batch size of at most " +
+                          std::to_string(options_.scaling == parallel::Scaling::weak ? train_set.count / replicas()
+                                                                                     : train_set.count) +
+                          (options_.scaling == parallel::Scaling::weak ? " per replica" : ""));
+        if (validation_set.count) validation_set.check_finite("the validation set");
+        data::Loader loader(train_set, batch, options_.seed, /*shuffle=*/true);   // checks the training set
+        if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
+            loader.only([this](std::size_t n) {
+                return model_.process_share(n, options_.reproducible ? options_.micro_shard : 0);
+            });
 
         CheckpointState state{.epoch = 0, .step = 0, .seed = options_.seed, .history = {}};
         if (options_.resume) {
             if (std::filesystem::exists(options_.checkpoint)) {
-                state = load_checkpoint(options_.checkpoint, model_);
+                CheckpointExpectations expect{.max_epoch = options_.epochs,
+                                              .steps_per_epoch = loader.batches_per_epoch()};
+                if constexpr (requires { Opt::state_per_param; }) expect.state_per_param = Opt::state_per_param;
+                state = load_checkpoint(options_.checkpoint, model_, expect);
                 core::require(state.seed == options_.seed,
                               "checkpoint " + options_.checkpoint.string() + " was made with seed " +
                                   std::to_string(state.seed) + ", not " + std::to_string(options_.seed) +
@@ -94,15 +125,10 @@ public:
             }
         }
 
-        const std::size_t batch = global_batch();
         const float base_lr = opt_.options().lr *
                               (options_.scaling == parallel::Scaling::weak && options_.scale_lr ? float(replicas()) : 1.0f);
-        data::Loader loader(train_set, batch, options_.seed, /*shuffle=*/true);
-        if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
-            loader.only([this](std::size_t n) {
-                return model_.process_share(n, options_.reproducible ? options_.micro_shard : 0);
-            });
         const std::size_t steps = loader.batches_per_epoch();
+        std::size_t skipped = 0;
         Progress progress(options_.progress);
         if (state.epoch == 0 && state.history.empty()) header();
         const bool first = model_.process_rank() == 0;
@@ -122,12 +148,25 @@ public:
             // Two batches at hand: this step's, and the next one, which GPU replicas copy meanwhile.
             for (auto b = loader.next(), next = loader.next(); b; b = next, next = loader.next()) {
                 opt_.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
-                loss_sum += double(train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard},
-                                              next ? &*next : nullptr)) *
-                            double(b->size);
-                samples += b->size;
+                if (options_.skip_nonfinite) {
+                    saved_parameters_ = model_.parameters();
+                    saved_state_ = model_.optimizer_state();
+                }
+                const float loss = train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard},
+                                              next ? &*next : nullptr);
                 ++step;
                 ++state.step;
+                if (!std::isfinite(loss)) {
+                    if (!options_.skip_nonfinite) diverged(loss, state.step, epoch, step, steps);
+                    model_.set_parameters(saved_parameters_);   // the update is undone
+                    model_.set_optimizer_state(saved_state_);
+                    ++skipped;
+                    say("step " + std::to_string(state.step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
+                        std::to_string(step) + "): loss " + std::to_string(loss) + ", batch skipped");
+                    continue;
+                }
+                loss_sum += double(loss) * double(b->size);
+                samples += b->size;
                 progress.update(step, samples, loss_sum / double(samples));
                 recent_loss += loss_sum - std::exchange(seen_loss, loss_sum);
                 recent_samples += samples - std::exchange(seen_samples, samples);
@@ -139,6 +178,10 @@ public:
                 }
             }
             progress.finish_epoch();
+            core::require(samples > 0, "epoch " + std::to_string(epoch + 1) + ": every step had a NaN or infinite loss "
+                                       "and was skipped, so nothing was learned: lower the learning rate and check "
+                                       "the inputs");
+            check_parameters(epoch);
 
             EpochRecord record{.epoch = epoch + 1, .train_loss = loss_sum / double(samples),
                                .validation_loss = std::nan(""), .validation_accuracy = std::nan(""), .seconds = 0.0};
@@ -157,7 +200,7 @@ public:
                 model_.process_rank() == 0)
                 save_checkpoint(options_.checkpoint, model_, state);
         }
-        return History{.epochs = state.history, .steps = history.history().steps};
+        return History{.epochs = state.history, .steps = history.history().steps, .skipped_steps = skipped};
     }
 
 private:
@@ -173,6 +216,36 @@ private:
         core::require(set.label_size == M::label_size,
                       std::string("the ") + which + " set has " + std::to_string(set.label_size) +
                           " labels per sample, but the model's output needs " + std::to_string(M::label_size));
+    }
+
+    std::string last_checkpoint() const
+    {
+        if (options_.checkpoint.empty()) return "No checkpoint is written in this run (no checkpoint path)";
+        return "The last checkpoint, " + options_.checkpoint.string() + ", is unchanged: resume from it";
+    }
+
+    [[noreturn]] void diverged(float loss, std::uint64_t global_step, std::size_t epoch, std::size_t step,
+                               std::size_t steps) const
+    {
+        throw Error("training diverged: the loss of step " + std::to_string(global_step) + " (epoch " +
+                    std::to_string(epoch + 1) + ", batch " + std::to_string(step) + " of " + std::to_string(steps) +
+                    ") is " + std::to_string(loss) + ". Likely causes: a learning rate too high for this model "
+                    "(lower it), or NaN or infinite values produced from the inputs (check the data). " +
+                    last_checkpoint() + (options_.checkpoint.empty() ? "" : " with a smaller learning rate") +
+                    "; or set skip_nonfinite (--skip-nonfinite) to skip such batches");
+    }
+
+    // ReLU can hide a NaN from the loss while the parameters already hold it.
+    void check_parameters(std::size_t epoch) const
+    {
+        const std::vector<float> w = model_.parameters();
+        for (std::size_t i = 0; i < w.size(); ++i)
+            if (!std::isfinite(w[i]))
+                throw Error("training diverged: after epoch " + std::to_string(epoch + 1) + " parameter " +
+                            std::to_string(i) + " is " + std::to_string(w[i]) +
+                            " although every loss was finite. Likely causes: a learning rate too high for this "
+                            "model (lower it), or NaN or infinite values produced from the inputs. " +
+                            last_checkpoint());
     }
 
     void say(const std::string& s) const
@@ -199,6 +272,7 @@ private:
     M& model_;
     Opt& opt_;
     TrainOptions options_;
+    std::vector<float> saved_parameters_, saved_state_;   // skip_nonfinite: the model before this step
 };
 
 } // namespace replica::train
