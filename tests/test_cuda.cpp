@@ -7,10 +7,15 @@
 // parameters (cuDNN and im2col+BLAS sum in different orders, and the differences grow through training).
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <future>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "catch.hpp"
 #include "models.hpp"
@@ -332,20 +337,32 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
     CHECK(after == reserved);
 }
 
-// ---- several GPUs: DataParallel over NCCL ----
+// ---- several replicas: DataParallel over NCCL (distinct GPUs) or over one shared GPU ----
 
 namespace {
-bool have_two_gpus() { return have_gpu() && cuda_devices().size() >= 2; }
-#define REQUIRE_TWO_GPUS()                                                                          \
-    do {                                                                                           \
-        if (!have_two_gpus()) REPLICA_SKIP("fewer than 2 GPUs on this machine: multi-GPU [cuda] test skipped"); \
-    } while (0)
+// n replicas sharing cuda:0 (summed on it, parallel/shared_gpu.hpp).
+std::vector<Device> shared_gpu(std::size_t n) { return std::vector<Device>(n, Device::cuda(0)); }
 
+// n replicas: on n distinct GPUs (NCCL) where as many are visible, else all on cuda:0, so that the
+// multi-replica tests run on a one-GPU machine too.
 std::vector<Device> gpus(std::size_t n)
 {
+    if (cuda_devices().size() < n) return shared_gpu(n);
     std::vector<Device> d;
     for (std::size_t i = 0; i < n; ++i) d.push_back(Device::cuda(int(i)));
     return d;
+}
+
+// The replica counts above one that the multi-replica tests take: 2 .. every visible GPU, or 2 and 3
+// replicas sharing the one GPU.
+std::vector<std::size_t> replica_counts()
+{
+    std::vector<std::size_t> counts{2, 3};
+    if (cuda_devices().size() >= 2) {
+        counts.clear();
+        for (std::size_t n = 2; n <= cuda_devices().size(); ++n) counts.push_back(n);
+    }
+    return counts;
 }
 
 
@@ -358,14 +375,15 @@ std::vector<float> three_steps(Model& model, const Data& data, std::size_t batch
 }
 
 // 3 steps on 1 GPU and on every GPU (both dispatch policies), batch sizes that split unevenly.
-// Tolerance: 1e-5 in norm (NCCL sums in another order than one GPU's single backward pass).
+// Tolerance: 1e-5 in norm (NCCL, or the shared GPU's sum, adds in another order than one GPU's
+// single backward pass).
 template <class M>
 void many_gpus_match_one(std::size_t batch)
 {
     const RandomBatches<M> data(3 * batch, 13);
     M one{Device::cuda(0), 2};
     const auto expected = three_steps(one, data, batch);
-    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+    for (std::size_t n : replica_counts()) {
         CAPTURE(n, batch);
         DataParallel<M, SingleThread> single{gpus(n), 2, {.bucket_floats = 4096}};
         DataParallel<M, Threaded> threaded{gpus(n), 2, {.bucket_floats = 4096}};
@@ -383,7 +401,7 @@ void nested_matches_plain(std::size_t batch)
     const RandomBatches<Plain> data(3 * batch, 17);
     Plain plain{Device::cuda(0), 6};
     const auto expected = three_steps(plain, data, batch);
-    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+    for (std::size_t n : replica_counts()) {
         CAPTURE(n, batch);
         Nested nested{gpus(n), 6};
         CHECK(norm_relative(expected, three_steps(nested, data, batch)) < 1e-5);
@@ -391,13 +409,13 @@ void nested_matches_plain(std::size_t batch)
 }
 } // namespace
 
-TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<LeNet>(63); }
-TEST_CASE("DataParallel over GPUs matches one GPU: AlexNet-style", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<SmallAlexNetPlain>(13); }
-TEST_CASE("DataParallel over GPUs matches one GPU: GoogLeNet-style (Concat, Dropout)", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<ConcatDropoutNet>(11); }
-TEST_CASE("DataParallel over GPUs matches one GPU: FCN", "[cuda][multi-gpu]") { REQUIRE_TWO_GPUS(); many_gpus_match_one<SmallFCN>(5); }
+TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<LeNet>(63); }
+TEST_CASE("DataParallel over GPUs matches one GPU: AlexNet-style", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<SmallAlexNetPlain>(13); }
+TEST_CASE("DataParallel over GPUs matches one GPU: GoogLeNet-style (Concat, Dropout)", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<ConcatDropoutNet>(11); }
+TEST_CASE("DataParallel over GPUs matches one GPU: FCN", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<SmallFCN>(5); }
 TEST_CASE("Nested DataParallel over GPUs (features only) matches one GPU", "[cuda][multi-gpu]")
 {
-    REQUIRE_TWO_GPUS();
+    REQUIRE_GPU();
     nested_matches_plain<SmallAlexNetPlain, SmallAlexNet<SingleThread>>(9);
     nested_matches_plain<SmallAlexNetPlain, SmallAlexNet<Threaded>>(9);
     // Features whose gradient is two buckets, each all-reduced as backward produces it.
@@ -407,7 +425,7 @@ TEST_CASE("Nested DataParallel over GPUs (features only) matches one GPU", "[cud
 
 TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the others", "[cuda][multi-gpu]")
 {
-    REQUIRE_TWO_GPUS();
+    REQUIRE_GPU();
     DataParallel<LeNet, Threaded> dp{gpus(2)};
     SGD opt{{.lr = 0.01f, .momentum = 0.9f}};
     const RandomBatches<LeNet> data(64, 1);
@@ -443,14 +461,13 @@ void bit_identical_on_any_gpu_count()
     CHECK(differences(five_steps(again, data, 7), expected) == "");   // run to run
     M other_seed{Device::cuda(0), 2};
     CHECK(differences(five_steps(other_seed, data, 8), expected) != "");
-    for (std::size_t n = 2; n <= cuda_devices().size(); ++n) {
+    for (std::size_t n : replica_counts()) {
         CAPTURE(n);
         DataParallel<M, SingleThread> single{gpus(n), 1};
         DataParallel<M, Threaded> threaded{gpus(n), 1};
         CHECK(differences(five_steps(single, data, 7), expected) == "");
         CHECK(differences(five_steps(threaded, data, 7), expected) == "");
     }
-    if (cuda_devices().size() < 2) WARN("one GPU: the reproducible mode was checked across runs, not across GPU counts");
 }
 } // namespace
 
@@ -466,7 +483,9 @@ TEST_CASE("Reproducible mode on GPUs: a nested DataParallel equals the plain mod
     const RandomBatches<SmallAlexNetPlain> data(100, 4);
     SmallAlexNetPlain plain{Device::cuda(0), 6};
     const auto expected = five_steps(plain, data, 7);
-    for (std::size_t n = 1; n <= cuda_devices().size(); ++n) {
+    auto counts = replica_counts();
+    counts.insert(counts.begin(), 1);
+    for (std::size_t n : counts) {
         CAPTURE(n);
         SmallAlexNet<Threaded> nested{gpus(n), 6};
         CHECK(differences(five_steps(nested, data, 7), expected) == "");
@@ -558,7 +577,7 @@ TEST_CASE("Queueing the next step ahead changes nothing but the time", "[cuda]")
     // One GPU: the DataParallel's own bookkeeping, both policies.
     DataParallel<LeNet, SingleThread> one{gpus(1), 3}, one_ahead{gpus(1), 3};
     CHECK(differences(five_steps_ahead(one_ahead, data, true, true, true), five_steps_ahead(one, data, false, false, true)) == "");
-    if (cuda_devices().size() >= 2) {
+    {   // Two replicas: two GPUs, or two sharing the one.
         DataParallel<LeNet, Threaded> two{gpus(2), 3}, two_ahead{gpus(2), 3};
         CHECK(differences(five_steps_ahead(two_ahead, data, true), five_steps_ahead(two, data, false)) == "");
         DataParallel<LeNet, SingleThread> single{gpus(2), 3}, single_ahead{gpus(2), 3};
@@ -670,7 +689,7 @@ TEST_CASE("A DataParallel over one GPU replays its deferred graph segments and e
 TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at every bucket, and match the eager steps",
           "[cuda][multi-gpu]")
 {
-    REQUIRE_TWO_GPUS();
+    REQUIRE_GPU();
     const OptionScope deterministic{&cuda::Options::deterministic, true};
     const RandomBatches<LeNet> lenet(112, 8);
     const DataParallelOptions buckets{.bucket_floats = 1 << 16};   // LeNet's gradient in 2 buckets
@@ -693,4 +712,232 @@ TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at ever
     DataParallel<LeNet, SingleThread> single{gpus(2), 4, buckets};   // grouped all-reduce after all replicas
     CHECK(norm_relative(steps_for_graphs(single, lenet), expected) < 1e-6);
     CHECK(cuts_held(single.replica(1)) == 2 * 2);
+}
+
+// ---- several replicas on one GPU ----
+// A device list that repeats one GPU (cuda:0,cuda:0) gives each replica its own context (streams,
+// allocator, CUDA graphs); their gradients are summed on the GPU in rank order (parallel/shared_gpu.hpp).
+
+namespace {
+// One process that claims to be one of two (no other exists: the communicator must refuse first).
+class TwoProcesses final : public parallel::ProcessGroup {
+public:
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    std::unique_ptr<parallel::Communicator> span(std::unique_ptr<parallel::Communicator> local, std::size_t) override
+    {
+        return local;
+    }
+    void broadcast(void*, std::size_t) override {}
+    void sum(double*, std::size_t) override {}
+};
+
+// `steps` SGD steps of `batch` samples, each naming the next (train_step's queue-ahead). With CUDA
+// graphs each of the two step slots runs its first step eagerly, captures its second and replays
+// the rest.
+template <class Model, class Data>
+std::vector<float> queued_steps(Model& model, const Data& data, std::size_t batch, std::size_t steps = 6)
+{
+    SGD opt{{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 5e-4f}};
+    for (std::size_t s = 0; s < steps; ++s) {
+        const std::size_t t = std::min(s + 1, steps - 1);
+        const auto b = data.batch(s * batch, batch, s * batch), next = data.batch(t * batch, batch, t * batch);
+        train_step(model, opt, b, {}, s + 1 < steps ? &next : nullptr);
+    }
+    return parameters(model);
+}
+
+// "" when every replica of dp holds replica 0's parameters bit for bit.
+template <class DP>
+std::string replicas_disagree(DP& dp)
+{
+    const auto first = dp.replica(0).parameters();
+    for (std::size_t r = 1; r < dp.replica_count(); ++r)
+        if (const auto d = differences(dp.replica(r).parameters(), first); d != "") return "replica " + std::to_string(r) + ": " + d;
+    return "";
+}
+} // namespace
+
+TEST_CASE("Replicas sharing one GPU: the sum adds in rank order into every replica, in both forms; abort releases a "
+          "waiting rank", "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    const std::size_t n = 10000, half = 4099, ranks = 3;
+    std::vector<cuda::Context> ctx;
+    std::vector<backend::AnyContext> any;
+    for (std::size_t r = 0; r < ranks; ++r) {
+        ctx.emplace_back(Device::cuda(0));
+        any.emplace_back(ctx.back());
+    }
+    auto comm = parallel::make_communicator(any, 2);
+    REQUIRE(dynamic_cast<parallel::SharedGpuCommunicator*>(comm.get()) != nullptr);
+
+    // Magnitudes far apart, so that another order of addition gives other floats.
+    const std::vector<std::vector<float>> host{random_vector(n, 31, 1e4f), random_vector(n, 32), random_vector(n, 33, 1e4f)};
+    std::vector<float> expected(n), reversed(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        expected[i] = (host[0][i] + host[1][i]) + host[2][i];
+        reversed[i] = (host[2][i] + host[1][i]) + host[0][i];
+    }
+    REQUIRE(differences(expected, reversed) != "");
+    std::vector<core::Buffer<float>> buffers;
+    std::vector<float*> lower, upper;   // buckets 0 and 1: [0, half) and [half, n)
+    for (std::size_t r = 0; r < ranks; ++r) {
+        buffers.push_back(ctx[r].allocate<float>(n));
+        lower.push_back(buffers.back().data());
+        upper.push_back(buffers.back().data() + half);
+    }
+    auto load = [&] {
+        for (std::size_t r = 0; r < ranks; ++r) ctx[r].upload(buffers[r].data(), host[r].data(), n);
+    };
+    auto check_every_replica = [&](const std::string& how) {
+        for (std::size_t r = 0; r < ranks; ++r) {
+            std::vector<float> got(n);
+            ctx[r].download(got.data(), buffers[r].data(), n);   // on r's compute stream: after wait(r)
+            ctx[r].synchronize();
+            CAPTURE(how, r);
+            CHECK(differences(got, expected) == "");
+        }
+    };
+
+    // One thread for every rank (SingleThread).
+    load();
+    for (std::size_t b : {0, 1})
+        for (std::size_t r = 0; r < ranks; ++r) comm->produced(r, b);
+    comm->group_all_reduce(lower, half, 0);
+    comm->group_all_reduce(upper, n - half, 1);
+    for (std::size_t r = 0; r < ranks; ++r) comm->wait(r);
+    check_every_replica("one thread");
+
+    // Each rank from its own thread (Threaded), twice: each bucket's sum has rounds.
+    for (int round = 0; round < 2; ++round) {
+        load();
+        std::vector<std::future<void>> threads;
+        for (std::size_t r = 0; r < ranks; ++r)
+            threads.push_back(std::async(std::launch::async, [&, r] {
+                try {
+                    comm->all_reduce(r, lower[r], half, 0);
+                    comm->all_reduce(r, upper[r], n - half, 1);
+                    comm->wait(r);
+                } catch (...) {
+                    comm->abort();   // the others would wait for this rank for ever
+                    throw;
+                }
+            }));
+        for (auto& t : threads) t.get();
+        check_every_replica("a thread per rank, round " + std::to_string(round));
+    }
+
+    // The reproducible mode's integers.
+    std::vector<std::vector<std::int64_t>> ints(ranks, std::vector<std::int64_t>(n));
+    std::vector<std::int64_t> int_sum(n, 0);
+    std::vector<core::Buffer<std::int64_t>> int_buffers;
+    std::vector<std::int64_t*> int_ptrs;
+    for (std::size_t r = 0; r < ranks; ++r) {
+        for (std::size_t i = 0; i < n; ++i) {
+            ints[r][i] = (std::int64_t(i * 7919 + r * 104729) - 40000000) * (std::int64_t{1} << 30);
+            int_sum[i] += ints[r][i];
+        }
+        int_buffers.push_back(ctx[r].allocate<std::int64_t>(n));
+        int_ptrs.push_back(int_buffers.back().data());
+        ctx[r].upload(int_ptrs.back(), ints[r].data(), n);
+    }
+    comm->exact_all_reduce(int_ptrs, n);
+    for (std::size_t r = 0; r < ranks; ++r) {
+        std::vector<std::int64_t> got(n);
+        ctx[r].download(got.data(), int_ptrs[r], n);   // on r's compute stream, which the sum orders
+        ctx[r].synchronize();
+        CAPTURE(r);
+        CHECK(got == int_sum);
+    }
+
+    // A rank waiting for the others is released by abort(), with an Error.
+    auto fresh = parallel::make_communicator(any, 2);
+    auto waiting = std::async(std::launch::async, [&] {
+        fresh->all_reduce(0, lower[0], half, 0);
+        return error_message([&] { fresh->wait(0); });
+    });
+    CHECK(waiting.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);   // ranks 1 and 2 never come
+    fresh->abort();
+    const bool released = waiting.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    if (!released)   // let it go, so that the test ends
+        for (std::size_t r : {1, 2}) fresh->all_reduce(r, lower[r], half, 0);
+    CHECK(released);
+    CHECK(waiting.get().find("all_reduce aborted: another replica failed") != std::string::npos);
+    CHECK(error_message([&] { fresh->all_reduce(1, lower[1], half, 0); }).find("aborted") != std::string::npos);
+}
+
+TEST_CASE("Replicas sharing one GPU train as one GPU: uneven splits, a batch smaller than the replica count, both "
+          "policies bit for bit, CUDA graphs on and off", "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    // Deterministic algorithms: the two policies' replicas then compute the same floats, and the sum
+    // adds them in rank order in both, so they agree bit for bit.
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    const DataParallelOptions buckets{.bucket_floats = 1 << 16};   // LeNet's gradient in 2 buckets
+    const std::pair<std::size_t, std::size_t> cases[] = {{2, 61}, {3, 61}, {3, 2}};   // replicas, batch
+    for (const auto& [replicas, batch] : cases) {
+        CAPTURE(graphs, replicas, batch);
+        const RandomBatches<LeNet> data(6 * batch, 23);
+        LeNet one{Device::cuda(0), 2};
+        const auto expected = queued_steps(one, data, batch);
+        DataParallel<LeNet, SingleThread> single{shared_gpu(replicas), 2, buckets};
+        DataParallel<LeNet, Threaded> threaded{shared_gpu(replicas), 2, buckets};
+        REQUIRE(single.bucket_count() == 2);
+        const auto a = queued_steps(single, data, batch), b = queued_steps(threaded, data, batch);
+        CHECK(norm_relative(expected, a) < 1e-5);
+        CHECK(differences(a, b) == "");
+        CHECK(replicas_disagree(single) == "");
+        CHECK(replicas_disagree(threaded) == "");
+        CHECK(norm_relative(parameters(LeNet{Device::cuda(0), 2}), a) > 1e-4);   // and it trained
+        // With graphs: each step slot's step captured, cut where each bucket is complete, then replayed.
+        CHECK(graphs_held(single.replica(0)) == (graphs ? 2u : 0u));
+        CHECK(cuts_held(threaded.replica(0)) == (graphs ? 2u * 2u : 0u));
+    }
+}
+
+TEST_CASE("Replicas sharing one GPU: a nested DataParallel gives the same bits with either policy",
+          "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    const RandomBatches<SmallAlexNetPlain> data(27, 17);
+    SmallAlexNetPlain plain{Device::cuda(0), 6};
+    const auto expected = three_steps(plain, data, 9);
+    SmallAlexNet<SingleThread> single{shared_gpu(2), 6};
+    SmallAlexNet<Threaded> threaded{shared_gpu(2), 6};
+    const auto a = three_steps(single, data, 9);
+    // Another split of the batch, deterministic algorithms and TF32 convolutions: float rounding only.
+    CHECK(norm_relative(expected, a) < 1e-4);
+    CHECK(differences(three_steps(threaded, data, 9), a) == "");
+}
+
+TEST_CASE("Replicas sharing one GPU: the reproducible mode gives the bits of one replica on 2 and 3", "[cuda][same-gpu][reproducible]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<LeNet> data(100, 4);
+    LeNet one{Device::cuda(0), 1};
+    const auto expected = five_steps(one, data, 7);
+    DataParallel<LeNet, Threaded> alone{{Device::cuda(0)}, 1};
+    CHECK(differences(five_steps(alone, data, 7), expected) == "");
+    for (std::size_t n : {2, 3}) {
+        CAPTURE(n);
+        DataParallel<LeNet, SingleThread> single{shared_gpu(n), 1};
+        DataParallel<LeNet, Threaded> threaded{shared_gpu(n), 1};
+        CHECK(differences(five_steps(single, data, 7), expected) == "");
+        CHECK(differences(five_steps(threaded, data, 7), expected) == "");
+        CHECK(replicas_disagree(threaded) == "");
+    }
+}
+
+TEST_CASE("Replicas sharing one GPU cannot span processes", "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    TwoProcesses processes;
+    const auto message = error_message([&] { DataParallel<LeNet> dp{shared_gpu(2), 0, {.processes = &processes}}; });
+    CAPTURE(message);
+    CHECK(message.find("replicas sharing a GPU (cuda:0,cuda:0) cannot span processes") != std::string::npos);
+    CHECK(message.find("give each process distinct GPUs") != std::string::npos);
 }

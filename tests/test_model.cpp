@@ -10,15 +10,27 @@ using namespace replica::testing;
 // Shapes and parameter layout are compile-time facts.
 static_assert(LeNet::param_count == 431080);
 static_assert(std::same_as<LeNet::output_shape, Shape<10>>);
-static_assert(LeNet::graph::param_offset[0] == 0 && LeNet::graph::param_offset[1] == 520);   // 20*1*5*5 + 20
-static_assert(LeNet::graph::layer_count == 8);
+static_assert(LeNet::chain::param_offset[0] == 0 && LeNet::chain::param_offset[1] == 520);   // 20*1*5*5 + 20
+static_assert(LeNet::chain::layer_count == 8);
 static_assert(LeNet::label_size == 1 && SmallFCN::label_size == 32 * 32);
 static_assert(std::same_as<SmallFCN::output_shape, Shape<5, 32, 32>>);
 static_assert(model::Layer<ReLU> && model::Layer<Conv2d<4, 3>> && model::Layer<SmallClassifier> && !model::Layer<int>);
 static_assert(model::Op<Conv2d<4, 3>::op<Shape<1, 8, 8>>>);
-static_assert(!LeNet::graph::has_data_parallel && SmallAlexNet<Threaded>::graph::has_data_parallel);
+static_assert(!LeNet::chain::spans_devices && SmallAlexNet<Threaded>::chain::spans_devices);
 // Nesting keeps layer ids distinct and in order: features take 6, the classifier follows.
-static_assert(SmallAlexNetPlain::graph::id_offset[1] == 6);
+static_assert(SmallAlexNetPlain::chain::id_offset[1] == 6);
+
+// The training contract: what train_step, the Trainer and checkpoints rely on, and what a DataParallel
+// needs of the model it replicates.
+static_assert(model::TrainableModel<LeNet> && model::Replica<LeNet>);
+static_assert(model::TrainableModel<DataParallel<LeNet, Threaded>> && !model::Replica<DataParallel<LeNet, Threaded>>);
+static_assert(model::TrainableModel<AutoParallel<LeNet>> && model::TrainableModel<SmallAlexNet<SingleThread>>);
+static_assert(!model::TrainableModel<int> && !model::TrainableModel<SmallClassifier::op<Shape<16, 8, 8>>>);
+// The loss ends a model's entries; without one it is SoftmaxCrossEntropy, and the layers are the same.
+using ExplicitLoss = Sequential<Input<1, 28, 28>, Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>, Flatten,
+                                Linear<500>, ReLU, Linear<10>, SoftmaxCrossEntropy>;
+static_assert(std::same_as<ExplicitLoss::loss, SoftmaxCrossEntropy> && std::same_as<LeNet::loss, SoftmaxCrossEntropy>);
+static_assert(std::same_as<ExplicitLoss::chain, LeNet::chain>);
 
 TEST_CASE("Sequential runs its layers in order", "[cpu]")
 {
@@ -58,15 +70,15 @@ void fused_trains_as_apart()
 
 TEST_CASE("A convolution fused with the ReLU after it trains to the same bits as the two apart", "[cpu]")
 {
-    static_assert(FusedConvNet::graph::fuses_next_relu<0> && FusedConvNet::graph::fuses_next_relu<2>);
-    static_assert(!UnfusedConvNet::graph::fuses_next_relu<0> && !FusedConvNet::graph::fuses_next_relu<1>);
+    static_assert(FusedConvNet::chain::fuses_next_relu<0> && FusedConvNet::chain::fuses_next_relu<2>);
+    static_assert(!UnfusedConvNet::chain::fuses_next_relu<0> && !FusedConvNet::chain::fuses_next_relu<1>);
     fused_trains_as_apart<FusedConvNet, UnfusedConvNet>();
 }
 
 TEST_CASE("A fully connected layer fused with the ReLU after it trains to the same bits as the two apart", "[cpu]")
 {
-    static_assert(FusedMlpNet::graph::fuses_next_relu<1> && FusedMlpNet::graph::fuses_next_relu<3>);
-    static_assert(!UnfusedMlpNet::graph::fuses_next_relu<1> && !FusedMlpNet::graph::fuses_next_relu<5>);
+    static_assert(FusedMlpNet::chain::fuses_next_relu<1> && FusedMlpNet::chain::fuses_next_relu<3>);
+    static_assert(!UnfusedMlpNet::chain::fuses_next_relu<1> && !FusedMlpNet::chain::fuses_next_relu<5>);
     fused_trains_as_apart<FusedMlpNet, UnfusedMlpNet>();
 }
 

@@ -98,7 +98,7 @@ TEST_CASE("Nested DataParallel (features only) equals the plain model", "[cpu][p
 TEST_CASE("A nested DataParallel reduces its gradient bucket by bucket and equals the plain model", "[cpu][parallel]")
 {
     const DataParallelOptions defaults;
-    REQUIRE(parallel::detail::make_buckets<WideFeatures::graph>(defaults.first_bucket_floats, defaults.bucket_floats).size() == 2);
+    REQUIRE(parallel::make_buckets(WideFeatures::chain::param_offset, defaults.first_bucket_floats, defaults.bucket_floats).size() == 2);
     const std::size_t batch = 7;
     const RandomBatches<WidePlain> data(3 * batch, 6);
     WidePlain plain{Device::cpu(), 4};
@@ -116,15 +116,15 @@ TEST_CASE("A nested DataParallel reduces its gradient bucket by bucket and equal
 TEST_CASE("Gradient buckets: a small first one, then bucket_floats each, cut at layer boundaries", "[cpu][parallel]")
 {
     // LeNet's parameters: conv 520 | conv 25050 | linear 400500 | linear 5010 (offsets 0, 520, 25570, 426070).
-    using G = LeNet::graph;
+    using G = LeNet::chain;
     using Buckets = std::vector<std::pair<std::size_t, std::size_t>>;
     const DataParallelOptions defaults;
-    CHECK(parallel::detail::make_buckets<G>(defaults.first_bucket_floats, defaults.bucket_floats) ==
+    CHECK(parallel::make_buckets(G::param_offset, defaults.first_bucket_floats, defaults.bucket_floats) ==
           Buckets{{25570, 431080}, {0, 25570}});   // the classifier, then the convolutions
-    CHECK(parallel::detail::make_buckets<G>(1 << 20, 1 << 20) == Buckets{{0, 431080}});
-    CHECK(parallel::detail::make_buckets<G>(1 << 20, 20000) == Buckets{{25570, 431080}, {520, 25570}, {0, 520}});
-    CHECK(parallel::detail::make_buckets<G>(5000, 1 << 20) == Buckets{{426070, 431080}, {0, 426070}});
-    CHECK(parallel::detail::make_buckets<G>(1, 1) == Buckets{{426070, 431080}, {25570, 426070}, {520, 25570}, {0, 520}});
+    CHECK(parallel::make_buckets(G::param_offset, 1 << 20, 1 << 20) == Buckets{{0, 431080}});
+    CHECK(parallel::make_buckets(G::param_offset, 1 << 20, 20000) == Buckets{{25570, 431080}, {520, 25570}, {0, 520}});
+    CHECK(parallel::make_buckets(G::param_offset, 5000, 1 << 20) == Buckets{{426070, 431080}, {0, 426070}});
+    CHECK(parallel::make_buckets(G::param_offset, 1, 1) == Buckets{{426070, 431080}, {25570, 426070}, {520, 25570}, {0, 520}});
     DataParallel<LeNet, SingleThread> dp{cpus(2)};
     CHECK(dp.bucket_count() == 2);
 }
@@ -267,6 +267,11 @@ TEST_CASE("A DataParallel built from a model keeps its parameters", "[cpu][paral
 TEST_CASE("Bad device lists are refused with a clear error", "[cpu][parallel]")
 {
     CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cpu(0)}}; }).find("appears twice") != std::string::npos);
+    // Checked before any replica is made, so a CPU build says so too.
+    CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cpu(0), Device::cuda(0)}}; })
+              .find("DataParallel replicas must all be CPU or all CUDA devices (got cpu:0,cuda:0)") != std::string::npos);
+    CHECK(error_message([] { DataParallel<LeNet> dp{{Device::cuda(0), Device::cuda(0), Device::cuda(1)}}; })
+              .find("the device list cuda:0,cuda:0,cuda:1 repeats a GPU and names others") != std::string::npos);
     CHECK(error_message([] { DataParallel<LeNet> dp{std::vector<Device>{}}; }).find("at least one device") != std::string::npos);
     CHECK(error_message([] { parse_devices("gpu:0"); }).find("write cpu:N or cuda:N") != std::string::npos);
     CHECK(error_message([] { parse_devices("cpu:x"); }).find("must be a number") != std::string::npos);

@@ -16,6 +16,7 @@
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
 #include "replica/layers/loss.hpp"
+#include "replica/layers/op.hpp"
 #include "replica/layers/pool.hpp"
 
 #include "replica/model/concat.hpp"

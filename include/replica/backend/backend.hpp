@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include "replica/backend/cpu/cpu.hpp"
+#include "replica/backend/cpu/executor.hpp"
 #include "replica/core/config.hpp"
 #if defined(REPLICA_CUDA)
 #include "replica/backend/cuda/cuda.hpp"
+#include "replica/backend/cuda/graph_executor.hpp"
 #endif
 
 namespace replica::backend {
@@ -48,6 +51,21 @@ core::Buffer<T> host_buffer(std::size_t n)
 #endif
     return core::Buffer<T>::host(n);
 }
+
+// While it lives, each call of the host's math library (BLAS) runs on one thread when `device` is a
+// CPU and `when` holds (nothing otherwise), and the old setting comes back after. CPU replicas driven by their own
+// threads then share the cores instead of oversubscribing them, and sums do not depend on how many
+// threads the library may use (the reproducible mode). The library's setting is process-wide.
+class SerialHostKernels {
+public:
+    explicit SerialHostKernels(const Device& device, bool when = true)
+    {
+        if (when && device.is_cpu()) scope_.emplace(1);
+    }
+
+private:
+    std::optional<cpu::ScopedBlasThreads> scope_;
+};
 
 // Every visible GPU (honouring CUDA_VISIBLE_DEVICES); empty without the CUDA backend or a GPU.
 inline std::vector<Device> cuda_devices()

@@ -1,7 +1,7 @@
 #pragma once
 // Polling for an answer from another process or device: yield for the first `spin` of a wait (answers
-// usually come within microseconds, and a sleep costs 50-100 us of timer slack each time: 0.85 ms of
-// a 1.7 ms LeNet step between two processes), then sleep between polls so that a long wait costs no CPU.
+// usually come within microseconds, and each sleep costs tens of microseconds of timer slack, much of
+// a small network's step), then sleep between polls so that a long wait costs no CPU.
 
 #include <chrono>
 #include <thread>

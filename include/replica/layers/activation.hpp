@@ -7,26 +7,26 @@
 
 #include <cstddef>
 
-#include "replica/model/concepts.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::layers {
 
 struct ReLU {
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
         static constexpr std::size_t param_count = 0;
-        static constexpr bool is_relu = true;   // an op before it may apply it (model::Chain fuses them)
+        static constexpr bool is_relu = true;   // an op before it may apply it (a Chain fuses them)
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             relu_forward(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             if (a.dx) relu_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
         }
@@ -38,14 +38,14 @@ struct Dropout {
     static_assert(P >= 0.0 && P < 1.0, "Dropout probability must be in [0, 1)");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
         static constexpr std::size_t param_count = 0;
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a) const
         {
             if (pass.training && P > 0.0)
                 dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.x, a.y, a.n, In::size);
@@ -53,7 +53,7 @@ struct Dropout {
                 copy(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a) const
         {
             if (!a.dx) return;
             if (pass.training && P > 0.0)
@@ -67,22 +67,22 @@ struct Dropout {
 // Flatten: (dims...) -> (product of dims). The data does not move.
 struct Flatten {
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         using input_shape = In;
         using output_shape = Shape<In::size>;
         static constexpr std::size_t param_count = 0;
-        // The same memory seen flat: a Chain skips it between two ops (model::Chain::skipped_view);
+        // The same memory seen flat: a Chain skips it between two ops (Chain::skipped_view);
         // forward and backward copy only where it ends or starts a chain.
         static constexpr bool is_view = true;
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             copy(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
         }

@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "replica/core/window.hpp"
-#include "replica/model/concepts.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::layers {
 
@@ -21,112 +21,95 @@ inline void conv_init(float* params, std::uint64_t seed, std::uint32_t id, std::
                std::size_t fan_in)
 {
     const float bound = 1.0f / std::sqrt(float(fan_in));
-    model::init_uniform(params, weights + biases, bound, seed, id);
+    init_uniform(params, weights + biases, bound, seed, id);
 }
+
+// A convolution over the window that its geometry G gives (G::window, G::input_shape, G::output_shape,
+// G::weight_count, G::fan_in): Conv1d's and Conv2d's op, which differ only in their geometry.
+template <std::size_t Out, class G>
+struct ConvOp : LeafOp {
+    using input_shape = typename G::input_shape;
+    using output_shape = typename G::output_shape;
+    static constexpr std::size_t weight_count = G::weight_count;
+    static constexpr std::size_t param_count = weight_count + Out;
+    static constexpr Window window = G::window;
+
+    using LeafOp::LeafOp;
+    void init(float* p, std::uint64_t seed) const { conv_init(p, seed, id, weight_count, Out, G::fan_in); }
+    template <class Ctx>
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
+    template <class Ctx>
+    void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+    {
+        conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
+    }
+    // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
+    // backward, the ReLU's rule runs in the bias-gradient pass.
+    static constexpr bool fuses_relu = true;
+    template <class Ctx>
+    void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+    {
+        conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
+    }
+    template <class Ctx>
+    void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+    {
+        conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+    }
+    // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
+    template <class Ctx>
+    void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
+    {
+        conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
+                                   a.n, a.scratch);
+    }
+};
+
+template <class In, std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad>
+struct Conv2dGeometry {
+    static_assert(In::rank == 3,
+                  "Conv2d needs a (channels, height, width) input; use Conv1d for (channels, length), "
+                  "and put Flatten after convolutions, not before");
+    static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
+    static_assert(K <= H + 2 * Pad && K <= W + 2 * Pad,
+                  "Conv2d kernel is larger than its (padded) input: use a smaller kernel, more padding, "
+                  "or fewer pooling layers before it");
+    static constexpr std::size_t OH = (H + 2 * Pad - K) / Stride + 1, OW = (W + 2 * Pad - K) / Stride + 1;
+    using input_shape = In;
+    using output_shape = Shape<Out, OH, OW>;
+    static constexpr std::size_t weight_count = Out * C * K * K, fan_in = C * K * K;
+    static constexpr Window window{int(C), int(H), int(W), int(K), int(K), int(Stride), int(Stride),
+                                   int(Pad), int(Pad), int(OH), int(OW)};
+};
+
+// A length is a row of an image one pixel high.
+template <class In, std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad>
+struct Conv1dGeometry {
+    static_assert(In::rank == 2, "Conv1d needs a (channels, length) input; use Conv2d for images");
+    static constexpr std::size_t C = In::dims[0], L = In::dims[1];
+    static_assert(K <= L + 2 * Pad,
+                  "Conv1d kernel is longer than its (padded) input: use a smaller kernel, more padding, "
+                  "or fewer pooling layers before it");
+    static constexpr std::size_t OL = (L + 2 * Pad - K) / Stride + 1;
+    using input_shape = In;
+    using output_shape = Shape<Out, OL>;
+    static constexpr std::size_t weight_count = Out * C * K, fan_in = C * K;
+    static constexpr Window window{int(C), 1, int(L), 1, int(K), 1, int(Stride), 0, int(Pad), 1, int(OL)};
+};
 } // namespace detail
 
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
 struct Conv2d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv2d needs at least one output channel, a kernel and a stride");
-
     template <class In>
-    struct op : model::LeafOp {
-        static_assert(In::rank == 3,
-                      "Conv2d needs a (channels, height, width) input; use Conv1d for (channels, length), "
-                      "and put Flatten after convolutions, not before");
-        static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
-        static_assert(K <= H + 2 * Pad && K <= W + 2 * Pad,
-                      "Conv2d kernel is larger than its (padded) input: use a smaller kernel, more padding, "
-                      "or fewer pooling layers before it");
-        static constexpr std::size_t OH = (H + 2 * Pad - K) / Stride + 1, OW = (W + 2 * Pad - K) / Stride + 1;
-        using input_shape = In;
-        using output_shape = Shape<Out, OH, OW>;
-        static constexpr std::size_t weight_count = Out * C * K * K;
-        static constexpr std::size_t param_count = weight_count + Out;
-        static constexpr Window window{int(C), int(H), int(W), int(K), int(K), int(Stride), int(Stride),
-                                       int(Pad), int(Pad), int(OH), int(OW)};
-
-        using LeafOp::LeafOp;
-        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K * K); }
-        template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
-        template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
-        {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
-        }
-        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
-        // backward, the ReLU's rule runs in the bias-gradient pass.
-        static constexpr bool fuses_relu = true;
-        template <class Ctx>
-        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
-        {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
-        }
-        template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
-        {
-            conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
-        }
-        // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
-        template <class Ctx>
-        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
-        {
-            conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
-                                       a.n, a.scratch);
-        }
-    };
+    using op = detail::ConvOp<Out, detail::Conv2dGeometry<In, Out, K, Stride, Pad>>;
 };
 
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
 struct Conv1d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv1d needs at least one output channel, a kernel and a stride");
-
     template <class In>
-    struct op : model::LeafOp {
-        static_assert(In::rank == 2,
-                      "Conv1d needs a (channels, length) input; use Conv2d for images");
-        static constexpr std::size_t C = In::dims[0], L = In::dims[1];
-        static_assert(K <= L + 2 * Pad,
-                      "Conv1d kernel is longer than its (padded) input: use a smaller kernel, more padding, "
-                      "or fewer pooling layers before it");
-        static constexpr std::size_t OL = (L + 2 * Pad - K) / Stride + 1;
-        using input_shape = In;
-        using output_shape = Shape<Out, OL>;
-        static constexpr std::size_t weight_count = Out * C * K;
-        static constexpr std::size_t param_count = weight_count + Out;
-        static constexpr Window window{int(C), 1, int(L), 1, int(K), 1, int(Stride), 0, int(Pad), 1, int(OL)};
-
-        using LeafOp::LeafOp;
-        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, C * K); }
-        template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
-        template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
-        {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
-        }
-        // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
-        // backward, the ReLU's rule runs in the bias-gradient pass.
-        static constexpr bool fuses_relu = true;
-        template <class Ctx>
-        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
-        {
-            conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
-        }
-        template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
-        {
-            conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
-        }
-        // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
-        template <class Ctx>
-        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
-        {
-            conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
-                                       a.n, a.scratch);
-        }
-    };
+    using op = detail::ConvOp<Out, detail::Conv1dGeometry<In, Out, K, Stride, Pad>>;
 };
 
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
@@ -135,7 +118,7 @@ struct ConvTranspose2d {
                   "ConvTranspose2d needs at least one output channel, a kernel and a stride");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         static_assert(In::rank == 3, "ConvTranspose2d needs a (channels, height, width) input");
         static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
         static_assert((H - 1) * Stride + K > 2 * Pad && (W - 1) * Stride + K > 2 * Pad,
@@ -154,12 +137,12 @@ struct ConvTranspose2d {
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size<window>(ctx, C, n); }
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             conv_transpose_forward<window>(ctx, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
         }

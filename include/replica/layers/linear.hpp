@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "replica/model/concepts.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::layers {
 
@@ -14,7 +14,7 @@ struct Linear {
     static_assert(Out > 0, "Linear needs at least one output");
 
     template <class In>
-    struct op : model::LeafOp {
+    struct op : LeafOp {
         static_assert(In::rank == 1,
                       "Linear needs a flat (features) input: put Flatten before it (or GlobalAvgPool)");
         static constexpr std::size_t N = In::size;
@@ -26,15 +26,15 @@ struct Linear {
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const
         {
-            model::init_uniform(p, param_count, 1.0f / std::sqrt(float(N)), seed, id);
+            init_uniform(p, param_count, 1.0f / std::sqrt(float(N)), seed, id);
         }
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             linear_forward(ctx, int(N), int(Out), a.params, a.params + weight_count, a.x, a.y, a.n);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             linear_backward(ctx, int(N), int(Out), a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n);
         }
@@ -42,13 +42,13 @@ struct Linear {
         // applies the ReLU as it writes (one kernel instead of three).
         static constexpr bool fuses_relu = true;
         template <class Ctx>
-        void forward_relu(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+        void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
             linear_forward(ctx, int(N), int(Out), a.params, a.params + weight_count, a.x, a.y, a.n, true);
         }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
-        void backward_relu(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a, float* dz) const
+        void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
         {
             linear_backward_relu(ctx, int(N), int(Out), a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams,
                                  a.dparams + weight_count, a.n);

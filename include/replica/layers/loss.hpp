@@ -1,5 +1,8 @@
 #pragma once
-// SoftmaxCrossEntropy: the loss train_step minimises.
+// Losses. A model ends with one (Sequential<Input<...>, ..., Linear<10>, SoftmaxCrossEntropy>; without
+// one, SoftmaxCrossEntropy).
+//
+// SoftmaxCrossEntropy: the loss train_step minimises by default.
 //   output (classes)        labels: one class per sample            (classification)
 //   output (classes, h, w)  labels: one class per pixel, (h, w)     (segmentation)
 // The loss is the mean over every labelled element of the global batch; each replica computes its
@@ -14,7 +17,15 @@
 
 namespace replica::layers {
 
+// What a model asks of its loss: label_size<Out> labels per sample for outputs of shape Out;
+// forward_backward (queues the loss sum of n samples into a LossSlot and writes the logits' gradient),
+// check_labels and first_bad_label (host memory, before a step is queued), finish (the sum from its
+// slot), correct (predictions that match their labels). `is_loss` marks the type as one.
+template <class L>
+concept Loss = L::is_loss;
+
 struct SoftmaxCrossEntropy {
+    static constexpr bool is_loss = true;
     template <ShapeType Out>
     static constexpr std::size_t classes = Out::dims[0];
     // Labels per sample.
@@ -64,5 +75,6 @@ struct SoftmaxCrossEntropy {
 } // namespace replica::layers
 
 namespace replica {
+using layers::Loss;
 using layers::SoftmaxCrossEntropy;
 } // namespace replica

@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "replica/core/window.hpp"
-#include "replica/model/concepts.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::layers {
 
@@ -30,7 +30,7 @@ enum class PoolKind { max, average };
 // Max pooling keeps, per output, the position of its maximum within the input plane (saved state,
 // exact as a float up to 2^24 positions), so backward routes gradients without searching again.
 template <PoolKind Kind, class In, class Out, core::Window G>
-struct PoolOp : model::LeafOp {
+struct PoolOp : LeafOp {
     static_assert(std::size_t(G.h) * std::size_t(G.w) < (std::size_t(1) << 24), "pooling planes above 2^24 pixels");
     using input_shape = In;
     using output_shape = Out;
@@ -39,13 +39,13 @@ struct PoolOp : model::LeafOp {
     using LeafOp::LeafOp;
     void init(float*, std::uint64_t) const {}
     template <class Ctx>
-    void forward(Ctx& ctx, const model::Pass&, const model::ForwardArgs& a) const
+    void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
     {
         if constexpr (Kind == PoolKind::max) max_pool_forward<G>(ctx, a.x, a.y, a.saved, a.n);
         else avg_pool_forward<G>(ctx, a.x, a.y, a.n);
     }
     template <class Ctx>
-    void backward(Ctx& ctx, const model::Pass&, const model::BackwardArgs& a) const
+    void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
     {
         if (!a.dx) return;
         if constexpr (Kind == PoolKind::max) max_pool_backward<G>(ctx, a.saved, a.dy, a.dx, a.n);

@@ -13,8 +13,10 @@
 #include <cstddef>
 #include <tuple>
 
+#include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/parts.hpp"
 
 namespace replica::model {
 
@@ -34,97 +36,58 @@ struct bind_all<In, L, Rest...> {
     using output_shape = typename rest::output_shape;
 };
 
-struct NoHook {
-    void operator()(std::size_t) const {}
-    bool acts(std::size_t) const { return false; }
+template <class Tuple>
+struct parts_of;
+template <class... Os>
+struct parts_of<std::tuple<Os...>> {
+    using type = Parts<Os...>;
 };
-
-// Whether hook(from) would do anything now (a captured step is cut only there); a hook that
-// cannot say is assumed to act every time.
-template <class Hook>
-bool hook_acts(const Hook& hook, std::size_t from)
-{
-    if constexpr (requires { { hook.acts(from) } -> std::convertible_to<bool>; }) return hook.acts(from);
-    else return true;
-}
-
-// Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or children
-// that might (Chain, Concat) define update(); a plain layer is one contiguous slice.
-template <class O, class Ctx, class Opt>
-void update_op(O& op, Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
-{
-    if constexpr (requires { op.update(ctx, opt, w, g, state); }) op.update(ctx, opt, w, g, state);
-    else opt.apply(ctx, w, g, state, O::param_count);
-}
-
-// Tells an op its parameters (and optimizer state, when not null: `per` floats a parameter) were set
-// from outside (initialised, loaded): replicas copy them.
-template <class O, class Ctx>
-void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t per)
-{
-    if constexpr (requires { op.sync(ctx, w, state, per); }) op.sync(ctx, w, state, per);
-}
 } // namespace detail
 
 template <class In, class... Layers>
 class Chain {
-    using ops_tuple = typename detail::bind_all<In, Layers...>::type;
+    using parts = typename detail::parts_of<typename detail::bind_all<In, Layers...>::type>::type;
     static constexpr std::size_t N = sizeof...(Layers);
     template <std::size_t I>
-    using op_t = std::tuple_element_t<I, ops_tuple>;
+    using op_t = typename parts::template op<I>;
 
-    template <std::size_t... I>
-    static constexpr auto param_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::param_count...>; }
-    template <std::size_t... I>
-    static constexpr auto id_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::layer_count...>; }
     // Outputs of layers 0 .. N-2 are kept (the last one is the caller's y).
     template <std::size_t... I>
     static constexpr auto act_offsets_(std::index_sequence<I...>)
     {
         return core::prefix_sums<(I + 1 < N ? op_t<I>::output_shape::size : 0)...>;
     }
-    template <std::size_t... I>
-    static constexpr auto saved_offsets_(std::index_sequence<I...>) { return core::prefix_sums<op_t<I>::saved_size...>; }
     using seq = std::make_index_sequence<N>;
 
 public:
     using input_shape = In;
     using output_shape = typename detail::bind_all<In, Layers...>::output_shape;
 
-    static constexpr std::array<std::size_t, N + 1> param_offset = param_offsets_(seq{});
-    static constexpr std::array<std::size_t, N + 1> id_offset = id_offsets_(seq{});
+    static constexpr auto param_offset = parts::param_offset;
+    static constexpr auto id_offset = parts::id_offset;
     static constexpr std::array<std::size_t, N + 1> act_offset = act_offsets_(seq{});
-    static constexpr std::array<std::size_t, N + 1> saved_offset = saved_offsets_(seq{});
+    static constexpr auto saved_offset = parts::saved_offset;
 
-    static constexpr std::size_t param_count = param_offset[N];
-    static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
+    static constexpr std::size_t param_count = parts::param_count;
+    static constexpr std::uint32_t layer_count = parts::layer_count;
     static constexpr std::size_t saved_size = act_offset[N] + saved_offset[N];
-    static constexpr bool has_data_parallel = []<std::size_t... I>(std::index_sequence<I...>) {
-        return (false || ... || op_t<I>::has_data_parallel);
-    }(seq{});
+    static constexpr bool spans_devices = parts::spans_devices;
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
         return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});
     }(seq{});
 
-    explicit Chain(const Build& b) : ops_(make_ops(b, seq{})) {}
+    explicit Chain(const Build& b) : parts_(b) {}
 
     template <std::size_t I>
-    auto& layer() { return std::get<I>(ops_); }
+    auto& layer() { return parts_.template get<I>(); }
     static constexpr std::size_t size() { return N; }
 
+    // [two ping-pong gradient buffers | the layers' scratch]
     template <class Ctx>
-    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
-    {
-        std::size_t inner = 0;
-        core::static_for<N>([&](auto i) { inner = std::max(inner, std::get<i>(ops_).scratch_size(ctx, n)); });
-        return 2 * max_inner * n + inner;
-    }
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return 2 * max_inner * n + parts_.scratch_size(ctx, n); }
 
-    void init(float* params, std::uint64_t seed) const
-    {
-        core::static_for<N>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
-    }
+    void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
 
     // An op that can apply the ReLU after it (fuses_relu, forward_relu, backward_relu) does, into the
     // ReLU's output, and runs the ReLU's backward in its own: the ReLU is skipped both ways, one pass
@@ -171,12 +134,12 @@ public:
                                    .n = a.n,
                                    .saved = op_saved(a.saved, a.n, i),
                                    .scratch = a.scratch + 2 * max_inner * a.n};
-            if constexpr (fuses_next_relu<i>) std::get<i>(ops_).forward_relu(ctx, pass, args);
-            else std::get<i>(ops_).forward(ctx, pass, args);
+            if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
+            else parts_.template get<i>().forward(ctx, pass, args);
         });
     }
 
-    template <class Ctx, class Hook = detail::NoHook>
+    template <class Ctx, class Hook = core::NoHook>
     void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
     {
         float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
@@ -195,8 +158,8 @@ public:
                                         .n = a.n,
                                         .saved = op_saved(a.saved, a.n, i),
                                         .scratch = a.scratch + 2 * max_inner * a.n};
-                if constexpr (fuses_next_relu<i>) std::get<i>(ops_).backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
-                else std::get<i>(ops_).backward(ctx, pass, args);
+                if constexpr (fuses_next_relu<i>) parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
+                else parts_.template get<i>().backward(ctx, pass, args);
                 dy = dx;
             }
             hook(param_offset[i]);
@@ -204,42 +167,18 @@ public:
     }
 
     template <class Ctx, class Opt>
-    void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
-    {
-        if constexpr (!has_data_parallel) {
-            opt.apply(ctx, w, g, state, param_count);   // one pass over the whole buffer
-        } else {
-            const std::size_t per = Opt::state_per_param;
-            core::static_for<N>([&](auto i) {
-                const std::size_t o = param_offset[i];
-                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * per);
-            });
-        }
-    }
-
+    void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state) { parts_.update(ctx, opt, w, g, state); }
     template <class Ctx>
-    void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
-    {
-        if constexpr (has_data_parallel)
-            core::static_for<N>([&](auto i) {
-                const std::size_t o = param_offset[i];
-                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
-            });
-    }
+    void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
 private:
-    template <std::size_t... I>
-    static ops_tuple make_ops(const Build& b, std::index_sequence<I...>)
-    {
-        return ops_tuple{op_t<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
-    }
     static float* activation(float* saved, std::size_t n, std::size_t i) { return saved + act_offset[i] * n; }
     static float* op_saved(float* saved, std::size_t n, std::size_t i)
     {
         return saved + (act_offset[N] + saved_offset[i]) * n;
     }
 
-    ops_tuple ops_;
+    parts parts_;
 };
 
 } // namespace replica::model

@@ -9,7 +9,8 @@
 #include <tuple>
 
 #include "replica/core/meta.hpp"
-#include "replica/model/chain.hpp"
+#include "replica/model/concepts.hpp"
+#include "replica/model/parts.hpp"
 
 namespace replica::model {
 
@@ -40,10 +41,10 @@ struct Concat {
 
     template <class In>
     class op {
-        using ops_tuple = std::tuple<typename Branches::template op<In>...>;
+        using parts = Parts<typename Branches::template op<In>...>;
         static constexpr std::size_t B = sizeof...(Branches);
         template <std::size_t I>
-        using op_t = std::tuple_element_t<I, ops_tuple>;
+        using op_t = typename parts::template op<I>;
         using first_out = typename op_t<0>::output_shape;
         static_assert((detail::same_trailing_dims<first_out, typename Branches::template op<In>::output_shape>() && ...),
                       "Concat branches must produce outputs of the same rank and spatial size (only the channel "
@@ -52,40 +53,31 @@ struct Concat {
         static constexpr std::size_t pixels = first_out::size / first_out::dims[0];
         static constexpr std::array<std::size_t, B + 1> channel_offset =
             core::prefix_sums<Branches::template op<In>::output_shape::dims[0]...>;
-        static constexpr std::array<std::size_t, B + 1> param_offset =
-            core::prefix_sums<Branches::template op<In>::param_count...>;
-        static constexpr std::array<std::size_t, B + 1> id_offset =
-            core::prefix_sums<Branches::template op<In>::layer_count...>;
+        static constexpr auto param_offset = parts::param_offset;
         static constexpr std::array<std::size_t, B + 1> out_offset =
             core::prefix_sums<Branches::template op<In>::output_shape::size...>;
-        static constexpr std::array<std::size_t, B + 1> saved_offset =
-            core::prefix_sums<Branches::template op<In>::saved_size...>;
+        static constexpr auto saved_offset = parts::saved_offset;
         static constexpr std::size_t max_out = std::max({Branches::template op<In>::output_shape::size...});
 
     public:
         using input_shape = In;
         using output_shape = typename detail::with_channels<channel_offset[B], first_out>::type;
-        static constexpr std::size_t param_count = param_offset[B];
-        static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[B]);
+        static constexpr std::size_t param_count = parts::param_count;
+        static constexpr std::uint32_t layer_count = parts::layer_count;
         // Each branch's output, then each branch's own saved state.
         static constexpr std::size_t saved_size = out_offset[B] + saved_offset[B];
-        static constexpr bool has_data_parallel = (false || ... || Branches::template op<In>::has_data_parallel);
+        static constexpr bool spans_devices = parts::spans_devices;
 
-        explicit op(const Build& b) : ops_(make(b, std::make_index_sequence<B>{})) {}
+        explicit op(const Build& b) : parts_(b) {}
 
         // [branch dy (max_out) | input-gradient accumulator (In) | branch scratch]
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            std::size_t inner = 0;
-            core::static_for<B>([&](auto i) { inner = std::max(inner, std::get<i>(ops_).scratch_size(ctx, n)); });
-            return (max_out + In::size) * n + inner;
+            return (max_out + In::size) * n + parts_.scratch_size(ctx, n);
         }
 
-        void init(float* params, std::uint64_t seed) const
-        {
-            core::static_for<B>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
-        }
+        void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
 
         template <class Ctx>
         void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
@@ -93,7 +85,7 @@ struct Concat {
             core::static_for<B>([&](auto i) {
                 using Out = typename op_t<i>::output_shape;
                 float* out = a.saved + out_offset[i] * a.n;
-                std::get<i>(ops_).forward(ctx, pass, ForwardArgs{
+                parts_.template get<i>().forward(ctx, pass, ForwardArgs{
                     .params = a.params + param_offset[i], .x = a.x, .y = out, .n = a.n,
                     .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
                 copy_channels_in(ctx, out, a.n, Out::dims[0], pixels, a.y, output_shape::dims[0], channel_offset[i]);
@@ -109,7 +101,7 @@ struct Concat {
                 using Out = typename op_t<i>::output_shape;
                 copy_channels_out(ctx, a.dy, output_shape::dims[0], channel_offset[i], a.n, Out::dims[0], pixels, dy_branch);
                 float* dx = a.dx == nullptr ? nullptr : (i == 0 ? a.dx : dx_branch);
-                std::get<i>(ops_).backward(ctx, pass, BackwardArgs{
+                parts_.template get<i>().backward(ctx, pass, BackwardArgs{
                     .params = a.params + param_offset[i], .x = a.x, .y = a.saved + out_offset[i] * a.n,
                     .dy = dy_branch, .dx = dx, .dparams = a.dparams + param_offset[i], .n = a.n,
                     .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
@@ -120,34 +112,19 @@ struct Concat {
         template <class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
         {
-            core::static_for<B>([&](auto i) {
-                const std::size_t o = param_offset[i];
-                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * Opt::state_per_param);
-            });
+            parts_.update(ctx, opt, w, g, state);
         }
-
         template <class Ctx>
-        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
-        {
-            core::static_for<B>([&](auto i) {
-                const std::size_t o = param_offset[i];
-                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
-            });
-        }
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
     private:
-        template <std::size_t... I>
-        static ops_tuple make(const Build& b, std::index_sequence<I...>)
-        {
-            return ops_tuple{op_t<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
-        }
         static float* branch_saved(float* saved, std::size_t n, std::size_t i)
         {
             return saved + (out_offset[B] + saved_offset[i]) * n;
         }
         static float* inner_scratch(float* scratch, std::size_t n) { return scratch + (max_out + In::size) * n; }
 
-        ops_tuple ops_;
+        parts parts_;
     };
 };
 

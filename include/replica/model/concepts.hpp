@@ -1,55 +1,32 @@
 #pragma once
-// The contracts between layers, models and the machinery that runs them.
+// The training contract: what a trainable model offers to train_step, the Trainer and checkpoints
+// (TrainableModel), and what a model offers to a DataParallel that replicates it (Replica).
+// Sequential, DataParallel and AutoParallel each static_assert the contracts they meet.
 //
-// A *layer* is a type with static hyper-parameters (Conv2d<20, 5>). Bound to the shape of one input
-// sample it yields an *op*, `typename L::template op<In>`, which the model instantiates once per replica:
-//
-//   using input_shape, output_shape          Shapes of one sample.
-//   static constexpr std::size_t param_count  Parameters, laid out contiguously in the model's flat buffer.
-//   static constexpr std::uint32_t layer_count Layer ids it uses (a leaf uses one, a nested model its sum).
-//   static constexpr std::size_t saved_size   Floats per sample it keeps from forward to backward,
-//                                             beyond its output (a nested model's inner activations).
-//   static constexpr bool has_data_parallel   Whether a DataParallel is nested in it.
-//   explicit op(const Build&)                 Built once per replica; never per step.
-//   std::size_t scratch_size(ctx, n)          Scratch floats one call on n samples needs. Scratch holds
-//                                             nothing between calls.
-//   void init(float* params, seed)            Writes initial parameters (host memory).
-//   void forward(ctx, pass, ForwardArgs)      Writes y (n, output_shape) and its saved state.
-//   void backward(ctx, pass, BackwardArgs)    ASSIGNS dparams and dx (the input gradient; dx may be null
-//                                             when nobody needs it). Reads x, y, dy and saved state as
-//                                             forward left them.
-//
-// Optional: an op with `static constexpr bool fuses_relu`, forward_relu(ctx, pass, ForwardArgs) and
-// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions, fully connected layers) applies a ReLU
-// that follows it in a Chain (`static constexpr bool is_relu`) in the same pass, forward and backward;
-// the Chain then skips the ReLU, and the op's own output slot holds dz (its output's gradient) during
-// backward. An op with `static constexpr bool is_view` (Flatten) outputs its input's values unchanged:
-// the Chain skips it between two ops (the next one reads the view's input; dy passes through).
-//
-// Every random choice an op makes is keyed on (pass.seed, its layer id, pass.first_sample + i), so it
-// does not depend on which replica runs sample i.
+// A model trains on batches in host memory. All of its calls are made from one thread at a time;
+// their work may run asynchronously on the model's devices, but every call that returns host
+// values (a loss, parameters, an evaluation) has waited for the work they depend on.
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
-#include "replica/core/device.hpp"
-#include "replica/core/rng.hpp"
-#include "replica/core/shape.hpp"
+#include "replica/layers/op.hpp"
 
 namespace replica::model {
 
-// What a forward or backward pass knows beyond its tensors.
-struct Pass {
-    std::uint64_t seed = 0;           // the run's seed: dropout masks
-    std::uint64_t first_sample = 0;   // global index of the first sample of this call
-    bool training = true;             // dropout on, activations kept for backward
-    // The reproducible mode: a nested DataParallel runs the whole call on its first replica, so the
-    // floats do not depend on how many replicas it has (the micro-shards are the unit of work then).
-    bool whole = false;
-};
+// The op contract (layers/op.hpp), as models and their machinery name it.
+using layers::BackwardArgs;
+using layers::Build;
+using layers::ForwardArgs;
+using layers::init_uniform;
+using layers::Layer;
+using layers::LeafOp;
+using layers::Op;
+using layers::Pass;
 
 // A training step's batch as a model's step() takes it (host memory, n samples), with its pass and
 // the loss scale. Two are equal when they describe the same samples of the same memory.
@@ -66,65 +43,97 @@ struct StepInput {
     }
 };
 
-// What an op is built with, once per replica.
-struct Build {
-    std::uint32_t layer_id = 0;           // first layer id of the op
-    std::span<const Device> devices;      // the replica's device first; a nested DataParallel uses all
+// Loss sum and number of correct predictions over some samples, without training (dropout off).
+struct Evaluation {
+    double loss_sum = 0.0;
+    std::size_t correct = 0;
 };
 
-struct ForwardArgs {
-    const float* params;   // the op's parameters
-    const float* x;        // (n, input_shape)
-    float* y;              // (n, output_shape)
-    std::size_t n;
-    float* saved;          // n * saved_size floats, kept until backward
-    float* scratch;        // scratch_size(ctx, n) floats
-};
-
-struct BackwardArgs {
-    const float* params;
-    const float* x;        // (n, input_shape), as given to forward
-    const float* y;        // (n, output_shape), as forward wrote it
-    const float* dy;       // (n, output_shape)
-    float* dx;             // (n, input_shape) assigned; null when not needed
-    float* dparams;        // param_count floats, assigned
-    std::size_t n;
-    float* saved;
-    float* scratch;
-};
-
+// What a model asks of an optimizer: `state_per_param` floats of state per parameter (zero-filled
+// before the first update), and apply(ctx, w, g, state, count), which queues the update of `count`
+// parameters w from their gradients g on ctx (train/sgd.hpp).
 template <class O>
-concept Op = requires {
-    typename O::input_shape;
-    typename O::output_shape;
-    { O::param_count } -> std::convertible_to<std::size_t>;
-    { O::layer_count } -> std::convertible_to<std::uint32_t>;
-    { O::saved_size } -> std::convertible_to<std::size_t>;
-    { O::has_data_parallel } -> std::convertible_to<bool>;
-} && std::constructible_from<O, const Build&>;
-
-// A layer names an op template. Naming it does not instantiate it, so this holds for every layer
-// whatever shapes it accepts.
-template <class L>
-concept Layer = requires { typename L::template op<Shape<1>>; };
-
-// Defaults for a leaf op: one layer id, nothing saved, nothing nested.
-struct LeafOp {
-    static constexpr std::uint32_t layer_count = 1;
-    static constexpr std::size_t saved_size = 0;
-    static constexpr bool has_data_parallel = false;
-    std::uint32_t id;
-    explicit LeafOp(const Build& b) : id(b.layer_id) {}
-    template <class Ctx>
-    std::size_t scratch_size(const Ctx&, std::size_t) const { return 0; }
+concept Optimizer = requires {
+    { O::state_per_param } -> std::convertible_to<std::size_t>;
 };
 
-// U(-bound, bound) from the counter-based generator: element i of layer `layer` under `seed`.
-inline void init_uniform(float* p, std::size_t count, float bound, std::uint64_t seed, std::uint32_t layer,
-                         std::uint32_t first_element = 0)
-{
-    for (std::size_t i = 0; i < count; ++i)
-        p[i] = (2.0f * core::random_uniform(seed, core::Stream::init, layer, 0, first_element + std::uint32_t(i)) - 1.0f) * bound;
-}
+// An optimizer that leaves the parameters as they are: for timing steps (auto_parallel) and for
+// stating the contracts below.
+struct NoUpdate {
+    static constexpr std::size_t state_per_param = 0;
+    template <class Ctx>
+    void apply(Ctx&, float*, const float*, float*, std::size_t) const {}
+};
+
+// A trainable model: a Sequential, a DataParallel, an AutoParallel.
+//   step(in, opt, next)      forward, loss, backward, gradient all-reduce and opt's update on in's
+//                            samples; returns the sum of their losses. Given `next` (the following
+//                            call's batch, its memory unchanged until then), that step's work may be
+//                            queued behind this one's update before the host waits (Sequential::step).
+//   forward_backward(...)    forward, loss and backward only: the gradient, ASSIGNED, summed over
+//                            replicas; returns the sum of the losses.
+//   reproducible_forward_backward(..., shard)  the same, computed in micro-shards of `shard` samples
+//                            and summed exactly: bit-identical on any number of replicas.
+//   update(opt)              applies opt with the gradient that the last call left.
+//   evaluate, predict        without training; predict writes n * output_shape::size logits.
+//   parameters(), optimizer_state() and their setters: host copies of the flat vectors (the state is
+//                            empty before the first update); the setters drop any work queued ahead.
+//   replica_count()          replicas in this process; global_replica_count() over every process;
+//                            process_rank(): this process among them (rank 0 writes checkpoints).
+template <class M>
+concept TrainableModel =
+    requires { typename M::input_shape; typename M::output_shape; typename M::loss; } &&
+    requires(M& m, const M& cm, const Pass& pass, const StepInput& in, const float* x, const std::int32_t* labels,
+             std::size_t n, float* out, std::span<const float> values) {
+        { M::param_count } -> std::convertible_to<std::size_t>;
+        { M::label_size } -> std::convertible_to<std::size_t>;
+        { m.step(in, NoUpdate{}, &in) } -> std::convertible_to<double>;
+        { m.forward_backward(pass, x, labels, n, 1.0f) } -> std::convertible_to<double>;
+        { m.reproducible_forward_backward(pass, x, labels, n, 1.0f, n) } -> std::convertible_to<double>;
+        m.update(NoUpdate{});
+        { m.evaluate(x, labels, n) } -> std::same_as<Evaluation>;
+        m.predict(x, n, out);
+        { cm.parameters() } -> std::same_as<std::vector<float>>;
+        { cm.optimizer_state() } -> std::same_as<std::vector<float>>;
+        m.set_parameters(values);
+        m.set_optimizer_state(values);
+        { cm.replica_count() } -> std::convertible_to<std::size_t>;
+        { cm.global_replica_count() } -> std::convertible_to<std::size_t>;
+        { cm.process_rank() } -> std::convertible_to<int>;
+        { cm.description() } -> std::convertible_to<std::string>;
+    };
+
+// A model that a DataParallel can replicate: a TrainableModel on one device whose step comes in
+// parts, so that one host thread (or one per replica) can queue every replica's work before it waits.
+//   queue_forward_backward(pass, x, labels, n, scale, hook)  queues forward, loss and backward in the
+//                            next step slot (0 or 1, in turn) and returns it; hook(offset) is called as
+//                            gradients from `offset` to the end become final (core/hook.hpp).
+//   queue_or_defer(...), launch_deferred(k, hook)  the same for one thread driving several GPUs: work
+//                            replayed from CUDA graphs is left in segments to launch in turn.
+//   mark_step(slot), finish_step(slot)  what the host waits for of a slot's step, and the wait: returns
+//                            its loss sum.
+//   forward_train(pass, x, n), backward_from(pass, dy, dx, hook)  the two halves of forward_backward,
+//                            for a replica of a DataParallel nested in a larger model.
+//   queue_shard_gradients(...), finish_shards(losses), set_gradients_exact()  the reproducible mode's
+//                            parts (model/exact_gradient.hpp).
+//   copy_state_from(w, state, size, after)  parameters and optimizer state from another replica.
+template <class M>
+concept Replica =
+    TrainableModel<M> && requires { typename M::chain; } &&
+    requires(M& m, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float* dx,
+             int slot, core::NoHook& hook, double* losses) {
+        { m.queue_forward_backward(pass, x, labels, n, 1.0f, hook) } -> std::same_as<int>;
+        { m.queue_or_defer(pass, x, labels, n, 1.0f, hook) } -> std::same_as<std::size_t>;
+        m.launch_deferred(n, hook);
+        m.mark_step(slot);
+        { m.finish_step(slot) } -> std::convertible_to<double>;
+        { m.last_slot() } -> std::same_as<int>;
+        { m.forward_train(pass, x, n) } -> std::same_as<const float*>;
+        m.backward_from(pass, x, dx, hook);
+        { m.queue_shard_gradients(pass, x, labels, n, 1.0f, n, n) } -> std::same_as<std::int64_t*>;
+        m.finish_shards(losses);
+        m.set_gradients_exact();
+        { m.gradient_data() } -> std::same_as<float*>;
+    };
 
 } // namespace replica::model

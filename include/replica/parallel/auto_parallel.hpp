@@ -22,7 +22,7 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/parallel/data_parallel.hpp"
-#include "replica/train/sgd.hpp"
+#include "replica/model/concepts.hpp"
 
 namespace replica {
 // Opt-out: specialise to true for a model that must never be wrapped automatically.
@@ -36,7 +36,7 @@ template <class M>
 constexpr bool contains_data_parallel_()
 {
     if constexpr (is_data_parallel<M>::value) return true;
-    else return M::graph::has_data_parallel;
+    else return M::chain::spans_devices;
 }
 template <class M>
 inline constexpr bool contains_data_parallel = contains_data_parallel_<M>();
@@ -92,6 +92,20 @@ inline std::size_t choose(std::span<const Candidate> candidates, double margin)
     return best;
 }
 
+namespace detail {
+// The update of a timed step: plain gradient descent at a rate too small to matter (the backend's
+// SGD kernel: the same passes over memory as SGD without momentum). The caller's own optimizer is
+// not known when auto_parallel measures.
+struct TimingUpdate {
+    static constexpr std::size_t state_per_param = 1;
+    template <class Ctx>
+    void apply(Ctx& ctx, float* w, const float* g, float* v, std::size_t count) const
+    {
+        sgd_update(ctx, w, g, v, count, 1e-6f, 0.0f, 0.0f, false);
+    }
+};
+} // namespace detail
+
 template <class M>
 class AutoParallel {
 public:
@@ -99,83 +113,71 @@ public:
     using input_shape = typename M::input_shape;
     using output_shape = typename M::output_shape;
     using loss = typename M::loss;
-    using Evaluation = typename M::Evaluation;
+    using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = M::param_count;
     static constexpr std::size_t label_size = M::label_size;
 
     AutoParallel(M&& model, std::vector<Device> devices, AutoOptions options = {})
-        : impl_(make(std::move(model), std::move(devices), options)) {}
+        : impl_(make(std::move(model), std::move(devices), options))
+    {
+        static_assert(model::TrainableModel<AutoParallel>);
+    }
 
-    // "cpu:0" or "DataParallel<threaded> over cpu:0,cpu:1"
-    std::string description() const
-    {
-        return std::visit(
-            [](const auto& m) -> std::string {
-                using T = std::decay_t<decltype(m)>;
-                if constexpr (std::same_as<T, M>) return m.description();
-                else {
-                    std::string s = std::string("DataParallel<") + T::dispatch::name + "> over ";
-                    for (std::size_t i = 0; i < m.devices().size(); ++i) s += (i ? "," : "") + m.devices()[i].name();
-                    return s;
-                }
-            },
-            impl_);
-    }
-    std::size_t replica_count() const
-    {
-        return std::visit([](const auto& m) -> std::size_t {
-            if constexpr (requires { m.replica_count(); }) return m.replica_count();
-            else return 1;
-        }, impl_);
-    }
-    // Replicas over every process (replica_count() in one process).
-    std::size_t global_replica_count() const
-    {
-        return std::visit([](const auto& m) { return m.global_replica_count(); }, impl_);
-    }
-    int process_rank() const { return std::visit([](const auto& m) { return m.process_rank(); }, impl_); }
-    // See DataParallel::process_share; one model in one process trains on every sample.
-    Share process_share(std::size_t n, std::size_t shard) const
-    {
-        return std::visit([&](const auto& m) -> Share {
-            if constexpr (requires { m.process_share(n, shard); }) return m.process_share(n, shard);
-            else return {0, n};
-        }, impl_);
-    }
     template <class T>
     bool holds() const { return std::holds_alternative<T>(impl_); }
     template <class T>
     T& get() { return std::get<T>(impl_); }
 
-    std::vector<float> parameters() const { return std::visit([](const auto& m) { return m.parameters(); }, impl_); }
-    std::vector<float> optimizer_state() const { return std::visit([](const auto& m) { return m.optimizer_state(); }, impl_); }
-    void set_parameters(std::span<const float> w) { std::visit([&](auto& m) { m.set_parameters(w); }, impl_); }
-    void set_optimizer_state(std::span<const float> s) { std::visit([&](auto& m) { m.set_optimizer_state(s); }, impl_); }
+    // Every call goes to the model chosen: the training contract (model/concepts.hpp), as it has it.
+    // "cpu:0" or "DataParallel<threaded> over cpu:0,cpu:1"
+    std::string description() const { return with([](const auto& m) { return m.description(); }); }
+    std::size_t replica_count() const { return with([](const auto& m) { return m.replica_count(); }); }
+    std::size_t global_replica_count() const { return with([](const auto& m) { return m.global_replica_count(); }); }
+    int process_rank() const { return with([](const auto& m) { return m.process_rank(); }); }
+    // See DataParallel::process_share; one model in one process trains on every sample.
+    Share process_share(std::size_t n, std::size_t shard) const
+    {
+        return with([&](const auto& m) -> Share {
+            if constexpr (requires { m.process_share(n, shard); }) return m.process_share(n, shard);
+            else return {0, n};
+        });
+    }
+
+    std::vector<float> parameters() const { return with([](const auto& m) { return m.parameters(); }); }
+    std::vector<float> optimizer_state() const { return with([](const auto& m) { return m.optimizer_state(); }); }
+    void set_parameters(std::span<const float> w) { with([&](auto& m) { m.set_parameters(w); }); }
+    void set_optimizer_state(std::span<const float> s) { with([&](auto& m) { m.set_optimizer_state(s); }); }
 
     double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float scale)
     {
-        return std::visit([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); }, impl_);
+        return with([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); });
     }
     template <class Opt>
     double step(const model::StepInput& in, const Opt& opt, const model::StepInput* next = nullptr)
     {
-        return std::visit([&](auto& m) { return m.step(in, opt, next); }, impl_);
+        return with([&](auto& m) { return m.step(in, opt, next); });
     }
     double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
                                          std::size_t n, float scale, std::size_t shard)
     {
-        return std::visit([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); }, impl_);
+        return with([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); });
     }
     template <class Opt>
-    void update(const Opt& opt) { std::visit([&](auto& m) { m.update(opt); }, impl_); }
+    void update(const Opt& opt) { with([&](auto& m) { m.update(opt); }); }
     Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
     {
-        return std::visit([&](auto& m) { return m.evaluate(x, labels, n); }, impl_);
+        return with([&](auto& m) { return m.evaluate(x, labels, n); });
     }
-    void predict(const float* x, std::size_t n, float* out) { std::visit([&](auto& m) { m.predict(x, n, out); }, impl_); }
+    void predict(const float* x, std::size_t n, float* out) { with([&](auto& m) { m.predict(x, n, out); }); }
 
 private:
     using Impl = std::variant<M, DataParallel<M, SingleThread>, DataParallel<M, Threaded>>;
+
+    // The one way a call reaches the model chosen.
+    template <class F>
+    decltype(auto) with(F&& f) { return std::visit(std::forward<F>(f), impl_); }
+    template <class F>
+    decltype(auto) with(F&& f) const { return std::visit(std::forward<F>(f), impl_); }
 
     static Impl make(M&& model, std::vector<Device> devices, AutoOptions o)
     {
@@ -264,11 +266,11 @@ private:
         return *best;
     }
 
-    // Median seconds of a training step (after two untimed steps).
+    // Median seconds of a training step (after two untimed steps), updates included.
     static double time_steps(Impl& m, const float* x, const std::int32_t* labels, std::size_t n, std::size_t steps)
     {
         constexpr std::size_t warmup = 2;
-        train::SGD opt{{.lr = 1e-6f}};
+        const detail::TimingUpdate opt;
         std::vector<double> t;
         for (std::size_t i = 0; i < warmup + steps; ++i) {
             const auto t0 = std::chrono::steady_clock::now();

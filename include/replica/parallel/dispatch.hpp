@@ -1,27 +1,34 @@
 #pragma once
-// Dispatch policies: how the work of a DataParallel's replicas is issued. Empty tag types.
+// Dispatch policies: how the work of a DataParallel's replicas is issued. Each policy is a tag type
+// whose nested Issuer carries everything that differs between them, so DataParallel never asks
+// which one it holds:
 //
 //   SingleThread  one host thread issues every replica's work in turn (on GPUs: asynchronously, so the
 //                 devices still run concurrently). No thread hand-offs: best when steps are short.
 //   Threaded      one persistent worker thread per replica, created with the DataParallel and woken
 //                 once per phase. Replicas' host work runs concurrently: best when it is long.
 //
+// An Issuer, made once per replica set (ReplicaSet, parallel/replica_set.hpp), offers:
+//   Issuer(count, device)        for `count` replicas, the first on `device`
+//   each(f)                      f(r) for every replica r; returns when all calls have returned
+//   bucket_ready(comm, r, gradient, bucket, last)  replica r's backward completed gradient bucket
+//                                `bucket` (a span of its buffer); `last`: the final bucket
+//   after_backward(comm, buckets, gradient_of)     every replica's backward has been queued
+//   queue_step(comm, count, queue, launch, mark)   one training step queued on every replica:
+//                                queue(r, defer) queues replica r's step (returns the CUDA graph
+//                                segments it left to launch(r, k) when it may defer), mark(r) after
+//                                its reductions are ordered before what the host waits for.
 // Both give bit-identical parameters: gradients are summed in the same fixed order either way.
 
 #include <concepts>
 
+#include "replica/parallel/dispatch/single_thread.hpp"
+#include "replica/parallel/dispatch/threaded.hpp"
+
 namespace replica::parallel {
 
-struct SingleThread {
-    static constexpr const char* name = "single";
-};
-
-struct Threaded {
-    static constexpr const char* name = "threaded";
-};
-
 template <class T>
-concept DispatchPolicy = std::same_as<T, SingleThread> || std::same_as<T, Threaded>;
+concept DispatchPolicy = requires { { T::name } -> std::convertible_to<const char*>; typename T::Issuer; };
 
 } // namespace replica::parallel
 

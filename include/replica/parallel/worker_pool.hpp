@@ -5,8 +5,8 @@
 //
 // A training step is a few phases in a row (queue every replica's work, wait for it, update), so the
 // threads poll for the next phase (or for its end) for a short while before they sleep: a wake-up
-// through a condition variable cost 50-60 us a phase on a 2-core machine (bench/pool_bench), a
-// fifth of a LeNet step on an H200. The counters are C++20 atomics, slept on with atomic::wait.
+// through a condition variable costs a sizeable part of a small network's step (bench/pool_bench
+// measures it; docs/benchmarks.md). The counters are C++20 atomics, slept on with atomic::wait.
 
 #include <atomic>
 #include <chrono>

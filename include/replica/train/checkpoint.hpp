@@ -80,26 +80,26 @@ struct replica_of<M> {
 } // namespace detail
 
 // A model that can be saved and loaded: a Sequential<Input<...>, ...>, or a DataParallel or
-// AutoParallel of one. Its parameter layout is replica_of<M>::type::graph.
+// AutoParallel of one. Its parameter layout is replica_of<M>::type::chain.
 template <class M>
 concept Checkpointable = requires(M& m, const M& cm, std::span<const float> values) {
     { M::param_count } -> std::convertible_to<std::size_t>;
-    { detail::replica_of<M>::type::graph::layer_count } -> std::convertible_to<std::uint64_t>;
-    { detail::replica_of<M>::type::graph::param_offset.size() } -> std::convertible_to<std::size_t>;
+    { detail::replica_of<M>::type::chain::layer_count } -> std::convertible_to<std::uint64_t>;
+    { detail::replica_of<M>::type::chain::param_offset.size() } -> std::convertible_to<std::size_t>;
     { cm.parameters() } -> std::same_as<std::vector<float>>;
     { cm.optimizer_state() } -> std::same_as<std::vector<float>>;
     m.set_parameters(values);
     m.set_optimizer_state(values);
 };
 
-// FNV-1a 64 over the little-endian u64 bytes of: param_count, the graph's layer_count, and every
+// FNV-1a 64 over the little-endian u64 bytes of: param_count, the chain's layer_count, and every
 // entry of its param_offset. The same for M, DataParallel<M> and AutoParallel<M>, on every compiler.
 template <class M>
 constexpr std::uint64_t model_signature()
 {
     static_assert(Checkpointable<M>, "model_signature<M>: M must be a model, a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
-    using graph = typename detail::replica_of<M>::type::graph;
+    using chain = typename detail::replica_of<M>::type::chain;
     std::uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](std::uint64_t v) {
         for (int i = 0; i < 8; ++i) {
@@ -108,12 +108,12 @@ constexpr std::uint64_t model_signature()
         }
     };
     mix(std::uint64_t(M::param_count));
-    mix(std::uint64_t(graph::layer_count));
-    for (std::size_t offset : graph::param_offset) mix(std::uint64_t(offset));
+    mix(std::uint64_t(chain::layer_count));
+    for (std::size_t offset : chain::param_offset) mix(std::uint64_t(offset));
     // Shapes too: the input, the output and every layer's output size.
-    for (std::size_t d : graph::input_shape::dims) mix(std::uint64_t(d));
-    for (std::size_t d : graph::output_shape::dims) mix(std::uint64_t(d));
-    for (std::size_t offset : graph::act_offset) mix(std::uint64_t(offset));
+    for (std::size_t d : chain::input_shape::dims) mix(std::uint64_t(d));
+    for (std::size_t d : chain::output_shape::dims) mix(std::uint64_t(d));
+    for (std::size_t offset : chain::act_offset) mix(std::uint64_t(offset));
     return h;
 }
 

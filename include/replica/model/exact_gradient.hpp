@@ -1,0 +1,115 @@
+#pragma once
+// The reproducible mode's gradient, a strategy a model holds beside its storage.
+//
+// Samples [0, n) are cut into micro-shards of `shard` samples, numbered from first_shard; each shard's
+// gradient is computed on its own and added, in fixed point (core/fixed_point.hpp), to an exact
+// accumulator that starts from zero. So the sum depends on the shard size, never on how many replicas
+// share the shards or in which order their accumulators are summed (integers: exactly). Every kernel
+// is deterministic from the first call on (on a GPU: the libraries' deterministic choices, kept
+// afterwards). The shards run as one step does (backend/step_run.hpp): on a GPU replayed from a CUDA
+// graph, keyed by batch and shard size.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "replica/backend/backend.hpp"
+#include "replica/core/hook.hpp"
+#include "replica/core/loss_slot.hpp"
+#include "replica/core/tensor.hpp"
+#include "replica/model/concepts.hpp"
+
+namespace replica::model {
+
+template <std::size_t InputSize, std::size_t LabelSize>
+class ExactGradient {
+public:
+    // Queues the shards of n samples (host memory) on ctx and returns the accumulator (ctx's memory,
+    // `count` integers) for the replicas' exact all-reduce. reserve(m) makes room for the activations of
+    // m samples; queue_shard(pass, x, labels, m, loss_slot) queues forward, loss and backward of m
+    // samples already in ctx's memory, ASSIGNING `gradient` (count floats).
+    template <class Ctx, class Reserve, class QueueShard>
+    std::int64_t* queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+                        std::size_t shard, std::size_t first_shard, const float* gradient, std::size_t count,
+                        bool capturable, Reserve&& reserve, QueueShard&& queue_shard)
+    {
+        const std::size_t shards = (n + shard - 1) / shard;
+        first_shard_ = first_shard;
+        shard_count_ = shards;
+        make_deterministic(ctx);
+        if (exact_.size() != count) exact_ = ctx.template allocate<std::int64_t>(count);
+        if (slots_.size() < shards) {
+            ctx.synchronize();
+            if constexpr (!Ctx::host_visible) ctx.drop_graphs();   // they write the slots
+            slots_ = backend::host_buffer<core::LossSlot>(shards);
+        }
+        for (std::size_t k = 0; k < shards; ++k) slots_[k] = {};
+        reserve(std::min(shard, n));   // activations for one shard
+        const auto [xd, ld] = stage(ctx, x, labels, n);
+        auto work = [&](bool captured, auto&&) {
+            zero_fixed(ctx, exact_.data(), count);
+            for (std::size_t k = 0; k < shards; ++k) {
+                const std::size_t begin = k * shard, m = std::min(shard, n - begin);
+                Pass mine = captured ? Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training} : pass;
+                mine.first_sample += begin;
+                mine.whole = true;   // an op spanning devices computes each shard on the model's own
+                queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k]);
+                add_fixed(ctx, gradient, exact_.data(), count);
+            }
+        };
+        core::NoHook none;
+        // Negative keys are the shards' (0 and 1 are the steps'); step parameters in slot 0.
+        execute_step(ctx,
+                     backend::StepRun{.seed = pass.seed, .first_sample = pass.first_sample, .n = n,
+                                      .key = -1 - int(std::min<std::size_t>(shard, 1 << 30)), .params_slot = 0,
+                                      .capturable = capturable},
+                     work, none);
+        return exact_.data();
+    }
+
+    // Waits for the shards and writes each one's loss, loss_of(slot), to losses[shard number].
+    template <class Ctx, class LossOf>
+    void finish(Ctx& ctx, double* losses, LossOf&& loss_of)
+    {
+        ctx.synchronize();
+        check_fixed(ctx);
+        for (std::size_t k = 0; k < shard_count_; ++k) losses[first_shard_ + k] = loss_of(slots_[k]);
+    }
+
+    // The gradient (count floats) from the accumulator, once the replicas' accumulators are summed.
+    template <class Ctx>
+    void write_gradient(Ctx& ctx, float* gradient, std::size_t count)
+    {
+        fixed_to_float(ctx, exact_.data(), gradient, count);
+    }
+
+private:
+    // The n samples in the context's memory, all at once (the shards then read them where they are:
+    // a graph of the shards holds no copy from host memory).
+    template <class Ctx>
+    std::pair<const float*, const std::int32_t*> stage(Ctx& ctx, const float* x, const std::int32_t* labels, std::size_t n)
+    {
+        if constexpr (Ctx::host_visible) {
+            return {x, labels};
+        } else {
+            if (inputs_.size() < n * InputSize) {
+                ctx.synchronize();
+                ctx.drop_graphs();   // they read the old buffers
+                inputs_ = ctx.template allocate<float>(n * InputSize);
+                labels_ = ctx.template allocate<std::int32_t>(n * LabelSize);
+            }
+            ctx.stage(x, inputs_.data(), n * InputSize);
+            ctx.stage(labels, labels_.data(), n * LabelSize);
+            return {inputs_.data(), labels_.data()};
+        }
+    }
+
+    core::Buffer<std::int64_t> exact_;
+    core::Buffer<core::LossSlot> slots_;   // page-locked, one loss slot per shard
+    core::Buffer<float> inputs_;
+    core::Buffer<std::int32_t> labels_;
+    std::size_t first_shard_ = 0, shard_count_ = 0;
+};
+
+} // namespace replica::model

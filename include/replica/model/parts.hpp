@@ -1,0 +1,111 @@
+#pragma once
+// Parts<Ops...>: what an op made of ops shares, whether its parts run one after the other (Chain) or
+// side by side (Concat): the parts, built once with consecutive layer ids; their parameters laid out
+// one after another in the composite's slice (param_offset), and their saved state likewise
+// (saved_offset); initialisation; the update; and the parameter sync of parts that hold replicas.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "replica/core/meta.hpp"
+#include "replica/model/concepts.hpp"
+
+namespace replica::model {
+
+namespace detail {
+// Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or parts that
+// might define update(); a plain layer is one contiguous slice.
+template <class O, class Ctx, class Opt>
+void update_op(O& op, Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+{
+    if constexpr (requires { op.update(ctx, opt, w, g, state); }) op.update(ctx, opt, w, g, state);
+    else opt.apply(ctx, w, g, state, O::param_count);
+}
+
+// Tells an op its parameters (and optimizer state, when not null: `per` floats a parameter) were set
+// from outside (initialised, loaded): replicas copy them.
+template <class O, class Ctx>
+void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t per)
+{
+    if constexpr (requires { op.sync(ctx, w, state, per); }) op.sync(ctx, w, state, per);
+}
+} // namespace detail
+
+template <class... Ops>
+class Parts {
+    using tuple = std::tuple<Ops...>;
+    static constexpr std::size_t N = sizeof...(Ops);
+
+public:
+    template <std::size_t I>
+    using op = std::tuple_element_t<I, tuple>;
+
+    static constexpr std::array<std::size_t, N + 1> param_offset = core::prefix_sums<Ops::param_count...>;
+    static constexpr std::array<std::size_t, N + 1> id_offset = core::prefix_sums<Ops::layer_count...>;
+    static constexpr std::array<std::size_t, N + 1> saved_offset = core::prefix_sums<Ops::saved_size...>;
+    static constexpr std::size_t param_count = param_offset[N];
+    static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
+    static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
+
+    explicit Parts(const Build& b) : ops_(make(b, std::make_index_sequence<N>{})) {}
+
+    template <std::size_t I>
+    auto& get() { return std::get<I>(ops_); }
+    template <std::size_t I>
+    const auto& get() const { return std::get<I>(ops_); }
+
+    // The most scratch any part needs for one call on n samples.
+    template <class Ctx>
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
+    {
+        std::size_t most = 0;
+        core::static_for<N>([&](auto i) { most = std::max(most, std::get<i>(ops_).scratch_size(ctx, n)); });
+        return most;
+    }
+
+    void init(float* params, std::uint64_t seed) const
+    {
+        core::static_for<N>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
+    }
+
+    // Without parts that hold replicas, one pass over the whole slice (an optimizer is elementwise:
+    // the same floats as part by part); with them, part by part, so that each applies it its way.
+    template <class Ctx, class Opt>
+    void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
+    {
+        if constexpr (!spans_devices) {
+            opt.apply(ctx, w, g, state, param_count);
+        } else {
+            const std::size_t per = Opt::state_per_param;
+            core::static_for<N>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * per);
+            });
+        }
+    }
+
+    template <class Ctx>
+    void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
+    {
+        if constexpr (spans_devices)
+            core::static_for<N>([&](auto i) {
+                const std::size_t o = param_offset[i];
+                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
+            });
+    }
+
+private:
+    template <std::size_t... I>
+    static tuple make(const Build& b, std::index_sequence<I...>)
+    {
+        return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
+    }
+
+    tuple ops_;
+};
+
+} // namespace replica::model

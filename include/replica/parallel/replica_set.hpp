@@ -1,0 +1,110 @@
+#pragma once
+// ReplicaSet<Dispatch>: the machinery that a DataParallel model and a DataParallel nested in a model
+// share: the dispatch policy's issuer (how each replica's work is issued), the communicator over the
+// replicas' contexts, and the gradient buckets reduced as backward produces them.
+//
+//   set.each(f)                       f(r) for every replica, as the policy issues work
+//   auto hook = set.hook(r, gradient) replica r's backward hook (core/hook.hpp): starts each bucket's
+//                                     reduction as backward completes it (the policy says how)
+//   set.after_backward(gradient_of)   once every replica's backward has been queued
+//   set.queue_step(...)               one training step on every replica (dispatch.hpp)
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "replica/backend/backend.hpp"
+#include "replica/core/device.hpp"
+#include "replica/parallel/communicators.hpp"
+#include "replica/parallel/dispatch.hpp"
+
+namespace replica::parallel {
+
+using Bucket = std::pair<std::size_t, std::size_t>;   // [begin, end) of a gradient buffer
+
+// Buckets of a gradient laid out at `offsets` (the layers' parameter offsets, and the end), last
+// layers first, cut at layer boundaries: the first at least min(first, floats) long, the others at
+// least `floats` (but the one holding the first layers).
+template <std::size_t N>
+std::vector<Bucket> make_buckets(const std::array<std::size_t, N>& offsets, std::size_t first, std::size_t floats)
+{
+    std::vector<Bucket> out;
+    std::size_t end = offsets.back();
+    for (std::size_t i = offsets.size() - 1; i-- > 0;) {
+        const std::size_t wanted = out.empty() ? std::min(first, floats) : floats;
+        if (end - offsets[i] >= wanted || (i == 0 && end > offsets[i])) {
+            out.emplace_back(offsets[i], end);
+            end = offsets[i];
+        }
+    }
+    return out;
+}
+
+template <DispatchPolicy Dispatch>
+class ReplicaSet {
+public:
+    ReplicaSet(std::vector<Bucket> buckets, std::size_t count, const Device& first)
+        : buckets_(std::move(buckets)), issuer_(std::make_unique<typename Dispatch::Issuer>(count, first)) {}
+
+    // The communicator over the replicas' contexts (replica r's is contexts[r]), across processes
+    // when `processes` is given.
+    void connect(const std::vector<backend::AnyContext>& contexts, ProcessGroup* processes = nullptr)
+    {
+        comm_ = make_communicator(contexts, buckets_.size(), processes);
+    }
+    bool connected() const { return comm_ != nullptr; }
+    Communicator& comm() { return *comm_; }
+    std::size_t bucket_count() const { return buckets_.size(); }
+
+    template <class F>
+    void each(F&& f)
+    {
+        issuer_->each(f);
+    }
+
+    // Replica r's backward hook, for one step: called as backward completes each layer's gradient
+    // (with the offset from which the gradient is final), it hands every complete bucket to the
+    // policy. acts() says whether a call would: a step replayed from CUDA graphs is cut only there.
+    struct Hook {
+        ReplicaSet* set = nullptr;
+        std::size_t r = 0;
+        float* gradient = nullptr;
+        std::size_t next = 0;
+        bool acts(std::size_t from) const { return next < set->buckets_.size() && set->buckets_[next].first >= from; }
+        void operator()(std::size_t from)
+        {
+            for (; acts(from); ++next) {
+                const auto [begin, end] = set->buckets_[next];
+                Dispatch::Issuer::bucket_ready(*set->comm_, r, std::span<float>(gradient + begin, end - begin), next,
+                                               next + 1 == set->buckets_.size());
+            }
+        }
+    };
+    Hook hook(std::size_t r, float* gradient) { return Hook{this, r, gradient}; }
+
+    template <class GradientOf>
+    void after_backward(GradientOf&& gradient_of)
+    {
+        issuer_->after_backward(*comm_, buckets_, gradient_of);
+    }
+
+    template <class Queue, class Launch, class GradientOf, class Mark>
+    void queue_step(Queue&& queue, Launch&& launch, GradientOf&& gradient_of, Mark&& mark)
+    {
+        issuer_->queue_step(*comm_, buckets_, queue, launch, gradient_of, mark);
+    }
+
+    // Releases every replica blocked in a reduction (one of them failed).
+    void abort() { comm_->abort(); }
+
+private:
+    std::vector<Bucket> buckets_;
+    std::unique_ptr<typename Dispatch::Issuer> issuer_;   // owned apart: a replica set moves with its model
+    std::unique_ptr<Communicator> comm_;
+};
+
+} // namespace replica::parallel
