@@ -787,7 +787,7 @@ template <class L, class In>
 void check_init(std::size_t fan_in)
 {
     using O = op_of<L, In>;
-    constexpr std::size_t P = O::param_count;
+    static constexpr std::size_t P = O::param_count;   // static: a lambda below binds it to a reference uncaptured
     const std::uint64_t seed = run_seed();
     INFO(type_name<L>() << " on " << type_name<In>() << ", seed " << seed);
     auto init = [](std::uint32_t layer_id, std::uint64_t s) {

@@ -2,6 +2,8 @@
 // replica: compile-time neural networks, trained data-parallel on one or many devices.
 // The umbrella header; each folder below is one layer of the library (docs/design.md).
 
+#include "replica/version.hpp"
+
 #include "replica/core/device.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
