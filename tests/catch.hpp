@@ -2,6 +2,7 @@
 // Catch2 v3 (catch2/catch_all.hpp) or v2 (catch2/catch.hpp), whichever this machine has.
 #if __has_include(<catch2/catch_all.hpp>)
 #include <catch2/catch_all.hpp>
+using Catch::Approx;   // global in 2.13, in namespace Catch in 3
 #else
 #include <catch2/catch.hpp>
 #endif
