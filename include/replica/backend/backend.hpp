@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -58,13 +57,23 @@ core::Buffer<T> host_buffer(std::size_t n)
 // threads the library may use (the reproducible mode). The library's setting is process-wide.
 class SerialHostKernels {
 public:
-    explicit SerialHostKernels(const Device& device, bool when = true)
+    explicit SerialHostKernels(const Device& device, bool when = true) : active_(when && device.is_cpu())
     {
-        if (when && device.is_cpu()) scope_.emplace(1);
+        if (active_) {
+            before_ = cpu::blas_threads();
+            cpu::set_blas_threads(1);
+        }
+    }
+    SerialHostKernels(const SerialHostKernels&) = delete;
+    SerialHostKernels& operator=(const SerialHostKernels&) = delete;
+    ~SerialHostKernels()
+    {
+        if (active_) cpu::set_blas_threads(before_);
     }
 
 private:
-    std::optional<cpu::ScopedBlasThreads> scope_;
+    bool active_;
+    int before_ = 1;
 };
 
 // Every visible GPU (honouring CUDA_VISIBLE_DEVICES); empty without the CUDA backend or a GPU.

@@ -70,22 +70,9 @@ private:
 };
 
 // Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
-// DataParallel over several CPU replicas sets it to 1, so that replicas, not BLAS, use the cores.
+// backend::SerialHostKernels sets it to 1 for a scope (replicas on their own threads; the reproducible
+// mode).
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
 inline int blas_threads() { return openblas_get_num_threads(); }
-
-// Sets OpenBLAS's thread count for a scope and restores it after. With one thread OpenBLAS's results
-// do not depend on how many threads the process allows (they do otherwise), which the reproducible
-// mode needs and CPU replicas on their own threads want.
-class ScopedBlasThreads {
-public:
-    explicit ScopedBlasThreads(int n) : before_(blas_threads()) { set_blas_threads(n); }
-    ScopedBlasThreads(const ScopedBlasThreads&) = delete;
-    ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
-    ~ScopedBlasThreads() { set_blas_threads(before_); }
-
-private:
-    int before_;
-};
 
 } // namespace replica::backend::cpu
