@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -26,16 +27,19 @@
 #include "replica/data/image_folder.hpp"
 #include "replica/replica.hpp"
 #include "replica/train/trainer.hpp"
+#include "support/cli.hpp"
 #include "support/processes.hpp"
 
 using namespace replica;
 
 struct Settings {
-    std::size_t epochs = 10, batch_size = 64, validate_every = 1, checkpoint_every = 1, micro_shard = 8;
-    double lr = 0.01, momentum = 0.9, weight_decay = 0.0;
-    long long seed = 1;
-    std::string data, model = "lenet", checkpoint, devices = "all", dispatch = "auto", scaling = "strong";
-    bool resume = false, scale_lr = false, reproducible = false;
+    std::size_t epochs = 10, batch_size = 64, validate_every = 1, checkpoint_every = 1;
+    float lr = 0.01f, momentum = 0.9f, weight_decay = 0.0f;
+    std::uint64_t seed = 1;
+    std::string data, model = "lenet", checkpoint;
+    bool resume = false, scale_lr = false;
+    examples::DeviceFlags dev;
+    examples::ReproducibleFlags repro;
     std::size_t image_size = 0, crop_padding = 0, history_every = 10;
     std::string fit = "resize", history = "history";
     double validation_fraction = 0.2;
@@ -90,7 +94,7 @@ int run(const Settings& s)
         try {
             folder.emplace(s.data, data::ImageFolderOptions{
                                        .channels = shape.channels, .image_size = shape.height, .fit = fit,
-                                       .validation_fraction = s.validation_fraction, .seed = std::uint64_t(s.seed),
+                                       .validation_fraction = s.validation_fraction, .seed = s.seed,
                                        .on_error = s.skip_bad_images ? data::OnError::skip : data::OnError::stop,
                                        .log = first ? &std::cerr : nullptr});
         } catch (const Error& e) {   // name this program's option for skipping
@@ -108,18 +112,19 @@ int run(const Settings& s)
         throw Error(s.data + " has " + std::to_string(classes.size()) + " classes, but --model " + s.model + " has " +
                     std::to_string(outputs) + " outputs: choose a model with at least as many");
     const auto train = data::augmented(train_source, shape,
-                                       {.crop_padding = s.crop_padding, .flip = s.flip, .seed = std::uint64_t(s.seed)});
+                                       {.crop_padding = s.crop_padding, .flip = s.flip, .seed = s.seed});
     validation = data::normalised(std::move(validation), shape, train.stats);
 
-    auto devices = s.devices == "all" ? all_devices() : parse_devices(s.devices);
+    auto devices = s.dev.device_list(all_devices());
     if (s.processes) devices = parallel::process_devices(*s.processes, devices);
-    const auto scaling = parallel::parse_scaling(s.scaling);
-    auto model = auto_parallel(M{devices, std::uint64_t(s.seed)}, devices,
-                               {.dispatch = parallel::parse_dispatch(s.dispatch),
+    const auto scaling = s.dev.scaling_choice();
+    examples::checked_global_batch(s.batch_size, devices.size(), scaling, train.count);
+    auto model = auto_parallel(M{devices, s.seed}, devices,
+                               {.dispatch = s.dev.dispatch_choice(),
                                 .data_parallel = {.processes = s.processes},
                                 .batch_size = s.batch_size,
                                 .scaling = scaling});
-    SGD opt{{.lr = float(s.lr), .momentum = float(s.momentum), .weight_decay = float(s.weight_decay)}};
+    SGD opt{{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay}};
     const std::string csv = s.history.empty() ? "" : s.history + ".csv";
     const std::string json = s.history.empty() ? "" : s.history + ".json";
     Trainer trainer{model, opt,
@@ -128,12 +133,12 @@ int run(const Settings& s)
                      .scaling = scaling,
                      .scale_lr = s.scale_lr,
                      .validate_every = validation.count ? s.validate_every : 0,
-                     .seed = std::uint64_t(s.seed),
+                     .seed = s.seed,
                      .checkpoint = s.checkpoint,
                      .checkpoint_every = s.checkpoint_every,
                      .resume = s.resume,
-                     .reproducible = s.reproducible,
-                     .micro_shard = s.micro_shard,
+                     .reproducible = s.repro.reproducible,
+                     .micro_shard = s.repro.micro_shard,
                      .history_csv = csv,
                      .history_json = json,
                      .history_every = s.history_every}};
@@ -142,7 +147,7 @@ int run(const Settings& s)
                     s.model.c_str(), M::param_count, shape.channels, shape.height, shape.width,
                     model.description().c_str(), classes.size(), train.count, validation.count,
                     cifar ? " (CIFAR-10)" : "");
-        std::printf("batch %zu (%s scaling: global batch %zu); %s\n", s.batch_size, s.scaling.c_str(),
+        std::printf("batch %zu (%s scaling: global batch %zu); %s\n", s.batch_size, s.dev.scaling.c_str(),
                     trainer.global_batch(), csv.empty() ? "no history files" : ("history in " + csv + " and " + json).c_str());
     }
     trainer.fit(train, validation);
@@ -167,47 +172,51 @@ try {
     Settings s;
     s.processes = processes.get();
     std::string names;
-    for (const auto& [name, _] : networks) names += (names.empty() ? "" : ", ") + name;
+    std::vector<std::string> model_names;
+    for (const auto& [name, _] : networks) {
+        names += (names.empty() ? "" : ", ") + name;
+        model_names.push_back(name);
+    }
 
     CLI::App app{"train a standard network on a folder of images sorted by class (root/<class>/*.png|jpg) or on "
                  "CIFAR-10's binary files, and write the loss and accuracy curves"};
-    app.add_option("--data", s.data, "folder of class folders, or of CIFAR-10's data_batch_*.bin and test_batch.bin")->required();
-    app.add_option("--model", s.model, "the network: " + names)->capture_default_str();
-    app.add_option("--image-size", s.image_size, "the network's input size (default: the model's; another is an error)");
-    app.add_option("--fit", s.fit, "resize (each axis to the size) or crop (centre square, then resize)")->capture_default_str();
-    app.add_option("--validation-fraction", s.validation_fraction, "of each class's images, kept out to validate")
-        ->capture_default_str()->check(CLI::Range(0.0, 0.99));
-    app.add_option("--crop-padding", s.crop_padding, "augment: random crop of the image padded by this many pixels (0: off)")
+    app.add_option("--data", s.data, "folder of class folders, or of CIFAR-10's data_batch_*.bin and test_batch.bin")
+        ->required()
+        ->check(examples::not_empty);
+    app.add_option("--model", s.model, "the network")->check(CLI::IsMember(model_names))->capture_default_str();
+    examples::count_option(app, "--image-size", s.image_size,
+                           "the network's input size (0: the model's; another is an error)", 0, 1u << 16);
+    app.add_option("--fit", s.fit, "resize (each axis to the size) or crop (centre square, then resize)")
+        ->check(CLI::IsMember({"resize", "crop"}))
         ->capture_default_str();
+    app.add_option("--validation-fraction", s.validation_fraction, "of each class's images, kept out to validate")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 0.99));
+    examples::count_option(app, "--crop-padding", s.crop_padding,
+                           "augment: random crop of the image padded by this many pixels (0: off)", 0, 1u << 10);
     app.add_flag("--flip", s.flip, "augment: mirror half the images left-right");
     app.add_flag("--skip-bad-images", s.skip_bad_images, "leave out (and name) images that cannot be decoded, instead of stopping");
     app.add_option("--history", s.history, "write the curves to PREFIX.csv and PREFIX.json (empty: not written)")
         ->capture_default_str();
-    app.add_option("--history-every", s.history_every, "a training-loss point every N steps (0: per epoch only)")
-        ->capture_default_str();
-    app.add_option("--epochs", s.epochs, "passes over the training images")->capture_default_str();
-    app.add_option("--batch-size", s.batch_size, "batch size (global with --scaling strong, per device with weak)")
-        ->capture_default_str();
-    app.add_option("--lr", s.lr, "learning rate")->capture_default_str();
-    app.add_option("--momentum", s.momentum, "SGD momentum")->capture_default_str();
-    app.add_option("--weight-decay", s.weight_decay, "SGD weight decay")->capture_default_str();
-    app.add_option("--seed", s.seed, "seed for initialisation, the split, shuffling, augmentation and dropout")
-        ->capture_default_str();
-    app.add_option("--validate-every", s.validate_every, "validate every N epochs (0: never)")->capture_default_str();
-    app.add_option("--checkpoint", s.checkpoint, "checkpoint file, written every --checkpoint-every epochs");
-    app.add_option("--checkpoint-every", s.checkpoint_every, "epochs between checkpoints")->capture_default_str();
-    app.add_flag("--resume", s.resume, "continue from --checkpoint if it exists");
-    app.add_option("--devices", s.devices, "all (every GPU, or one CPU replica per core), or a list such as "
-                                           "cpu:0,cpu:1 or cuda:0; under mpirun each process takes its share of them")
-        ->capture_default_str();
-    app.add_option("--dispatch", s.dispatch, "auto: time each choice and keep the fastest; or single, threaded")
-        ->capture_default_str();
-    app.add_option("--scaling", s.scaling, "strong: --batch-size is global; weak: --batch-size is per device")
-        ->capture_default_str();
+    examples::count_option(app, "--history-every", s.history_every,
+                           "a training-loss point every N steps (0: per epoch only)", 0, 1000000000);
+    examples::count_option(app, "--epochs", s.epochs, "passes over the training images", 1, 1000000);
+    examples::count_option(app, "--batch-size", s.batch_size,
+                           "batch size (global with --scaling strong, per device with weak)", 1, 1u << 24);
+    examples::real_option(app, "--lr", s.lr, "learning rate", 1e-12, 1e3);
+    examples::real_option(app, "--momentum", s.momentum, "SGD momentum", 0.0, 0.999999);
+    examples::real_option(app, "--weight-decay", s.weight_decay, "SGD weight decay", 0.0, 1.0);
+    examples::count_option(app, "--seed", s.seed, "seed for initialisation, the split, shuffling, augmentation and dropout",
+                           0, std::numeric_limits<std::uint64_t>::max());
+    examples::count_option(app, "--validate-every", s.validate_every, "validate every N epochs (0: never)", 0, 1000000);
+    app.add_option("--checkpoint", s.checkpoint, "checkpoint file, written every --checkpoint-every epochs")
+        ->check(examples::not_empty);
+    examples::count_option(app, "--checkpoint-every", s.checkpoint_every, "epochs between checkpoints", 1, 1000000);
+    app.add_flag("--resume", s.resume, "continue from --checkpoint if it exists")->needs("--checkpoint");
+    s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
     app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
-    app.add_flag("--reproducible", s.reproducible, "bit-identical results on any number of (CPU) devices and across runs");
-    app.add_option("--micro-shard", s.micro_shard, "samples per micro-shard in --reproducible mode")->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
+    s.repro.add(app);
+    if (int code = examples::parse(app, argc, argv)) return code - 1;
 
     const auto it = networks.find(s.model);
     if (it == networks.end()) throw Error("unknown --model '" + s.model + "': use " + names);

@@ -2,13 +2,14 @@
 """Bad command lines and bad runs of the examples and the benchmark: each must exit non-zero with a
 message that says what was wrong (and, for command lines, points to --help); none may train.
 
-usage: cli_refusals.py LENET_BINARY TRAIN_BENCH_BINARY FEATURE_PARALLEL_BINARY
+usage: cli_refusals.py LENET_BINARY TRAIN_BENCH_BINARY FEATURE_PARALLEL_BINARY [TRAIN_IMAGES_BINARY]
 """
 import os
 import subprocess
 import sys
 
 lenet, bench, feature = sys.argv[1:4]
+images = sys.argv[4] if len(sys.argv) > 4 else None
 SMALL = ["--train-samples", "256", "--test-samples", "50", "--dispatch", "single"]
 
 # (program, arguments, exit status, parts the message must hold)
@@ -57,6 +58,16 @@ CASES = [
     (lenet, SMALL + ["--devices", "cpu:0", "--lr", "1000", "--epochs", "3", "--validate-every", "0"], 1,
      ["training diverged", "(epoch 1, batch ", "learning rate too high", "--skip-nonfinite"]),
 ]
+# The image example takes the same checked flags (examples/support/cli.hpp); it refuses before reading --data.
+if images:
+    CASES += [
+        (images, ["--data", "/nonexistent", "--epochs", "0"], 2, ["'0' is not a whole number from 1 to 1000000"]),
+        (images, ["--data", "/nonexistent", "--devices", "cpu:0,"], 2, ["has an empty item"]),
+        (images, ["--data", "/nonexistent", "--seed", "-1"], 2, ["'-1' is not a whole number"]),
+        (images, ["--data", "/nonexistent", "--model", "resnet"], 2, ["--model", "not in"]),
+        (images, ["--data", ""], 2, ["an empty value is not allowed"]),
+        (images, ["--data", "/nonexistent", "--resume"], 2, ["--resume requires --checkpoint"]),
+    ]
 
 
 def main():
