@@ -941,3 +941,45 @@ TEST_CASE("Replicas sharing one GPU cannot span processes", "[cuda][same-gpu]")
     CHECK(message.find("replicas sharing a GPU (cuda:0,cuda:0) cannot span processes") != std::string::npos);
     CHECK(message.find("give each process distinct GPUs") != std::string::npos);
 }
+
+// ---- BatchNorm and Residual (issue 22) ----
+
+TEST_CASE("BatchNorm and Residual train the same on CPU and GPU: parameters, running estimates, predictions",
+          "[cuda][batchnorm]")
+{
+    REQUIRE_GPU();
+    const std::size_t batch = 6;
+    const RandomBatches<SmallResNet> data(3 * batch, 21);
+    SmallResNet cpu{Device::cpu(), 4}, gpu{Device::cuda(0), 4};
+    const auto a = three_steps(cpu, data, batch), b = three_steps(gpu, data, batch);
+    CAPTURE(norm_relative(a, b), max_relative_difference(a, b));
+    CHECK(norm_relative(a, b) < 1e-4);
+    CHECK(norm_relative(cpu.statistics(), gpu.statistics()) < 1e-4);
+    std::vector<float> pa(batch * 5), pb(batch * 5);
+    cpu.predict(data.inputs.data(), batch, pa.data());
+    gpu.predict(data.inputs.data(), batch, pb.data());
+    CHECK(norm_relative(pa, pb) < 1e-4);
+}
+
+TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as one GPU, CUDA graphs on and off",
+          "[cuda][same-gpu][batchnorm]")
+{
+    REQUIRE_GPU();
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    const std::pair<std::size_t, std::size_t> cases[] = {{2, 7}, {3, 7}, {3, 2}};   // replicas, batch
+    for (const auto& [replicas, batch] : cases) {
+        CAPTURE(graphs, replicas, batch);
+        const RandomBatches<SmallResNet> data(6 * batch, 23);
+        SmallResNet one{Device::cuda(0), 2};
+        const auto expected = queued_steps(one, data, batch);
+        DataParallel<SmallResNet, Threaded> dp{shared_gpu(replicas), 2};
+        const auto got = queued_steps(dp, data, batch);
+        CHECK(norm_relative(expected, got) < 1e-5);
+        CHECK(norm_relative(one.statistics(), dp.statistics()) < 1e-5);
+        CHECK(replicas_disagree(dp) == "");
+        for (std::size_t r = 1; r < replicas; ++r) CHECK(differences(dp.replica(r).statistics(), dp.statistics()) == "");
+        // Captured, cut at each sync point, replayed.
+        if (batch > 2) CHECK(graphs_held(dp.replica(0)) == (graphs ? 2u : 0u));
+    }
+}

@@ -159,12 +159,13 @@ struct Bound {
     Ctx ctx{Device::cpu()};
     O op;
     std::size_t n;
-    std::vector<float> params, y, saved, scratch;
+    std::vector<float> params, y, saved, scratch, statistics;
 
     explicit Bound(std::size_t n_, std::uint32_t layer_id = 3)
         : op(build(layer_id)), n(n_), params(O::param_count), y(n_ * Out::size),
-          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_))
+          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_)), statistics(model::statistics_count_of<O>)
     {
+        model::init_statistics_of(op, statistics.data());
     }
 
     void forward(const model::Pass& pass, const float* x)
@@ -172,8 +173,13 @@ struct Bound {
         std::fill(y.begin(), y.end(), kNaN);
         std::fill(saved.begin(), saved.end(), kNaN);
         std::fill(scratch.begin(), scratch.end(), kNaN);
+        // From the initial statistics each time: a training forward moves BatchNorm's running
+        // estimates, which shift its sums (to rounding); the loss is then a function of x and the
+        // parameters alone.
+        model::init_statistics_of(op, statistics.data());
         op.forward(ctx, pass, model::ForwardArgs{.params = params.data(), .x = x, .y = y.data(), .n = n,
-                                                 .saved = saved.data(), .scratch = scratch.data()});
+                                                 .saved = saved.data(), .scratch = scratch.data(),
+                                                 .statistics = statistics.data()});
     }
 
     // dx (may be null) and dparams are poisoned first: backward must assign them.
@@ -527,6 +533,35 @@ TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][lay
     check_gradients<Sequential<Flatten, Linear<4>>, Shape<2, 3, 3>>(3);
     static_assert(!model::Chain<Shape<2, 5, 5>, Conv2d<3, 3>, ReLU, Flatten>::skipped_view<2>);
     check_gradients<Sequential<Conv2d<3, 3>, ReLU, Flatten>, Shape<2, 5, 5>>(2, {}, {.kinks = true});
+}
+
+TEST_CASE("BatchNorm gradients in training match finite differences", "[cpu][layers][gradient][batchnorm]")
+{
+    check_gradients<BatchNorm2d, Shape<3, 4, 5>>(3);
+    check_gradients<BatchNorm2d, Shape<2, 1, 1>>(4);   // one value a sample and channel
+    check_gradients<BatchNorm1d, Shape<7>>(5);
+    check_gradients<BatchNorm1d, Shape<3, 6>>(2);
+    // Fused with the ReLU after it (a Chain applies it in the same pass).
+    using Fused = Sequential<BatchNorm2d, ReLU>;
+    static_assert(model::Chain<Shape<3, 4, 5>, BatchNorm2d, ReLU>::fuses_next_relu<0>);
+    check_gradients<Fused, Shape<3, 4, 5>>(3, {}, {.kinks = true});
+    check_gradients<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<2, 1>>, Shape<2, 5, 5>>(3, {}, {.kinks = true});
+}
+
+TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient][residual]")
+{
+    // Identity shortcut: x + Body(x).
+    using Body = Sequential<Conv2d<3, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<3, 3, 1, 1>, BatchNorm2d>;
+    check_gradients<Residual<Body>, Shape<3, 5, 4>>(2, {}, {.kinks = true});
+    check_gradients<Residual<Sequential<Linear<6>, ReLU, Linear<6>>>, Shape<6>>(3, {}, {.kinks = true});
+    // Projection shortcut with a stride, and the ReLU after the sum fused into it.
+    using Down = Sequential<Conv2d<4, 3, 2, 1>, BatchNorm2d, ReLU, Conv2d<4, 3, 1, 1>, BatchNorm2d>;
+    using Projection = Sequential<Conv2d<4, 1, 2, 0>, BatchNorm2d>;
+    static_assert(std::is_same_v<out_of<Residual<Down, Projection>, Shape<2, 6, 6>>, Shape<4, 3, 3>>);
+    check_gradients<Residual<Down, Projection>, Shape<2, 6, 6>>(2, {}, {.kinks = true});
+    static_assert(model::Chain<Shape<2, 6, 6>, Residual<Down, Projection>, ReLU>::fuses_next_relu<0>);
+    check_gradients<Sequential<Residual<Down, Projection>, ReLU, Residual<Sequential<Conv2d<4, 3, 1, 1>>>, ReLU>,
+                    Shape<2, 6, 6>>(2, {}, {.kinks = true});
 }
 
 // =============================================================================================
