@@ -175,7 +175,8 @@ struct Gemm {
 // Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
 // alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
 struct GemmKey {
-    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t };
+    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t, forward_no_bias,
+                forward_relu_no_bias };
     int kind, in, out;
     std::size_t n;
     int align_a, align_b, align_d;
