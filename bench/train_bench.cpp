@@ -133,8 +133,12 @@ int run(const Settings& s)
                 return measure<M>(s, batch, model, "DataParallel<threaded> over " + over);
             }
             core::require(s.dispatch == DispatchChoice::single, "--data-parallel takes --dispatch single or threaded");
-            DataParallel<M, SingleThread> model{s.devices, 0, data_parallel_options(s)};
-            return measure<M>(s, batch, model, "DataParallel<single> over " + over);
+            if constexpr (M::syncs > 0) {
+                throw Error("BatchNorm over the global batch needs --dispatch threaded with --data-parallel");
+            } else {
+                DataParallel<M, SingleThread> model{s.devices, 0, data_parallel_options(s)};
+                return measure<M>(s, batch, model, "DataParallel<single> over " + over);
+            }
         }
     core::require(!s.data_parallel, "--data-parallel: this network already holds a DataParallel");
     auto model = auto_parallel(M{s.devices}, s.devices,
@@ -156,8 +160,9 @@ try {
     examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
     examples::ReproducibleFlags repro;
     app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
-                                     "textcnn or fcn")
-        ->check(CLI::IsMember({"lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn"}))
+                                     "textcnn, fcn, resnet18, resnet50 or resnet20")
+        ->check(CLI::IsMember({"lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50",
+                               "resnet20"}))
         ->capture_default_str();
     examples::count_option(app, "--batch", batch, "batch size (0: the network's default); global with strong "
                                                   "scaling, per device with weak", 0, 1u << 16);
@@ -208,7 +213,11 @@ try {
     if (s.model == "googlenet") return run<GoogLeNet>(s);
     if (s.model == "textcnn") return run<TextCNN>(s);
     if (s.model == "fcn") return run<FCN>(s);
-    throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn or fcn");
+    if (s.model == "resnet18") return run<ResNet18>(s);
+    if (s.model == "resnet50") return run<ResNet50>(s);
+    if (s.model == "resnet20") return run<ResNet20>(s);
+    throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn, fcn, resnet18, "
+                "resnet50 or resnet20");
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -19,6 +19,14 @@ static_assert(default_batch_size<LeNet> == 64 && default_batch_size<AlexNet> == 
               default_batch_size<GoogLeNet> == 32 && default_batch_size<TextCNN> == 128 &&
               default_batch_size<FCN> == 16);
 
+// The residual networks: torchvision's parameter counts (static_asserted in models/resnet.hpp too).
+static_assert(std::same_as<ResNet18::output_shape, Shape<1000>> && ResNet18::param_count == 11689512);
+static_assert(std::same_as<ResNet50::output_shape, Shape<1000>> && ResNet50::param_count == 25557032);
+static_assert(std::same_as<ResNet20::output_shape, Shape<10>>);
+// BatchNorm statistics: two per channel of every BatchNorm (ResNet20: 19 of them, 16 to 64 channels).
+static_assert(ResNet20::statistics_count == 2 * (16 + 6 * 16 + 6 * 32 + 32 + 6 * 64 + 64));
+static_assert(ResNet18::statistics_count == 2 * 4800);
+
 // Inception 3a: 64 + 128 + 32 + 32 channels at 28x28.
 static_assert(std::same_as<Inception<64, 96, 128, 16, 32, 32>::op<Shape<192, 28, 28>>::output_shape, Shape<256, 28, 28>>);
 
@@ -35,8 +43,24 @@ void one_step_lowers_the_loss(float lr)
     CAPTURE(before, after);
     CHECK(after < before);
 }
+// With BatchNorm the evaluation uses running estimates that one step barely moves: compare the loss
+// in training mode instead.
+template <class M>
+void one_step_lowers_the_training_loss(float lr)
+{
+    M net{Device::cpu()};
+    SGD opt{{.lr = lr}};
+    const RandomBatches<M> data(4, 1);
+    const auto before = net.forward_backward({}, data.inputs.data(), data.labels.data(), 4, 0.25f);
+    train_step(net, opt, data.batch(0, 4, 0));
+    const auto after = net.forward_backward({}, data.inputs.data(), data.labels.data(), 4, 0.25f);
+    CAPTURE(before, after);
+    CHECK(after < before);
+}
 } // namespace
 
+TEST_CASE("One training step lowers the loss on a repeated batch: ResNet20", "[cpu][models]") { one_step_lowers_the_training_loss<ResNet20>(0.05f); }
+TEST_CASE("One training step lowers the loss on a repeated batch: ResNet18", "[cpu][models]") { one_step_lowers_the_training_loss<ResNet18>(0.05f); }
 TEST_CASE("One training step lowers the loss on a repeated batch: LeNet", "[cpu][models]") { one_step_lowers_the_loss<LeNet>(0.01f); }
 TEST_CASE("One training step lowers the loss on a repeated batch: AlexNet", "[cpu][models]") { one_step_lowers_the_loss<AlexNetPlain>(0.01f); }
 TEST_CASE("One training step lowers the loss on a repeated batch: AlexNet, features replicated", "[cpu][models]") { one_step_lowers_the_loss<AlexNet>(0.01f); }

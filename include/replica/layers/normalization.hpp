@@ -61,6 +61,8 @@ struct BatchNorm {
         {
             for (std::size_t c = 0; c < C; ++c) p[c] = 1.0f, p[C + c] = 0.0f;
         }
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t) const { return batch_norm_scratch(ctx, C); }
         void init_statistics(float* s) const
         {
             for (std::size_t c = 0; c < C; ++c) s[c] = 0.0f, s[C + c] = 1.0f;
@@ -109,7 +111,7 @@ struct BatchNorm {
             } else {
                 // Sums around the running mean (the same on every replica): less cancellation in the
                 // variance than raw sums of squares.
-                batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums);
+                batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch);
                 if constexpr (Stats == BatchStats::global) core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
                 batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
             }
@@ -125,7 +127,7 @@ struct BatchNorm {
             const float* invstd = mean + C;
             float* sums = w + 4 * C + 1;
             // dparams = [sum dy * xhat | sum dy] over this replica's samples: the parameter gradients.
-            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams);
+            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams, a.scratch);
             const float* global = a.dparams;
             // Every replica takes part in the sync, whether it needs the input gradient or not.
             if constexpr (Stats == BatchStats::global && core::SyncingHook<std::remove_cvref_t<Hook>>) {

@@ -5,4 +5,5 @@
 #include "replica/models/fcn.hpp"
 #include "replica/models/googlenet.hpp"
 #include "replica/models/lenet.hpp"
+#include "replica/models/resnet.hpp"
 #include "replica/models/text_cnn.hpp"

@@ -10,9 +10,12 @@
 
 namespace replica::backend::cpu {
 
+// The per-channel sums need no scratch here.
+inline std::size_t batch_norm_scratch(const Context&, std::size_t) { return 0; }
+
 // sums = [sum of (x - shift[c]) (c) | sum of its square (c) | n * inner].
 inline void batch_norm_sums(const Context&, const float* x, std::size_t n, std::size_t c, std::size_t inner,
-                            const float* shift, float* sums)
+                            const float* shift, float* sums, float*)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double s1 = 0.0, s2 = 0.0;
@@ -76,7 +79,7 @@ inline void batch_norm_apply(const Context&, const float* x, float* y, std::size
 
 // dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd.
 inline void batch_norm_backward_sums(const Context&, const float* x, const float* dy, std::size_t n, std::size_t c,
-                                     std::size_t inner, const float* mean, const float* invstd, float* dparams)
+                                     std::size_t inner, const float* mean, const float* invstd, float* dparams, float*)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double sdy = 0.0, sdyx = 0.0;

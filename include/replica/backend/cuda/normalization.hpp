@@ -1,8 +1,10 @@
 #pragma once
 // Batch normalisation and the residual merge on the GPU (layers/normalization.hpp, model/residual.hpp).
-// x is (n, c, inner). Per-channel sums: one block per channel, each thread summing a fixed stride of
-// the channel's elements in double, then a block tree of fixed shape: the same bits every run.
+// x is (n, c, inner). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
+// of each channel (a block tree), then one thread a channel adds the parts in order: the same bits
+// every run.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -14,27 +16,60 @@
 namespace replica::backend::cuda {
 
 namespace kernels {
-__global__ void batch_norm_sums(const float* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
-                                float* sums)
+// Stage one of a per-channel sum: block (ch, part) sums part `part` of channel ch's n * inner
+// elements (a contiguous range of its (sample, position) index) into partial[(ch * parts + part) * 2 +
+// {0, 1}]. Stage two (finish_channel_sums) adds the parts in order. Both in double.
+template <bool Backward>
+__global__ void channel_partial_sums(const float* x, const float* dy, std::size_t n, std::size_t c, std::size_t inner,
+                                     const float* centre, double* partial)
 {
     __shared__ double lane[detail::kThreads];
-    const std::size_t ch = blockIdx.x, count = n * inner;
-    const double k = shift[ch];
+    const std::size_t ch = blockIdx.x, parts = gridDim.y, count = n * inner;
+    const std::size_t per = (count + parts - 1) / parts, begin = blockIdx.y * per;
+    const std::size_t end = begin + per < count ? begin + per : count;
+    const double k = centre[ch];
     double s1 = 0.0, s2 = 0.0;
-    for (std::size_t e = threadIdx.x; e < count; e += blockDim.x) {
-        const std::size_t i = e / inner, j = e - i * inner;
-        const double d = double(x[(i * c + ch) * inner + j]) - k;
-        s1 += d;
-        s2 += d * d;
+    for (std::size_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+        const std::size_t i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
+        const double d = double(x[at]) - k;
+        if constexpr (Backward) {   // sum of dy, and of dy * (x - mean)
+            const double g = dy[at];
+            s1 += g;
+            s2 += g * d;
+        } else {   // sum of x - shift, and of its square
+            s1 += d;
+            s2 += d * d;
+        }
     }
     const auto plus = [](double a, double b) { return a + b; };
     s1 = detail::block_reduce(lane, s1, plus);
     __syncthreads();
     s2 = detail::block_reduce(lane, s2, plus);
     if (threadIdx.x == 0) {
-        sums[ch] = float(s1);
-        sums[c + ch] = float(s2);
-        if (ch == 0) sums[2 * c] = float(count);
+        partial[(ch * parts + blockIdx.y) * 2] = s1;
+        partial[(ch * parts + blockIdx.y) * 2 + 1] = s2;
+    }
+}
+
+// Forward: sums = [s1 (c) | s2 (c) | count]. Backward: dparams = [s2 * invstd (c) | s1 (c)].
+template <bool Backward>
+__global__ void finish_channel_sums(const double* partial, std::size_t parts, std::size_t c, std::size_t count,
+                                    const float* invstd, float* out)
+{
+    const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+    if (ch >= c) return;
+    double s1 = 0.0, s2 = 0.0;
+    for (std::size_t p = 0; p < parts; ++p) {
+        s1 += partial[(ch * parts + p) * 2];
+        s2 += partial[(ch * parts + p) * 2 + 1];
+    }
+    if constexpr (Backward) {
+        out[ch] = float(s2 * invstd[ch]);
+        out[c + ch] = float(s1);
+    } else {
+        out[ch] = float(s1);
+        out[c + ch] = float(s2);
+        if (ch == 0) out[2 * c] = float(count);
     }
 }
 
@@ -77,29 +112,6 @@ __global__ void batch_norm_apply(const float* x, float* y, I count, I c, I inner
     }
 }
 
-__global__ void batch_norm_backward_sums(const float* x, const float* dy, std::size_t n, std::size_t c, std::size_t inner,
-                                         const float* mean, const float* invstd, float* dparams)
-{
-    __shared__ double lane[detail::kThreads];
-    const std::size_t ch = blockIdx.x, count = n * inner;
-    const double m = mean[ch];
-    double sdy = 0.0, sdyx = 0.0;
-    for (std::size_t e = threadIdx.x; e < count; e += blockDim.x) {
-        const std::size_t i = e / inner, j = e - i * inner, at = (i * c + ch) * inner + j;
-        const double d = dy[at];
-        sdy += d;
-        sdyx += d * (double(x[at]) - m);
-    }
-    const auto plus = [](double a, double b) { return a + b; };
-    sdy = detail::block_reduce(lane, sdy, plus);
-    __syncthreads();
-    sdyx = detail::block_reduce(lane, sdyx, plus);
-    if (threadIdx.x == 0) {
-        dparams[ch] = float(sdyx * invstd[ch]);
-        dparams[c + ch] = float(sdy);
-    }
-}
-
 template <class I>
 __global__ void batch_norm_backward_input(const float* x, const float* dy, float* dx, I count, I c, I inner,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
@@ -137,10 +149,37 @@ __global__ void add_into4(const float4* a, const float4* b, float4* y, std::size
 }
 } // namespace kernels
 
-inline void batch_norm_sums(const Context& ctx, const float* x, std::size_t n, std::size_t c, std::size_t inner,
-                            const float* shift, float* sums)
+namespace detail {
+// Parts a channel's n * inner elements are summed in: about 8192 elements each, at most
+// kChannelParts (the partial-sum buffer's size a channel).
+inline constexpr std::size_t kChannelParts = 128;
+inline std::size_t channel_parts(std::size_t count)
 {
-    kernels::batch_norm_sums<<<unsigned(c), detail::kThreads, 0, ctx.stream()>>>(x, n, c, inner, shift, sums);
+    return std::clamp<std::size_t>((count + 8191) / 8192, 1, kChannelParts);
+}
+} // namespace detail
+
+// Floats of scratch the per-channel sums of c channels need (partial sums, in doubles, at the first
+// 8-byte boundary of the scratch).
+inline std::size_t batch_norm_scratch(const Context&, std::size_t c) { return 4 * detail::kChannelParts * c + 1; }
+
+namespace detail {
+inline double* partial_sums(float* scratch)
+{
+    const auto p = reinterpret_cast<std::uintptr_t>(scratch);
+    return reinterpret_cast<double*>((p + alignof(double) - 1) / alignof(double) * alignof(double));
+}
+} // namespace detail
+
+inline void batch_norm_sums(const Context& ctx, const float* x, std::size_t n, std::size_t c, std::size_t inner,
+                            const float* shift, float* sums, float* scratch)
+{
+    const std::size_t parts = detail::channel_parts(n * inner);
+    double* partial = detail::partial_sums(scratch);
+    kernels::channel_partial_sums<false><<<dim3(unsigned(c), unsigned(parts)), detail::kThreads, 0, ctx.stream()>>>(
+        x, nullptr, n, c, inner, shift, partial);
+    kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
+        partial, parts, c, n * inner, nullptr, sums);
     detail::check_launch("batch_norm_sums");
 }
 
@@ -179,10 +218,15 @@ inline void batch_norm_apply(const Context& ctx, const float* x, float* y, std::
 }
 
 inline void batch_norm_backward_sums(const Context& ctx, const float* x, const float* dy, std::size_t n, std::size_t c,
-                                     std::size_t inner, const float* mean, const float* invstd, float* dparams)
+                                     std::size_t inner, const float* mean, const float* invstd, float* dparams,
+                                     float* scratch)
 {
-    kernels::batch_norm_backward_sums<<<unsigned(c), detail::kThreads, 0, ctx.stream()>>>(x, dy, n, c, inner, mean,
-                                                                                          invstd, dparams);
+    const std::size_t parts = detail::channel_parts(n * inner);
+    double* partial = detail::partial_sums(scratch);
+    kernels::channel_partial_sums<true><<<dim3(unsigned(c), unsigned(parts)), detail::kThreads, 0, ctx.stream()>>>(
+        x, dy, n, c, inner, mean, partial);
+    kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
+        partial, parts, c, n * inner, invstd, dparams);
     detail::check_launch("batch_norm_backward_sums");
 }
 
