@@ -160,6 +160,8 @@ public:
                     if (!options_.skip_nonfinite) diverged(loss, state.step, epoch, step, steps);
                     model_.set_parameters(saved_parameters_);   // the update is undone
                     model_.set_optimizer_state(saved_state_);
+                    if constexpr (requires { opt_.set_step_count(opt_.step_count()); })
+                        opt_.set_step_count(opt_.step_count() - 1);   // the undone update is not counted
                     ++skipped;
                     say("step " + std::to_string(state.step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
                         std::to_string(step) + "): loss " + std::to_string(loss) + ", batch skipped");
