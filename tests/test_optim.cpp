@@ -5,47 +5,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <map>
+#include <iterator>
+#include <limits>
 #include <numbers>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
+#include "fixtures.hpp"
 #include "replica/replica.hpp"
+#include "replica/train/trainer.hpp"
+#include "support.hpp"
 
 using namespace replica;
+using namespace replica::testing;
 
 namespace {
-
-// A fixture file: records "name count" followed by count numbers.
-std::map<std::string, std::vector<double>> read_fixture(const std::string& name)
-{
-    const std::string path = std::string(REPLICA_SOURCE_DIR) + "/tests/pytorch/" + name;
-    std::ifstream in(path);
-    REQUIRE(in.good());
-    std::map<std::string, std::vector<double>> records;
-    std::string key;
-    std::size_t count = 0;
-    while (in >> key >> count) {
-        std::vector<double>& v = records[key];
-        v.resize(count);
-        for (double& x : v) REQUIRE(bool(in >> x));
-    }
-    REQUIRE(!records.empty());
-    return records;
-}
-
-std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-// The largest |got - want| over the vectors.
-double max_error(const std::vector<float>& got, const std::vector<double>& want)
-{
-    REQUIRE(got.size() == want.size());
-    double most = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) most = std::max(most, std::abs(double(got[i]) - want[i]));
-    return most;
-}
 
 // A float64 reference of torch.optim.Adam / AdamW, `steps` updates with the same gradient.
 std::vector<double> adam_reference(std::vector<double> w, const std::vector<float>& g, int steps, double lr, double b1,
@@ -65,35 +44,13 @@ std::vector<double> adam_reference(std::vector<double> w, const std::vector<floa
     return w;
 }
 
-// The model of the PyTorch fixtures, plain and with its first two layers in a nested DataParallel
-// (same parameter layout): the optimizer is then applied slice by slice, on three replicas.
-using TorchNet = Sequential<Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
+// The fixtures' model (fixtures.hpp) with its first two layers in a nested DataParallel (the same
+// parameter layout): the optimizer is then applied slice by slice, on three replicas.
 using TorchNetNested = Sequential<Input<8>, DataParallel<Sequential<Input<8>, Linear<16>, GELU>, Threaded>, Linear<12>,
                                   Tanh, Linear<10>, Sigmoid, Linear<4>>;
 static_assert(TorchNet::param_count == 522 && TorchNetNested::param_count == 522);
 
 const std::vector<Device> kThreeCpus{Device::cpu(0), Device::cpu(1), Device::cpu(2)};
-
-// Trains `net` 5 steps on the fixture's batches with `opt`; returns the losses.
-template <class M, class Opt>
-std::vector<float> train_fixture(M& net, Opt& opt, const std::map<std::string, std::vector<double>>& f)
-{
-    net.set_parameters(to_float(f.at("initial")));
-    const std::vector<float> inputs = to_float(f.at("inputs"));
-    std::vector<std::int32_t> labels;
-    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
-    const std::size_t batch = labels.size() / 5;
-    std::vector<float> losses;
-    for (std::size_t s = 0; s < 5; ++s)
-        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * 8, labels.data() + s * batch, batch, s * batch, 1}));
-    return losses;
-}
-
-template <class Opt>
-Opt fixture_optimizer(const std::vector<double>& h)
-{
-    return Opt{{.lr = float(h[0]), .beta1 = float(h[1]), .beta2 = float(h[2]), .eps = float(h[3]), .weight_decay = float(h[4])}};
-}
 
 } // namespace
 
@@ -164,14 +121,6 @@ TEST_CASE("Activations match PyTorch's forward and input gradient", "[cpu][optim
     check(GELU{}, "gelu");
 }
 
-// Tolerance: float rounding differs from PyTorch's (summation order in the GEMMs, libm), by about
-// 1e-7 relative in each gradient; Adam divides m by sqrt(v), so a relative error of the gradient
-// becomes at most about the same relative error of each step (steps of at most lr = 0.01), and the
-// 5 steps add up. 2e-5 on parameters of magnitude <= 0.5 (and on the losses, about 1.4) is a few
-// hundred times that, and 100 times smaller than one step of Adam: a wrong bias correction, a wrong
-// weight decay or a step counted twice moves parameters by 1e-3 or more.
-constexpr double kTorchTolerance = 2e-5;
-
 TEST_CASE("Adam and AdamW equal PyTorch's after 5 steps, on one replica, on three, and nested", "[cpu][optim]")
 {
     for (const std::string kind : {"adam", "adamw"}) {
@@ -232,4 +181,198 @@ TEST_CASE("Cosine decay and warm-up give exact rates", "[cpu][optim][schedule]")
     CHECK_THROWS_WITH(Schedule::cosine(10, -1), Catch::Contains("min_lr must be >= 0"));
     CHECK_THROWS_WITH(Schedule::fixed().with_warmup(0), Catch::Contains("warm-up: it must last > 0 epochs"));
     CHECK_THROWS_WITH(Schedule::fixed().with_warmup(1, 1.0), Catch::Contains("start_factor must be in [0, 1)"));
+}
+
+// ---- optimizer state and model statistics in checkpoints ----
+
+namespace {
+
+// A model with statistics (the members BatchNorm's models have), to test their checkpoint section.
+struct StatsNet : TorchNet {
+    using TorchNet::TorchNet;
+    static constexpr std::size_t statistics_count = 3;
+    std::vector<float> stats{0.5f, -1.25f, 3.0f};
+    std::vector<float> statistics() const { return stats; }
+    void set_statistics(std::span<const float> s)
+    {
+        core::require(s.size() == statistics_count, "StatsNet::set_statistics: wrong count");
+        stats.assign(s.begin(), s.end());
+    }
+};
+static_assert(train::HasStatistics<StatsNet> && !train::HasStatistics<TorchNet>);
+
+std::vector<unsigned char> file_bytes(const std::filesystem::path& p)
+{
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+// Writes bytes with their last four replaced by the right CRC-32: a file whose checksum holds.
+void write_sealed(const std::filesystem::path& p, std::vector<unsigned char> b)
+{
+    const std::uint32_t crc = train::detail::crc32_of(b.data(), b.size() - 4);
+    for (int i = 0; i < 4; ++i) b[b.size() - 4 + i] = static_cast<unsigned char>(crc >> (8 * i));
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    REQUIRE(out.good());
+}
+
+template <class F>
+std::string error_of(F&& f)
+{
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no replica::Error was thrown)";
+}
+
+// Three steps of opt on TorchNet from the AdamW fixture's start.
+template <class Opt>
+TorchNet trained(Opt& opt, std::size_t steps = 3)
+{
+    const auto f = read_fixture("adamw.txt");
+    TorchNet net{Device::cpu()};
+    net.set_parameters(to_float(f.at("initial")));
+    const std::vector<float> inputs = to_float(f.at("inputs"));
+    std::vector<std::int32_t> labels(f.at("labels").begin(), f.at("labels").end());
+    for (std::size_t s = 0; s < steps; ++s)
+        train_step(net, opt, Batch{inputs.data() + s * 48, labels.data() + s * 6, 6, s * 6, 1});
+    return net;
+}
+
+} // namespace
+
+TEST_CASE("A checkpoint keeps Adam's moments and step count, and resuming equals training straight through",
+          "[cpu][optim][checkpoint]")
+{
+    testing::TempDir dir;
+    const auto set = data::synthetic_dataset(60, 8, 1, 4, 3);
+    const TrainOptions base{.batch_size = 12, .epochs = 3, .seed = 5, .progress = false, .log = nullptr};
+    const AdamWOptions o{.lr = 0.01f, .weight_decay = 0.05f};
+
+    TorchNet straight{Device::cpu()};
+    AdamW opt1{o};
+    Trainer{straight, opt1, base}.fit(set);
+    CHECK(opt1.step_count() == 15);
+
+    TrainOptions first = base;
+    first.epochs = 2;
+    first.checkpoint = dir / "run.ckpt";
+    TorchNet part{Device::cpu()};
+    AdamW opt2{o};
+    Trainer{part, opt2, first}.fit(set);
+
+    // What the file holds: the optimizer named, its step count, two moments a parameter.
+    TorchNet loaded{Device::cpu(), 9};
+    AdamW opt_loaded{o};
+    const CheckpointState s = load_checkpoint(dir / "run.ckpt", loaded, opt_loaded);
+    CHECK(s.optimizer == 3);
+    CHECK(s.optimizer_steps == 10);
+    CHECK(opt_loaded.step_count() == 10);
+    CHECK(loaded.optimizer_state() == part.optimizer_state());
+    CHECK(loaded.optimizer_state().size() == 2 * TorchNet::param_count);
+
+    TrainOptions second = base;
+    second.checkpoint = dir / "run.ckpt";
+    second.resume = true;
+    TorchNet resumed{Device::cpu(), 99};
+    AdamW opt3{o};
+    Trainer{resumed, opt3, second}.fit(set);
+    CHECK(opt3.step_count() == 15);
+    CHECK(parameters(resumed) == parameters(straight));
+}
+
+TEST_CASE("A checkpoint of one optimizer is refused by another, naming both", "[cpu][optim][checkpoint]")
+{
+    testing::TempDir dir;
+    Adam adam{{.lr = 0.01f}};
+    const TorchNet net = trained(adam);
+    save_checkpoint(dir / "adam.ckpt", net, {}, adam);
+
+    TorchNet other{Device::cpu(), 4};
+    const auto before = other.parameters();
+    AdamW adamw;
+    std::string message = error_of([&] { load_checkpoint(dir / "adam.ckpt", other, adamw); });
+    CHECK_THAT(message, Catch::Contains("holds the state of the optimizer Adam, but this run's optimizer is AdamW"));
+    CHECK_THAT(message, Catch::Contains(dir.path().string()));
+    SGD sgd;
+    message = error_of([&] { load_checkpoint(dir / "adam.ckpt", other, sgd); });
+    CHECK_THAT(message, Catch::Contains("holds the state of the optimizer Adam, but this run's optimizer is SGD"));
+    CHECK(other.parameters() == before);
+    CHECK(other.optimizer_state().empty());
+    CHECK(adamw.step_count() == 0);
+
+    // An SGD checkpoint into Adam, likewise.
+    SGD momentum{{.lr = 0.01f, .momentum = 0.9f}};
+    save_checkpoint(dir / "sgd.ckpt", trained(momentum), {}, momentum);
+    message = error_of([&] { load_checkpoint(dir / "sgd.ckpt", other, adam); });
+    CHECK_THAT(message, Catch::Contains("holds the state of the optimizer SGD, but this run's optimizer is Adam"));
+
+    // A forged file naming Adam with one value a parameter makes no sense.
+    auto b = file_bytes(dir / "sgd.ckpt");
+    b[68] = 2;
+    write_sealed(dir / "forged.ckpt", b);
+    message = error_of([&] { load_checkpoint(dir / "forged.ckpt", other); });
+    CHECK_THAT(message, Catch::Contains("values of Adam's state, which keeps 2 per parameter"));
+    b[68] = 9;
+    write_sealed(dir / "forged.ckpt", b);
+    CHECK_THAT(error_of([&] { load_checkpoint(dir / "forged.ckpt", other); }),
+               Catch::Contains("names optimizer id 9, which this replica does not know"));
+    CHECK(other.parameters() == before);
+}
+
+TEST_CASE("A version 1 checkpoint still loads", "[cpu][optim][checkpoint]")
+{
+    testing::TempDir dir;
+    SGD sgd{{.lr = 0.01f, .momentum = 0.9f}};
+    const TorchNet net = trained(sgd);
+    save_checkpoint(dir / "v2.ckpt", net, {.epoch = 0, .step = 3, .seed = 4});
+    // Version 1: the same bytes without the 20 from offset 68 (optimizer id, step count, statistics count).
+    auto b = file_bytes(dir / "v2.ckpt");
+    b.erase(b.begin() + 68, b.begin() + 88);
+    b[8] = 1;
+    write_sealed(dir / "v1.ckpt", b);
+    TorchNet loaded{Device::cpu(), 5};
+    const CheckpointState s = load_checkpoint(dir / "v1.ckpt", loaded, sgd);
+    CHECK(s.step == 3);
+    CHECK(s.seed == 4);
+    CHECK(s.optimizer == 0);
+    CHECK(loaded.parameters() == net.parameters());
+    CHECK(loaded.optimizer_state() == net.optimizer_state());
+}
+
+TEST_CASE("A checkpoint keeps the model's statistics, and refuses a count that does not match or values that are not finite",
+          "[cpu][optim][checkpoint]")
+{
+    testing::TempDir dir;
+    StatsNet saved{Device::cpu(), 1};
+    saved.stats = {1.5f, 2.5f, -0.125f};
+    save_checkpoint(dir / "stats.ckpt", saved, {.epoch = 0, .step = 0, .seed = 0});
+    StatsNet loaded{Device::cpu(), 2};
+    load_checkpoint(dir / "stats.ckpt", loaded);
+    CHECK(loaded.stats == saved.stats);
+    CHECK(loaded.parameters() == saved.parameters());
+
+    // A model without statistics and one with them do not load each other's files.
+    TorchNet plain{Device::cpu(), 3};
+    CHECK_THAT(error_of([&] { load_checkpoint(dir / "stats.ckpt", plain); }),
+               Catch::Contains("holds 3 statistics values (BatchNorm's running means and variances); this model has 0"));
+    save_checkpoint(dir / "plain.ckpt", plain, {});
+    CHECK_THAT(error_of([&] { load_checkpoint(dir / "plain.ckpt", loaded); }),
+               Catch::Contains("holds 0 statistics values (BatchNorm's running means and variances); this model has 3"));
+    CHECK(loaded.stats == saved.stats);
+
+    // Non-finite statistics: not written, and a forged file with them refused.
+    StatsNet bad{Device::cpu(), 1};
+    bad.stats[1] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THAT(error_of([&] { save_checkpoint(dir / "bad.ckpt", bad, {}); }), Catch::Contains("statistics value 1 is nan"));
+    CHECK(!std::filesystem::exists(dir / "bad.ckpt"));
+    auto b = file_bytes(dir / "stats.ckpt");
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(b.data() + b.size() - 4 - 4, &inf, 4);   // the last statistics value
+    write_sealed(dir / "forged.ckpt", b);
+    CHECK_THAT(error_of([&] { load_checkpoint(dir / "forged.ckpt", loaded); }),
+               Catch::Contains("statistics value 2 is inf"));
+    CHECK(loaded.stats == saved.stats);
 }

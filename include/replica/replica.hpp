@@ -24,10 +24,10 @@
 #include "replica/model/input.hpp"
 #include "replica/model/sequential.hpp"
 
+#include "replica/train/adam.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/schedule.hpp"
-#include "replica/train/adam.hpp"
 #include "replica/train/sgd.hpp"
 #include "replica/train/step.hpp"
 #include "replica/train/trainer.hpp"

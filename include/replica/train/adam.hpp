@@ -48,6 +48,7 @@ class AdamRule {
 public:
     static constexpr std::size_t state_per_param = 2;   // m, v
     static constexpr const char* name = Decoupled ? "AdamW" : "Adam";
+    static constexpr std::uint32_t checkpoint_id = Decoupled ? 3 : 2;   // how checkpoints name it
 
     explicit AdamRule(Options o = {}) : options_(o), lr_(o.lr)
     {
