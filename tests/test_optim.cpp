@@ -376,3 +376,88 @@ TEST_CASE("A checkpoint keeps the model's statistics, and refuses a count that d
                Catch::Contains("statistics value 2 is inf"));
     CHECK(loaded.stats == saved.stats);
 }
+
+// ---- gradient accumulation ----
+
+namespace {
+
+// Trains `net` on `steps` batches of `batch` samples, in order, from `set`; returns the parameters.
+template <class M, class Opt>
+std::vector<float> train_in_order(M& net, Opt& opt, const data::Dataset& set, std::size_t batch, std::size_t steps)
+{
+    for (std::size_t s = 0; s < steps; ++s)
+        train_step(net, opt, Batch{set.inputs.data() + s * batch * 8, set.labels.data() + s * batch, batch, s * batch, 3});
+    return parameters(net);
+}
+
+// k = 4 at batch 16 against batch 64, two updates: on one model, and on DataParallel over 3 CPU replicas
+// (16 = 6 + 5 + 5). Tolerance: the two sum the same 64 per-sample gradients in another order (four
+// sums of 16, then their mean), about 1e-7 relative, through two steps of at most lr: 1e-5 on
+// parameters of magnitude <= 1 is a hundred times that, and a step of the wrong size (no mean, a
+// batch applied early, a sum not cleared) moves them by 1e-3 or more.
+template <class M, class Opt>
+void accumulation_equals_a_larger_batch(M& big, M& accumulated, Opt base)
+{
+    const auto set = data::synthetic_dataset(128, 8, 1, 4, 11);
+    big.set_parameters(parameters(accumulated));
+    Opt one = base;
+    const auto want = train_in_order(big, one, set, 64, 2);
+
+    Accumulate acc{base, 4};
+    const auto start = parameters(accumulated);
+    CHECK(train_in_order(accumulated, acc, set, 16, 3) == start);   // no update before the 4th batch
+    CHECK(acc.step_count() == 3);
+    CHECK(!acc.updates_now());
+    for (std::size_t s = 3; s < 8; ++s)
+        train_step(accumulated, acc, Batch{set.inputs.data() + s * 16 * 8, set.labels.data() + s * 16, 16, s * 16, 3});
+    CHECK(acc.step_count() == 8);
+    if constexpr (requires { acc.wrapped().step_count(); }) CHECK(acc.wrapped().step_count() == 2);
+    const double err = max_error(parameters(accumulated), std::vector<double>(want.begin(), want.end()));
+    CAPTURE(err);
+    CHECK(err < 1e-5);
+    CHECK(max_error(start, std::vector<double>(want.begin(), want.end())) > 1e-3);   // the updates are not tiny
+}
+
+} // namespace
+
+TEST_CASE("Accumulating 4 batches of 16 equals one batch of 64: SGD with momentum and AdamW, on 1 and 3 replicas",
+          "[cpu][optim][accumulate]")
+{
+    const SGD sgd{{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f}};
+    const AdamW adamw{{.lr = 0.01f, .weight_decay = 0.05f}};
+    {
+        TorchNet a{Device::cpu()}, b{Device::cpu()};
+        accumulation_equals_a_larger_batch(a, b, sgd);
+    }
+    {
+        TorchNet a{Device::cpu()}, b{Device::cpu()};
+        accumulation_equals_a_larger_batch(a, b, adamw);
+    }
+    {
+        DataParallel<TorchNet, Threaded> a{kThreeCpus}, b{kThreeCpus};
+        accumulation_equals_a_larger_batch(a, b, sgd);
+    }
+    {
+        DataParallel<TorchNet, Threaded> a{kThreeCpus}, b{kThreeCpus};
+        accumulation_equals_a_larger_batch(a, b, adamw);
+    }
+    CHECK_THROWS_WITH(Accumulate(SGD{}, 0), Catch::Contains("Accumulate: k, the batches per update, must be at least 1"));
+}
+
+TEST_CASE("Accumulate keeps its count in checkpoints and resumes mid-way", "[cpu][optim][accumulate][checkpoint]")
+{
+    testing::TempDir dir;
+    const auto set = data::synthetic_dataset(128, 8, 1, 4, 12);
+    TorchNet straight{Device::cpu()}, part{Device::cpu()}, resumed{Device::cpu(), 7};
+    Accumulate a1{AdamW{{.lr = 0.01f}}, 4}, a2{AdamW{{.lr = 0.01f}}, 4}, a3{AdamW{{.lr = 0.01f}}, 4};
+    const auto want = train_in_order(straight, a1, set, 16, 8);
+    train_in_order(part, a2, set, 16, 6);   // one update, and two batches summed
+    save_checkpoint(dir / "acc.ckpt", part, {}, a2);
+    const CheckpointState s = load_checkpoint(dir / "acc.ckpt", resumed, a3);
+    CHECK(s.optimizer == 0);
+    CHECK(a3.step_count() == 6);
+    CHECK(a3.wrapped().step_count() == 1);
+    for (std::size_t b = 6; b < 8; ++b)
+        train_step(resumed, a3, Batch{set.inputs.data() + b * 16 * 8, set.labels.data() + b * 16, 16, b * 16, 3});
+    CHECK(parameters(resumed) == want);
+}

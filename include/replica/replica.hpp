@@ -24,6 +24,7 @@
 #include "replica/model/input.hpp"
 #include "replica/model/sequential.hpp"
 
+#include "replica/train/accumulate.hpp"
 #include "replica/train/adam.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"

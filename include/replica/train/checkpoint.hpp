@@ -450,6 +450,10 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
         throw Error("checkpoint " + name + " holds step " + std::to_string(s.step) + " after epoch " +
                     std::to_string(s.epoch) + ", but this run takes " + std::to_string(expect.steps_per_epoch) +
                     " steps per epoch: resume with the batch size, devices and data set that saved it");
+    if (expect.optimizer != 0 && s.optimizer != 0 && s.optimizer != expect.optimizer)
+        throw Error("checkpoint " + name + " holds the state of the optimizer " + optimizer_name(s.optimizer) +
+                    ", but this run's optimizer is " + optimizer_name(expect.optimizer) + ": resume with " +
+                    optimizer_name(s.optimizer) + ", or start a new run without --resume");
     if (expect.state_per_param != 0 && !c.optimizer_state.empty() &&
         c.optimizer_state.size() != expect.state_per_param * param_count)
         throw Error("checkpoint " + name + " holds " + std::to_string(c.optimizer_state.size()) +
@@ -464,10 +468,6 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
         throw Error(refused + "holds " + std::to_string(c.optimizer_state.size()) + " values of " +
                     optimizer_name(s.optimizer) + "'s state, which keeps " + std::to_string(per) + " per parameter" +
                     advice);
-    if (expect.optimizer != 0 && s.optimizer != 0 && s.optimizer != expect.optimizer)
-        throw Error("checkpoint " + name + " holds the state of the optimizer " + optimizer_name(s.optimizer) +
-                    ", but this run's optimizer is " + optimizer_name(expect.optimizer) + ": resume with " +
-                    optimizer_name(s.optimizer) + ", or start a new run without --resume");
 }
 
 inline CheckpointContents parse_checkpoint(const std::string& name, std::span<const unsigned char> b,

@@ -47,4 +47,10 @@ inline void adam_update(const Context&, float* w, const float* grad, float* stat
     }
 }
 
+// Gradient accumulation: acc += g; then, when `last`, acc *= scale (the mean over the batches).
+inline void accumulate_gradient(const Context&, const float* g, float* acc, std::size_t count, bool last, float scale)
+{
+    for (std::size_t i = 0; i < count; ++i) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
+}
+
 } // namespace replica::backend::cpu

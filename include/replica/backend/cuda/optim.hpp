@@ -37,6 +37,10 @@ __global__ void adam(float* w, const float* grad, float2* mv, std::size_t count,
         w[i] = wi - step_size * s.x / (sqrtf(s.y) / bias2_sqrt + eps);
     }
 }
+__global__ void accumulate_gradient(const float* g, float* acc, std::size_t count, bool last, float scale)
+{
+    REPLICA_GRID_LOOP(i, count) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
+}
 } // namespace kernels
 
 // The CPU backend's rule, PyTorch's SGD.
@@ -57,6 +61,14 @@ inline void adam_update(const Context& ctx, float* w, const float* grad, float* 
     kernels::adam<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
         w, grad, reinterpret_cast<float2*>(state), count, lr, beta1, beta2, eps, weight_decay, decoupled, step_size, bias2_sqrt);
     detail::check_launch("adam");
+}
+
+// The CPU backend's rule: acc += g, then acc *= scale when `last`.
+inline void accumulate_gradient(const Context& ctx, const float* g, float* acc, std::size_t count, bool last, float scale)
+{
+    kernels::accumulate_gradient<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count, last,
+                                                                                                 scale);
+    detail::check_launch("accumulate_gradient");
 }
 
 } // namespace replica::backend::cuda
