@@ -31,6 +31,17 @@ using ConcatDropoutNet = Sequential<Input<3, 12, 12>, Conv2d<8, 3, 1, 1>, ReLU,
 using SmallFCN = Sequential<Input<3, 32, 32>, Conv2d<32, 3, 1, 1>, ReLU, Conv2d<64, 3, 2, 1>, ReLU,
                             ConvTranspose2d<5, 4, 2, 1>>;
 
+// BatchNorm and residual blocks: a stem, a block, a downsampling block with a projection shortcut,
+// a pooled classifier; and a one-convolution network with each kind of BatchNorm statistics.
+using SmallBlock = Residual<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<4, 3, 1, 1>, BatchNorm2d>>;
+using SmallDown = Residual<Sequential<Conv2d<6, 3, 2, 1>, BatchNorm2d, ReLU, Conv2d<6, 3, 1, 1>, BatchNorm2d>,
+                      Sequential<Conv2d<6, 1, 2, 0>, BatchNorm2d>>;
+using SmallResNet = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, SmallBlock, ReLU, SmallDown, ReLU,
+                               GlobalAvgPool, Linear<5>>;
+using SmallResNetPerReplica = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm<2, BatchStats::per_replica>, ReLU,
+                                         GlobalAvgPool, Linear<5>>;
+using SmallResNetGlobal = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, GlobalAvgPool, Linear<5>>;
+
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
 struct RandomBatches {

@@ -943,6 +943,101 @@ TEST_CASE("Replicas sharing one GPU cannot span processes", "[cuda][same-gpu]")
     CHECK(message.find("give each process distinct GPUs") != std::string::npos);
 }
 
+// ---- BatchNorm and Residual (issue 22) ----
+
+TEST_CASE("BatchNorm and Residual train the same on CPU and GPU: parameters, running estimates, predictions",
+          "[cuda][batchnorm]")
+{
+    REQUIRE_GPU();
+    const std::size_t batch = 6;
+    const RandomBatches<SmallResNet> data(3 * batch, 21);
+    SmallResNet cpu{Device::cpu(), 4}, gpu{Device::cuda(0), 4};
+    const auto a = three_steps(cpu, data, batch), b = three_steps(gpu, data, batch);
+    CAPTURE(norm_relative(a, b), max_relative_difference(a, b));
+    CHECK(norm_relative(a, b) < 1e-4);
+    CHECK(norm_relative(cpu.statistics(), gpu.statistics()) < 1e-4);
+    std::vector<float> pa(batch * 5), pb(batch * 5);
+    cpu.predict(data.inputs.data(), batch, pa.data());
+    gpu.predict(data.inputs.data(), batch, pb.data());
+    CHECK(norm_relative(pa, pb) < 1e-4);
+}
+
+TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as one GPU, CUDA graphs on and off",
+          "[cuda][same-gpu][batchnorm]")
+{
+    REQUIRE_GPU();
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    const std::pair<std::size_t, std::size_t> cases[] = {{2, 7}, {3, 7}, {3, 2}};   // replicas, batch
+    for (const auto& [replicas, batch] : cases) {
+        CAPTURE(graphs, replicas, batch);
+        const RandomBatches<SmallResNet> data(6 * batch, 23);
+        SmallResNet one{Device::cuda(0), 2};
+        const auto expected = queued_steps(one, data, batch);
+        DataParallel<SmallResNet, Threaded> dp{shared_gpu(replicas), 2};
+        const auto got = queued_steps(dp, data, batch);
+        CHECK(norm_relative(expected, got) < 1e-5);
+        CHECK(norm_relative(one.statistics(), dp.statistics()) < 1e-5);
+        CHECK(replicas_disagree(dp) == "");
+        for (std::size_t r = 1; r < replicas; ++r) CHECK(differences(dp.replica(r).statistics(), dp.statistics()) == "");
+        // Captured, cut at each sync point, replayed.
+        if (batch > 2) CHECK(graphs_held(dp.replica(0)) == (graphs ? 2u : 0u));
+    }
+
+// ---- convolutions without bias (issue 22) ----
+
+TEST_CASE("Convolutions without bias equal the CPU's through cuDNN and the products, alone and with a fused ReLU",
+          "[cuda][bias]")
+{
+    REQUIRE_GPU();
+    // cuDNN's algorithms; both passes as products; each pass alone as products beside cuDNN's other.
+    const auto path = GENERATE(cuda::ConvPath::cudnn, cuda::ConvPath::gemm, cuda::ConvPath::gemm_forward,
+                               cuda::ConvPath::gemm_backward);
+    CAPTURE(int(path));
+    const OptionScope forced{&cuda::Options::conv_path, path};
+    static_assert(!cuda::detail::direct_conv<core::Window{4, 17, 17, 5, 5, 2, 2, 2, 2, 9, 9}>);   // not our kernels'
+    static_assert(!cuda::detail::direct_conv<core::Window{12, 10, 9, 3, 3, 2, 2, 1, 1, 5, 5}>);
+    static_assert(!cuda::detail::direct_conv<core::Window{5, 1, 40, 1, 7, 1, 1, 0, 0, 1, 34}>);
+    same_on_cpu_and_gpu<Conv2d<6, 5, 2, 2, Bias::none>, Shape<4, 17, 17>>();
+    same_on_cpu_and_gpu<Sequential<Conv2d<6, 5, 2, 2, Bias::none>, ReLU>, Shape<4, 17, 17>>();
+    same_on_cpu_and_gpu<Conv2d<5, 3, 2, 1, Bias::none>, Shape<12, 10, 9>>(4);      // odd sizes
+    same_on_cpu_and_gpu<Sequential<Conv2d<5, 3, 2, 1, Bias::none>, ReLU>, Shape<12, 10, 9>>(4);
+    same_on_cpu_and_gpu<Conv2d<16, 1, 1, 0, Bias::none>, Shape<40, 7, 7>>(5);     // 1 x 1, as a ResNet's projection
+    same_on_cpu_and_gpu<Conv1d<8, 7, 1, 0, Bias::none>, Shape<5, 40>>();
+    same_on_cpu_and_gpu<Sequential<Conv1d<8, 7, 1, 0, Bias::none>, ReLU>, Shape<5, 40>>();
+}
+
+TEST_CASE("Convolutions without bias equal the CPU's through our direct kernels, and transposed ones through cuDNN",
+          "[cuda][bias]")
+{
+    REQUIRE_GPU();
+    // Our forward and filter-gradient kernels (few weights per filter), alone and with a fused ReLU.
+    static_assert(cuda::detail::direct_conv<core::Window{3, 12, 10, 3, 3, 1, 1, 1, 1, 12, 10}> &&
+                  cuda::detail::direct_conv<core::Window{3, 1, 21, 1, 3, 1, 2, 0, 1, 1, 11}>);
+    same_on_cpu_and_gpu<Conv2d<8, 3, 1, 1, Bias::none>, Shape<3, 12, 10>>();
+    same_on_cpu_and_gpu<Sequential<Conv2d<8, 3, 1, 1, Bias::none>, ReLU>, Shape<3, 12, 10>>();
+    same_on_cpu_and_gpu<Sequential<Conv2d<7, 3, 1, 1, Bias::none>, ReLU>, Shape<2, 9, 9>>(300);   // more samples than parts
+    same_on_cpu_and_gpu<Conv1d<4, 3, 2, 1, Bias::none>, Shape<3, 21>>();
+    same_on_cpu_and_gpu<Sequential<Conv1d<4, 3, 2, 1, Bias::none>, ReLU>, Shape<3, 21>>();
+    // Filters beyond the direct forward's shared memory (448 x 28 floats): cuDNN's forward, our
+    // filter gradient.
+    static_assert(cuda::detail::direct_conv<core::Window{3, 6, 6, 3, 3, 1, 1, 1, 1, 6, 6}> && 448 * 28 * 4 > 48 * 1024);
+    same_on_cpu_and_gpu<Conv2d<448, 3, 1, 1, Bias::none>, Shape<3, 6, 6>>(2);
+    same_on_cpu_and_gpu<Sequential<Conv2d<448, 3, 1, 1, Bias::none>, ReLU>, Shape<3, 6, 6>>(2);
+    // Transposed: cuDNN's backward-data forward, no bias pass.
+    same_on_cpu_and_gpu<ConvTranspose2d<5, 4, 2, 1, Bias::none>, Shape<6, 8, 8>>();
+    same_on_cpu_and_gpu<ConvTranspose2d<3, 3, 1, 0, Bias::none>, Shape<4, 5, 7>>();
+}
+
+TEST_CASE("A network of convolutions without bias trains the same on CPU and GPU", "[cuda][bias]")
+{
+    REQUIRE_GPU();
+    using Net = Sequential<Input<3, 12, 12>, Conv2d<8, 3, 1, 1, Bias::none>, ReLU, Conv2d<16, 3, 2, 1, Bias::none>, ReLU,
+                           Conv2d<16, 1, 1, 0, Bias::none>, GlobalAvgPool, Linear<5>>;
+    static_assert(Net::param_count == 8 * 3 * 9 + 16 * 8 * 9 + 16 * 16 + 16 * 5 + 5);
+    trains_the_same_on_cpu_and_gpu<Net>(8);
+}
+
 // ---- activations (issue 22) ----
 
 TEST_CASE("CUDA activations equal CPU activations: Identity, Sigmoid, Tanh, GELU", "[cuda]")

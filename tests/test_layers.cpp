@@ -159,12 +159,13 @@ struct Bound {
     Ctx ctx{Device::cpu()};
     O op;
     std::size_t n;
-    std::vector<float> params, y, saved, scratch;
+    std::vector<float> params, y, saved, scratch, statistics;
 
     explicit Bound(std::size_t n_, std::uint32_t layer_id = 3)
         : op(build(layer_id)), n(n_), params(O::param_count), y(n_ * Out::size),
-          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_))
+          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_)), statistics(model::statistics_count_of<O>)
     {
+        model::init_statistics_of(op, statistics.data());
     }
 
     void forward(const model::Pass& pass, const float* x)
@@ -172,8 +173,13 @@ struct Bound {
         std::fill(y.begin(), y.end(), kNaN);
         std::fill(saved.begin(), saved.end(), kNaN);
         std::fill(scratch.begin(), scratch.end(), kNaN);
+        // From the initial statistics each time: a training forward moves BatchNorm's running
+        // estimates, which shift its sums (to rounding); the loss is then a function of x and the
+        // parameters alone.
+        model::init_statistics_of(op, statistics.data());
         op.forward(ctx, pass, model::ForwardArgs{.params = params.data(), .x = x, .y = y.data(), .n = n,
-                                                 .saved = saved.data(), .scratch = scratch.data()});
+                                                 .saved = saved.data(), .scratch = scratch.data(),
+                                                 .statistics = statistics.data()});
     }
 
     // dx (may be null) and dparams are poisoned first: backward must assign them.
@@ -541,6 +547,35 @@ TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][lay
     check_gradients<Sequential<Conv2d<3, 3>, ReLU, Flatten>, Shape<2, 5, 5>>(2, {}, {.kinks = true});
 }
 
+TEST_CASE("BatchNorm gradients in training match finite differences", "[cpu][layers][gradient][batchnorm]")
+{
+    check_gradients<BatchNorm2d, Shape<3, 4, 5>>(3);
+    check_gradients<BatchNorm2d, Shape<2, 1, 1>>(4);   // one value a sample and channel
+    check_gradients<BatchNorm1d, Shape<7>>(5);
+    check_gradients<BatchNorm1d, Shape<3, 6>>(2);
+    // Fused with the ReLU after it (a Chain applies it in the same pass).
+    using Fused = Sequential<BatchNorm2d, ReLU>;
+    static_assert(model::Chain<Shape<3, 4, 5>, BatchNorm2d, ReLU>::fuses_next_relu<0>);
+    check_gradients<Fused, Shape<3, 4, 5>>(3, {}, {.kinks = true});
+    check_gradients<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<2, 1>>, Shape<2, 5, 5>>(3, {}, {.kinks = true});
+}
+
+TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient][residual]")
+{
+    // Identity shortcut: x + Body(x).
+    using Body = Sequential<Conv2d<3, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<3, 3, 1, 1>, BatchNorm2d>;
+    check_gradients<Residual<Body>, Shape<3, 5, 4>>(2, {}, {.kinks = true});
+    check_gradients<Residual<Sequential<Linear<6>, ReLU, Linear<6>>>, Shape<6>>(3, {}, {.kinks = true});
+    // Projection shortcut with a stride, and the ReLU after the sum fused into it.
+    using Down = Sequential<Conv2d<4, 3, 2, 1>, BatchNorm2d, ReLU, Conv2d<4, 3, 1, 1>, BatchNorm2d>;
+    using Projection = Sequential<Conv2d<4, 1, 2, 0>, BatchNorm2d>;
+    static_assert(std::is_same_v<out_of<Residual<Down, Projection>, Shape<2, 6, 6>>, Shape<4, 3, 3>>);
+    check_gradients<Residual<Down, Projection>, Shape<2, 6, 6>>(2, {}, {.kinks = true});
+    static_assert(model::Chain<Shape<2, 6, 6>, Residual<Down, Projection>, ReLU>::fuses_next_relu<0>);
+    check_gradients<Sequential<Residual<Down, Projection>, ReLU, Residual<Sequential<Conv2d<4, 3, 1, 1>>>, ReLU>,
+                    Shape<2, 6, 6>>(2, {}, {.kinks = true});
+}
+
 // =============================================================================================
 // 2. Forward values against the float64 reference.
 
@@ -857,4 +892,97 @@ TEST_CASE("A nested Sequential initialises each layer under its own id", "[cpu][
     LinearOp{build(6)}.init(linear.data(), seed);
     CHECK(std::equal(conv.begin(), conv.end(), net.begin()));
     CHECK(std::equal(linear.begin(), linear.end(), net.begin() + ConvOp::param_count));
+}
+
+// =============================================================================================
+// 5. Convolutions without bias (Bias::none; issue 22).
+
+namespace {
+// The weights alone: torchvision's ResNet stem, Conv2d(3, 64, 7, 2, 3, bias=False), has 9408.
+static_assert(op_of<Conv2d<64, 7, 2, 3, Bias::none>, Shape<3, 224, 224>>::param_count == 64 * 3 * 7 * 7);
+static_assert(op_of<Conv2d<64, 7, 2, 3, Bias::none>, Shape<3, 224, 224>>::param_count == 9408);
+static_assert(std::is_same_v<out_of<Conv2d<64, 7, 2, 3, Bias::none>, Shape<3, 224, 224>>, Shape<64, 112, 112>>);
+static_assert(op_of<Conv1d<8, 5, 1, 2, Bias::none>, Shape<3, 20>>::param_count == 8 * 3 * 5);
+static_assert(op_of<ConvTranspose2d<4, 2, 2, 0, Bias::none>, Shape<3, 5, 5>>::param_count == 3 * 4 * 2 * 2);
+static_assert(op_of<Sequential<Conv2d<4, 3, 1, 1, Bias::none>, ReLU>, Shape<2, 6, 6>>::param_count == 4 * 2 * 3 * 3);
+// The default is unchanged: a bias per output channel.
+static_assert(std::is_same_v<Conv2d<4, 3>, Conv2d<4, 3, 1, 0, Bias::yes>>);
+// A ReLU after a convolution without bias is still fused into it.
+static_assert(model::Chain<Shape<2, 6, 6>, Conv2d<4, 3, 1, 1, Bias::none>, ReLU>::fuses_next_relu<0>);
+
+// Layer Without (a convolution without bias, alone or followed by a ReLU) against With (the same
+// with a bias), both from the same initialisation (same seed and layer id) and the same perturbed
+// weights, With's biases zero: the same initial weights, the same output and the same gradients, bit
+// for bit (the CPU backend runs one code path with and without a bias). Without's parameters are
+// followed by NaN and its parameter gradient by a sentinel: it reads and writes its weights only.
+template <class With, class Without, class In>
+void same_as_zero_bias(std::size_t n)
+{
+    using A = Bound<With, In>;
+    using B = Bound<Without, In>;
+    constexpr std::size_t P = B::O::param_count, extra = A::O::param_count - P;
+    static_assert(extra > 0 && std::is_same_v<typename A::Out, typename B::Out>);
+    const std::uint64_t seed = run_seed();
+    INFO(type_name<Without>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed);
+    std::mt19937_64 rng(seed);
+
+    A a(n);
+    B b(n);
+    a.op.init(a.params.data(), seed);
+    b.op.init(b.params.data(), seed);
+    CHECK(std::equal(b.params.begin(), b.params.end(), a.params.begin()));   // PyTorch's bound, the weights alone
+    for (std::size_t i = 0; i < P; ++i) a.params[i] += std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
+    std::fill(a.params.begin() + P, a.params.end(), 0.0f);
+    b.params.assign(a.params.begin(), a.params.begin() + P);
+    b.params.resize(P + extra, kNaN);
+
+    const std::vector<float> x = uniform(n * In::size, -1.0f, 1.0f, rng);
+    const std::vector<float> dy = uniform(a.y.size(), -1.0f, 1.0f, rng);
+    const model::Pass pass{};
+    a.forward(pass, x.data());
+    b.forward(pass, x.data());
+    REQUIRE(std::all_of(a.y.begin(), a.y.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(b.y == a.y);
+
+    constexpr float sentinel = 1234.5f;
+    std::vector<float> dx_a(n * In::size), dx_b(n * In::size), dp_a(P + extra), dp_b(P + extra, sentinel);
+    a.backward(pass, x.data(), dy.data(), dx_a.data(), dp_a.data());
+    b.backward(pass, x.data(), dy.data(), dx_b.data(), dp_b.data());
+    CHECK(dx_b == dx_a);
+    CHECK(std::equal(dp_b.begin(), dp_b.begin() + P, dp_a.begin()));
+    CHECK(std::all_of(dp_b.begin() + P, dp_b.end(), [&](float v) { return v == sentinel; }));
+}
+} // namespace
+
+TEST_CASE("Convolutions without bias: gradients match finite differences, alone and with a fused ReLU",
+          "[cpu][layers][gradient][bias]")
+{
+    check_gradients<Conv2d<4, 3, 2, 1, Bias::none>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square
+    check_gradients<Conv2d<3, 1, 1, 0, Bias::none>, Shape<4, 5, 5>>(2);
+    check_gradients<Conv1d<3, 5, 2, 2, Bias::none>, Shape<3, 13>>(3);
+    check_gradients<Conv1d<4, 3, 1, 0, Bias::none>, Shape<2, 11>>(2);
+    check_gradients<ConvTranspose2d<3, 4, 2, 1, Bias::none>, Shape<2, 4, 5>>(2);
+    // The ReLU after them is fused (forward_relu, backward_relu): its rule still runs.
+    check_gradients<Sequential<Conv2d<4, 3, 2, 1, Bias::none>, ReLU>, Shape<2, 7, 6>>(3, {}, {.kinks = true});
+    check_gradients<Sequential<Conv1d<3, 5, 2, 2, Bias::none>, ReLU>, Shape<3, 13>>(3, {}, {.kinks = true});
+}
+
+TEST_CASE("A convolution without bias equals one with a zero bias and touches its weights only",
+          "[cpu][layers][forward][bias]")
+{
+    same_as_zero_bias<Conv2d<4, 3, 2, 1>, Conv2d<4, 3, 2, 1, Bias::none>, Shape<2, 7, 6>>(3);
+    same_as_zero_bias<Conv2d<5, 1>, Conv2d<5, 1, 1, 0, Bias::none>, Shape<3, 4, 4>>(2);
+    same_as_zero_bias<Conv1d<3, 5, 2, 2>, Conv1d<3, 5, 2, 2, Bias::none>, Shape<3, 13>>(3);
+    same_as_zero_bias<ConvTranspose2d<3, 4, 2, 1>, ConvTranspose2d<3, 4, 2, 1, Bias::none>, Shape<2, 4, 5>>(2);
+    same_as_zero_bias<Sequential<Conv2d<4, 3, 1, 1>, ReLU>, Sequential<Conv2d<4, 3, 1, 1, Bias::none>, ReLU>,
+                      Shape<2, 6, 5>>(3);
+    same_as_zero_bias<Sequential<Conv1d<3, 3, 1, 1>, ReLU>, Sequential<Conv1d<3, 3, 1, 1, Bias::none>, ReLU>,
+                      Shape<2, 9>>(2);
+}
+
+TEST_CASE("A convolution without bias initialises its weights within 1/sqrt(fan_in)", "[cpu][layers][init][bias]")
+{
+    check_init<Conv2d<8, 3, 1, 0, Bias::none>, Shape<4, 9, 9>>(4 * 3 * 3);
+    check_init<Conv1d<6, 5, 1, 0, Bias::none>, Shape<3, 20>>(3 * 5);
+    check_init<ConvTranspose2d<5, 4, 2, 1, Bias::none>, Shape<3, 4, 4>>(5 * 4 * 4);
 }

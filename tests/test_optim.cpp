@@ -17,6 +17,7 @@
 
 #include "catch.hpp"
 #include "fixtures.hpp"
+#include "models.hpp"
 #include "replica/replica.hpp"
 #include "replica/train/trainer.hpp"
 #include "support.hpp"
@@ -199,7 +200,7 @@ struct StatsNet : TorchNet {
         stats.assign(s.begin(), s.end());
     }
 };
-static_assert(train::HasStatistics<StatsNet> && !train::HasStatistics<TorchNet>);
+static_assert(train::HasStatistics<StatsNet> && train::statistics_count_of<TorchNet>() == 0);
 
 std::vector<unsigned char> file_bytes(const std::filesystem::path& p)
 {
@@ -460,4 +461,40 @@ TEST_CASE("Accumulate keeps its count in checkpoints and resumes mid-way", "[cpu
     for (std::size_t b = 6; b < 8; ++b)
         train_step(resumed, a3, Batch{set.inputs.data() + b * 16 * 8, set.labels.data() + b * 16, 16, b * 16, 3});
     CHECK(parameters(resumed) == want);
+}
+
+TEST_CASE("A model with BatchNorm resumes with its running statistics and AdamW's state as if never stopped",
+          "[cpu][optim][checkpoint]")
+{
+    using Net = SmallResNetGlobal;
+    static_assert(Net::statistics_count > 0);
+    testing::TempDir dir;
+    const auto set = data::synthetic_dataset(48, Net::input_shape::size, 1, 5, 8);
+    const TrainOptions base{.batch_size = 12, .epochs = 3, .seed = 6, .progress = false, .log = nullptr};
+    const AdamWOptions o{.lr = 0.01f};
+
+    Net straight{Device::cpu()};
+    AdamW opt1{o};
+    Trainer{straight, opt1, base}.fit(set);
+
+    TrainOptions first = base;
+    first.epochs = 2;
+    first.checkpoint = dir / "bn.ckpt";
+    Net part{Device::cpu()};
+    AdamW opt2{o};
+    Trainer{part, opt2, first}.fit(set);
+    Net loaded{Device::cpu(), 3};
+    AdamW opt_loaded{o};
+    load_checkpoint(dir / "bn.ckpt", loaded, opt_loaded);
+    CHECK(loaded.statistics() == part.statistics());
+    CHECK(loaded.statistics() != Net{Device::cpu()}.statistics());   // they moved from their initial values
+
+    TrainOptions second = base;
+    second.checkpoint = dir / "bn.ckpt";
+    second.resume = true;
+    Net resumed{Device::cpu(), 99};
+    AdamW opt3{o};
+    Trainer{resumed, opt3, second}.fit(set);
+    CHECK(parameters(resumed) == parameters(straight));
+    CHECK(resumed.statistics() == straight.statistics());
 }

@@ -16,12 +16,14 @@
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
 #include "replica/layers/loss.hpp"
+#include "replica/layers/normalization.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/layers/pool.hpp"
 
 #include "replica/model/concat.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/input.hpp"
+#include "replica/model/residual.hpp"
 #include "replica/model/sequential.hpp"
 
 #include "replica/train/accumulate.hpp"

@@ -1,10 +1,13 @@
 #pragma once
 // Convolutions.
-//   Conv1d<Out, K, Stride = 1, Pad = 0>          (c, l)    -> (Out, (l + 2 Pad - K) / Stride + 1)
-//   Conv2d<Out, K, Stride = 1, Pad = 0>          (c, h, w) -> (Out, oh, ow), square kernel
-//   ConvTranspose2d<Out, K, Stride = 1, Pad = 0> (c, h, w) -> (Out, (h - 1) Stride - 2 Pad + K, ...)
-// Parameters: weights then one bias per output channel. Weight layout as PyTorch: (Out, c, K[, K]) for a
-// convolution, (c, Out, K, K) for a transposed one. Initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+//   Conv1d<Out, K, Stride = 1, Pad = 0, B = Bias::yes>          (c, l)    -> (Out, (l + 2 Pad - K) / Stride + 1)
+//   Conv2d<Out, K, Stride = 1, Pad = 0, B = Bias::yes>          (c, h, w) -> (Out, oh, ow), square kernel
+//   ConvTranspose2d<Out, K, Stride = 1, Pad = 0, B = Bias::yes> (c, h, w) -> (Out, (h - 1) Stride - 2 Pad + K, ...)
+// Parameters: weights then, with Bias::yes, one bias per output channel; with Bias::none the weights
+// alone (PyTorch's bias=False: a convolution followed by a batch normalisation, whose shift makes a
+// bias redundant). Weight layout as PyTorch: (Out, c, K[, K]) for a convolution, (c, Out, K, K) for a
+// transposed one. Initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)); a layer's weights are the same
+// with or without its bias.
 
 #include <cmath>
 #include <cstddef>
@@ -16,6 +19,9 @@ namespace replica::layers {
 
 using core::Window;
 
+// Whether a convolution adds a learned bias per output channel.
+enum class Bias { yes, none };
+
 namespace detail {
 inline void conv_init(float* params, std::uint64_t seed, std::uint32_t id, std::size_t weights, std::size_t biases,
                std::size_t fan_in)
@@ -24,44 +30,55 @@ inline void conv_init(float* params, std::uint64_t seed, std::uint32_t id, std::
     init_uniform(params, weights + biases, bound, seed, id);
 }
 
+// The bias of a layer with `weights` weights in its parameters p (weights first), or null without one:
+// the backends take a null bias (and a null bias gradient) as "no bias", with no pass for it.
+template <Bias B, class T>
+constexpr T* bias_of(T* p, std::size_t weights)
+{
+    return B == Bias::yes ? p + weights : nullptr;
+}
+
 // A convolution over the window that its geometry G gives (G::window, G::input_shape, G::output_shape,
 // G::weight_count, G::fan_in): Conv1d's and Conv2d's op, which differ only in their geometry.
-template <std::size_t Out, class G>
+template <std::size_t Out, class G, Bias B>
 struct ConvOp : LeafOp {
     using input_shape = typename G::input_shape;
     using output_shape = typename G::output_shape;
     static constexpr std::size_t weight_count = G::weight_count;
-    static constexpr std::size_t param_count = weight_count + Out;
+    static constexpr std::size_t bias_count = B == Bias::yes ? Out : 0;
+    static constexpr std::size_t param_count = weight_count + bias_count;
     static constexpr Window window = G::window;
 
     using LeafOp::LeafOp;
-    void init(float* p, std::uint64_t seed) const { conv_init(p, seed, id, weight_count, Out, G::fan_in); }
+    void init(float* p, std::uint64_t seed) const { conv_init(p, seed, id, weight_count, bias_count, G::fan_in); }
     template <class Ctx>
     std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
     template <class Ctx>
     void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
     {
-        conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, false);
+        conv_forward<window>(ctx, Out, a.params, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, false);
     }
     // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
-    // backward, the ReLU's rule runs in the bias-gradient pass.
+    // backward, the ReLU's rule runs in the bias-gradient pass. Without a bias, each backend applies
+    // the ReLU and its rule where it saves most (backend/*/conv.hpp).
     static constexpr bool fuses_relu = true;
     template <class Ctx>
     void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
     {
-        conv_forward<window>(ctx, Out, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch, true);
+        conv_forward<window>(ctx, Out, a.params, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, true);
     }
     template <class Ctx>
     void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
     {
-        conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+        conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, bias_of<B>(a.dparams, weight_count), a.n,
+                              a.scratch);
     }
     // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
     template <class Ctx>
     void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
     {
-        conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams, a.dparams + weight_count,
-                                   a.n, a.scratch);
+        conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams,
+                                   bias_of<B>(a.dparams, weight_count), a.n, a.scratch);
     }
 };
 
@@ -98,21 +115,21 @@ struct Conv1dGeometry {
 };
 } // namespace detail
 
-template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
 struct Conv2d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv2d needs at least one output channel, a kernel and a stride");
     template <class In>
-    using op = detail::ConvOp<Out, detail::Conv2dGeometry<In, Out, K, Stride, Pad>>;
+    using op = detail::ConvOp<Out, detail::Conv2dGeometry<In, Out, K, Stride, Pad>, B>;
 };
 
-template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
 struct Conv1d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv1d needs at least one output channel, a kernel and a stride");
     template <class In>
-    using op = detail::ConvOp<Out, detail::Conv1dGeometry<In, Out, K, Stride, Pad>>;
+    using op = detail::ConvOp<Out, detail::Conv1dGeometry<In, Out, K, Stride, Pad>, B>;
 };
 
-template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0>
+template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
 struct ConvTranspose2d {
     static_assert(Out > 0 && K > 0 && Stride > 0,
                   "ConvTranspose2d needs at least one output channel, a kernel and a stride");
@@ -127,24 +144,30 @@ struct ConvTranspose2d {
         using input_shape = In;
         using output_shape = Shape<Out, OH, OW>;
         static constexpr std::size_t weight_count = C * Out * K * K;
-        static constexpr std::size_t param_count = weight_count + Out;
+        static constexpr std::size_t bias_count = B == Bias::yes ? Out : 0;
+        static constexpr std::size_t param_count = weight_count + bias_count;
         // The convolution whose adjoint this is: from the output (Out, OH, OW) to the input (C, H, W).
         static constexpr Window window{int(Out), int(OH), int(OW), int(K), int(K), int(Stride), int(Stride),
                                        int(Pad), int(Pad), int(H), int(W)};
 
         using LeafOp::LeafOp;
-        void init(float* p, std::uint64_t seed) const { detail::conv_init(p, seed, id, weight_count, Out, Out * K * K); }
+        void init(float* p, std::uint64_t seed) const
+        {
+            detail::conv_init(p, seed, id, weight_count, bias_count, Out * K * K);
+        }
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size<window>(ctx, C, n); }
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
-            conv_transpose_forward<window>(ctx, C, a.params, a.params + weight_count, a.x, a.y, a.n, a.scratch);
+            conv_transpose_forward<window>(ctx, C, a.params, detail::bias_of<B>(a.params, weight_count), a.x, a.y, a.n,
+                                           a.scratch);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
-            conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n, a.scratch);
+            conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams,
+                                            detail::bias_of<B>(a.dparams, weight_count), a.n, a.scratch);
         }
     };
 };
@@ -152,6 +175,7 @@ struct ConvTranspose2d {
 } // namespace replica::layers
 
 namespace replica {
+using layers::Bias;
 using layers::Conv1d;
 using layers::Conv2d;
 using layers::ConvTranspose2d;

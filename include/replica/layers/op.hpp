@@ -31,6 +31,17 @@
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.
 //
+// Optional, for ops with state that is not trained (BatchNorm's running mean and variance):
+//   static constexpr std::size_t statistics_count  Floats of model statistics, laid out contiguously
+//                                             in the model's flat statistics buffer (ForwardArgs::
+//                                             statistics); saved in checkpoints, never updated by an
+//                                             optimizer, updated by training forward passes.
+//   void init_statistics(float* s) const      Their initial values (host memory).
+//   static constexpr std::size_t syncs        Sync points it uses in a training step (core/hook.hpp):
+//                                             it then takes the hook in forward and backward too,
+//                                             forward(ctx, pass, args, hook), backward(ctx, pass, args,
+//                                             hook), and numbers its sync points from Build::first_sync.
+//
 // Every random choice an op makes is keyed on (pass.seed, its layer id, pass.first_sample + i), so it
 // does not depend on which replica runs sample i.
 
@@ -61,6 +72,7 @@ struct Pass {
 struct Build {
     std::uint32_t layer_id = 0;           // first layer id of the op
     std::span<const Device> devices;      // the model's device first; an op that spans devices uses all
+    std::size_t first_sync = 0;           // first sync point id of the op (ops with syncs)
 };
 
 struct ForwardArgs {
@@ -70,6 +82,7 @@ struct ForwardArgs {
     std::size_t n;
     float* saved;          // n * saved_size floats, kept until backward
     float* scratch;        // scratch_size(ctx, n) floats
+    float* statistics = nullptr;   // the op's statistics (statistics_count floats), if it has any
 };
 
 struct BackwardArgs {
@@ -94,6 +107,23 @@ concept Op = requires {
     { O::spans_devices } -> std::convertible_to<bool>;
 } && std::constructible_from<O, const Build&>;
 
+// The optional members, with their defaults.
+template <class O>
+inline constexpr std::size_t statistics_count_of = [] {
+    if constexpr (requires { O::statistics_count; }) return std::size_t(O::statistics_count);
+    else return std::size_t{0};
+}();
+template <class O>
+inline constexpr std::size_t syncs_of = [] {
+    if constexpr (requires { O::syncs; }) return std::size_t(O::syncs);
+    else return std::size_t{0};
+}();
+template <class O>
+void init_statistics_of(const O& op, float* s)
+{
+    if constexpr (statistics_count_of<O> > 0) op.init_statistics(s);
+}
+
 // A layer names an op template. Naming it does not instantiate it, so this holds for every layer
 // whatever shapes it accepts.
 template <class L>
@@ -108,6 +138,39 @@ struct LeafOp {
     explicit LeafOp(const Build& b) : id(b.layer_id) {}
     template <class Ctx>
     std::size_t scratch_size(const Ctx&, std::size_t) const { return 0; }
+};
+
+// The entry points of an op that takes the hook (it has sync points, or parts that may) and can apply
+// the ReLU after it (fuses_relu), from its own run_forward(ctx, pass, args, hook, relu) and
+// run_backward(ctx, pass, args, dy, hook), dy being its output's gradient.
+template <class D>
+struct FusesReluWithHook {
+    static constexpr bool fuses_relu = true;
+    template <class Ctx, class Hook = core::NoHook>
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+    {
+        self().run_forward(ctx, pass, a, hook, false);
+    }
+    template <class Ctx, class Hook = core::NoHook>
+    void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+    {
+        self().run_forward(ctx, pass, a, hook, true);
+    }
+    template <class Ctx, class Hook = core::NoHook>
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
+    {
+        self().run_backward(ctx, pass, a, a.dy, hook);
+    }
+    // a.y and a.dy are the ReLU's output and gradient; dz receives the op's own output gradient.
+    template <class Ctx, class Hook = core::NoHook>
+    void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs& a, float* dz, Hook&& hook = {})
+    {
+        relu_backward(ctx, a.y, a.dy, dz, a.n * D::output_shape::size);
+        self().run_backward(ctx, pass, a, dz, hook);
+    }
+
+private:
+    D& self() { return static_cast<D&>(*this); }
 };
 
 // U(-bound, bound) from the counter-based generator: element i of layer `layer` under `seed`.

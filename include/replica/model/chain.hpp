@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
@@ -68,7 +69,10 @@ public:
     static constexpr std::array<std::size_t, N + 1> act_offset = act_offsets_(seq{});
     static constexpr auto saved_offset = parts::saved_offset;
 
+    static constexpr auto statistics_offset = parts::statistics_offset;
     static constexpr std::size_t param_count = parts::param_count;
+    static constexpr std::size_t statistics_count = parts::statistics_count;
+    static constexpr std::size_t syncs = parts::syncs;
     static constexpr std::uint32_t layer_count = parts::layer_count;
     static constexpr std::size_t saved_size = act_offset[N] + saved_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
@@ -88,6 +92,7 @@ public:
     std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return 2 * max_inner * n + parts_.scratch_size(ctx, n); }
 
     void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
+    void init_statistics(float* s) const { parts_.init_statistics(s); }
 
     // An op that can apply the ReLU after it (fuses_relu, forward_relu, backward_relu) does, into the
     // ReLU's output, and runs the ReLU's backward in its own: the ReLU is skipped both ways, one pass
@@ -122,8 +127,9 @@ public:
         else return activation(saved, n, I - 1);
     }
 
-    template <class Ctx>
-    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
+    // hook: its sync points only (core/hook.hpp); a chain's gradient offsets are backward's.
+    template <class Ctx, class Hook = core::NoHook>
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
     {
         core::static_for<N>([&](auto i) {
             if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
@@ -133,9 +139,12 @@ public:
                                    .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
                                    .n = a.n,
                                    .saved = op_saved(a.saved, a.n, i),
-                                   .scratch = a.scratch + 2 * max_inner * a.n};
-            if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
-            else parts_.template get<i>().forward(ctx, pass, args);
+                                   .scratch = a.scratch + 2 * max_inner * a.n,
+                                   .statistics = a.statistics ? a.statistics + statistics_offset[i] : nullptr};
+            if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
+                parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            else if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
+            else parts_.template forward<i>(ctx, pass, args, hook);
         });
     }
 
@@ -158,10 +167,36 @@ public:
                                         .n = a.n,
                                         .saved = op_saved(a.saved, a.n, i),
                                         .scratch = a.scratch + 2 * max_inner * a.n};
-                if constexpr (fuses_next_relu<i>) parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
-                else parts_.template get<i>().backward(ctx, pass, args);
+                if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
+                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i),
+                                                           core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+                else if constexpr (fuses_next_relu<i>)
+                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
+                else parts_.template backward<i>(ctx, pass, args, hook);
                 dy = dx;
             }
+            hook(param_offset[i]);
+        });
+    }
+
+    // A replica with no samples in a step that has sync points still takes part in every one, in the
+    // order the others reach them, contributing nothing: idle_forward, then idle_backward (which calls
+    // hook(offset) where backward would, the gradient being zero already).
+    template <class Ctx, class Hook>
+    void idle_forward(Ctx& ctx, float* statistics, Hook&& hook)
+    {
+        core::static_for<N>([&](auto i) {
+            if constexpr (syncs_of<op_t<i>> > 0)
+                parts_.template get<i>().idle_forward(ctx, statistics + statistics_offset[i],
+                                                      core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+        });
+    }
+    template <class Ctx, class Hook>
+    void idle_backward(Ctx& ctx, Hook&& hook)
+    {
+        core::static_for_reverse<N>([&](auto i) {
+            if constexpr (syncs_of<op_t<i>> > 0)
+                parts_.template get<i>().idle_backward(ctx, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
             hook(param_offset[i]);
         });
     }

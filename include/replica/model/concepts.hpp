@@ -22,11 +22,15 @@ namespace replica::model {
 using layers::BackwardArgs;
 using layers::Build;
 using layers::ForwardArgs;
+using layers::FusesReluWithHook;
 using layers::init_uniform;
 using layers::Layer;
 using layers::LeafOp;
 using layers::Op;
 using layers::Pass;
+using layers::init_statistics_of;
+using layers::statistics_count_of;
+using layers::syncs_of;
 
 // A training step's batch as a model's step() takes it (host memory, n samples), with its pass and
 // the loss scale. Two are equal when they describe the same samples of the same memory.
@@ -78,6 +82,9 @@ struct NoUpdate {
 //   evaluate, predict        without training; predict writes n * output_shape::size logits.
 //   parameters(), optimizer_state() and their setters: host copies of the flat vectors (the state is
 //                            empty before the first update); the setters drop any work queued ahead.
+//   statistics(), set_statistics(values)  host copies of the model's statistics_count statistics
+//                            (BatchNorm's running estimates; none without): model state that is not
+//                            trained, saved in checkpoints.
 //   replica_count()          replicas in this process; global_replica_count() over every process;
 //                            process_rank(): this process among them (rank 0 writes checkpoints).
 template <class M>
@@ -87,6 +94,9 @@ concept TrainableModel =
              std::size_t n, float* out, std::span<const float> values) {
         { M::param_count } -> std::convertible_to<std::size_t>;
         { M::label_size } -> std::convertible_to<std::size_t>;
+        { M::statistics_count } -> std::convertible_to<std::size_t>;
+        { cm.statistics() } -> std::same_as<std::vector<float>>;
+        m.set_statistics(values);
         { m.step(in, NoUpdate{}, &in) } -> std::convertible_to<double>;
         { m.forward_backward(pass, x, labels, n, 1.0f) } -> std::convertible_to<double>;
         { m.reproducible_forward_backward(pass, x, labels, n, 1.0f, n) } -> std::convertible_to<double>;

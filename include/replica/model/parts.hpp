@@ -1,8 +1,10 @@
 #pragma once
 // Parts<Ops...>: what an op made of ops shares, whether its parts run one after the other (Chain) or
 // side by side (Concat): the parts, built once with consecutive layer ids; their parameters laid out
-// one after another in the composite's slice (param_offset), and their saved state likewise
-// (saved_offset); initialisation; the update; and the parameter sync of parts that hold replicas.
+// one after another in the composite's slice (param_offset), their saved state likewise
+// (saved_offset), their statistics (statistics_offset) and sync point ids (sync_offset); the
+// calls that pass a part the hook's sync points when it has any; initialisation; the update; and the
+// parameter sync of parts that hold replicas.
 
 #include <algorithm>
 #include <array>
@@ -11,6 +13,7 @@
 #include <tuple>
 #include <utility>
 
+#include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 
@@ -47,7 +50,11 @@ public:
     static constexpr std::array<std::size_t, N + 1> param_offset = core::prefix_sums<Ops::param_count...>;
     static constexpr std::array<std::size_t, N + 1> id_offset = core::prefix_sums<Ops::layer_count...>;
     static constexpr std::array<std::size_t, N + 1> saved_offset = core::prefix_sums<Ops::saved_size...>;
+    static constexpr std::array<std::size_t, N + 1> statistics_offset = core::prefix_sums<statistics_count_of<Ops>...>;
+    static constexpr std::array<std::size_t, N + 1> sync_offset = core::prefix_sums<syncs_of<Ops>...>;
     static constexpr std::size_t param_count = param_offset[N];
+    static constexpr std::size_t statistics_count = statistics_offset[N];
+    static constexpr std::size_t syncs = sync_offset[N];
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
 
@@ -70,6 +77,24 @@ public:
     void init(float* params, std::uint64_t seed) const
     {
         core::static_for<N>([&](auto i) { std::get<i>(ops_).init(params + param_offset[i], seed); });
+    }
+    void init_statistics(float* s) const
+    {
+        core::static_for<N>([&](auto i) { init_statistics_of(std::get<i>(ops_), s + statistics_offset[i]); });
+    }
+
+    // Part I's forward and backward; a part with sync points gets the hook's (core::SyncOnly).
+    template <std::size_t I, class Ctx, class Hook>
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook)
+    {
+        if constexpr (syncs_of<op<I>> > 0) get<I>().forward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
+        else get<I>().forward(ctx, pass, a);
+    }
+    template <std::size_t I, class Ctx, class Hook>
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook& hook)
+    {
+        if constexpr (syncs_of<op<I>> > 0) get<I>().backward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
+        else get<I>().backward(ctx, pass, a);
     }
 
     // Without parts that hold replicas, one pass over the whole slice (an optimizer is elementwise:
@@ -102,7 +127,7 @@ private:
     template <std::size_t... I>
     static tuple make(const Build& b, std::index_sequence<I...>)
     {
-        return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices})...};
+        return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices, b.first_sync + sync_offset[I]})...};
     }
 
     tuple ops_;

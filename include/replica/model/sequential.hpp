@@ -71,9 +71,11 @@ struct chain_of<In, type_list<Ls...>> {
 struct NotAModel {
     using input_shape = Shape<1>;
     using output_shape = Shape<1>;
-    static constexpr std::size_t param_count = 0, saved_size = 0;
+    static constexpr std::size_t param_count = 0, saved_size = 0, statistics_count = 0, syncs = 0;
     static constexpr bool spans_devices = false;
     explicit NotAModel(const Build&) {}
+    void init(float*, std::uint64_t) const {}
+    void init_statistics(float*) const {}
 };
 
 template <class... Es>
@@ -123,6 +125,10 @@ public:
     using loss = typename entries::loss;
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = chain::param_count;
+    // BatchNorm's running estimates and any other model state that is not trained.
+    static constexpr std::size_t statistics_count = chain::statistics_count;
+    // Sync points of a training step under DataParallel (core/hook.hpp).
+    static constexpr std::size_t syncs = chain::syncs;
     static constexpr std::size_t label_size = loss::template label_size<output_shape>;
 
     // On the default device (the first GPU, or the CPU); nested DataParallels use every default device.
@@ -139,10 +145,14 @@ public:
         visit([&](auto& ctx) {
             params_ = ctx.template allocate<float>(param_count);
             grads_ = ctx.template allocate<float>(param_count);
+            stats_ = ctx.template allocate<float>(statistics_count);
         });
         std::vector<float> host(param_count);
         chain_.init(host.data(), seed);
         set_parameters(host);
+        std::vector<float> stats(statistics_count);
+        chain_.init_statistics(stats.data());
+        set_statistics(stats);
     }
 
     Sequential(Sequential&&) = default;
@@ -179,6 +189,16 @@ public:
             ctx.upload(params_.data(), w.data(), param_count);
             chain_.sync(ctx, params_.data(), nullptr, 0);
         });
+    }
+
+    // The model's statistics (BatchNorm's running estimates), host copy.
+    std::vector<float> statistics() const { return download(stats_, statistics_count); }
+    void set_statistics(std::span<const float> s)
+    {
+        core::require(s.size() == statistics_count, "set_statistics: got " + std::to_string(s.size()) +
+                                                        " values, the model has " + std::to_string(statistics_count));
+        drop_ahead();   // it computed with the old statistics
+        visit([&](auto& ctx) { ctx.upload(stats_.data(), s.data(), statistics_count); });
     }
 
     // Optimizer state (momentum...), host copy; empty before the first update.
@@ -327,6 +347,11 @@ public:
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        // Each micro-shard would move the running estimates in turn, so they would depend on how
+        // the shards are spread over replicas.
+        core::require(statistics_count == 0,
+                      "the reproducible mode does not support BatchNorm yet (its running estimates would depend on "
+                      "the replica count): train this model without it");
         drop_ahead();
         return visit([&](auto& ctx) {
             return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), param_count,
@@ -438,7 +463,12 @@ private:
         *slot = {};
         if (n == 0) {   // nothing to learn from: a zero gradient, so that sums over replicas stay exact
             fill(ctx, grads_.data(), 0.0f, param_count);
-            hook(std::size_t{0});
+            if constexpr (chain::syncs > 0) {   // yet every sync point is the replicas' together
+                chain_.idle_forward(ctx, stats_.data(), hook);
+                chain_.idle_backward(ctx, hook);
+            } else {
+                hook(std::size_t{0});
+            }
             return 0;
         }
         reserve(ctx, n);
@@ -457,7 +487,7 @@ private:
     void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
                     core::LossSlot* slot, Hook&& on_layer)
     {
-        chain_.forward(ctx, pass, forward_args(xd, n));
+        chain_.forward(ctx, pass, forward_args(xd, n), on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
         chain_.backward(ctx, pass,
                         BackwardArgs{.params = params_.data(), .x = xd, .y = y(), .dy = dy(), .dx = nullptr,
@@ -489,7 +519,8 @@ private:
     // The arena: saved activations, then the output, its gradient and scratch, each sized for capacity_.
     ForwardArgs forward_args(const float* x, std::size_t n)
     {
-        return ForwardArgs{.params = params_.data(), .x = x, .y = y(), .n = n, .saved = saved(), .scratch = scratch()};
+        return ForwardArgs{.params = params_.data(), .x = x, .y = y(), .n = n, .saved = saved(), .scratch = scratch(),
+                           .statistics = stats_.data()};
     }
     float* saved() { return arena_.data(); }
     float* y() { return arena_.data() + capacity_ * chain::saved_size; }
@@ -509,7 +540,7 @@ private:
     std::vector<Device> devices_;
     backend::AnyContext ctx_;
     chain chain_;
-    core::Buffer<float> params_, grads_, state_;
+    core::Buffer<float> params_, grads_, state_, stats_;
     core::Buffer<float> arena_;
     std::size_t capacity_ = 0;
     StepSlots<input_shape::size, label_size> slots_;

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -115,6 +116,7 @@ public:
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = M::param_count;
+    static constexpr std::size_t statistics_count = M::statistics_count;
     static constexpr std::size_t label_size = M::label_size;
 
     AutoParallel(M&& model, std::vector<Device> devices, AutoOptions options = {})
@@ -147,6 +149,8 @@ public:
     std::vector<float> optimizer_state() const { return with([](const auto& m) { return m.optimizer_state(); }); }
     void set_parameters(std::span<const float> w) { with([&](auto& m) { m.set_parameters(w); }); }
     void set_optimizer_state(std::span<const float> s) { with([&](auto& m) { m.set_optimizer_state(s); }); }
+    std::vector<float> statistics() const { return with([](const auto& m) { return m.statistics(); }); }
+    void set_statistics(std::span<const float> s) { with([&](auto& m) { m.set_statistics(s); }); }
 
     double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float scale)
     {
@@ -171,7 +175,11 @@ public:
     void predict(const float* x, std::size_t n, float* out) { with([&](auto& m) { m.predict(x, n, out); }); }
 
 private:
-    using Impl = std::variant<M, DataParallel<M, SingleThread>, DataParallel<M, Threaded>>;
+    // A model with sync points (BatchNorm over the global batch) has no SingleThread form
+    // (parallel/dispatch.hpp): the dispatch it asks for is then Threaded.
+    static constexpr bool single_allowed = M::syncs == 0;
+    using Single = std::conditional_t<single_allowed, DataParallel<M, SingleThread>, DataParallel<M, Threaded>>;
+    using Impl = std::variant<M, Single, DataParallel<M, Threaded>>;
 
     // The one way a call reaches the model chosen.
     template <class F>
@@ -182,6 +190,7 @@ private:
     static Impl make(M&& model, std::vector<Device> devices, AutoOptions o)
     {
         core::require(!devices.empty(), "auto_parallel needs at least one device");
+        if (!single_allowed && o.dispatch == DispatchChoice::single) o.dispatch = DispatchChoice::threaded;
         if (o.dispatch == DispatchChoice::measured && o.data_parallel.processes != nullptr) {
             // Every process must make the same choice, and timing them apart would not say what they
             // do together: this process's devices, one thread each.
@@ -204,6 +213,7 @@ private:
             if (model.device() == devices.front()) return Impl(std::in_place_index<0>, std::move(model));
             M moved{devices.front()};
             moved.set_parameters(model.parameters());
+            moved.set_statistics(model.statistics());
             moved.set_optimizer_state(model.optimizer_state());
             return Impl(std::in_place_index<0>, std::move(moved));
         }
@@ -220,6 +230,7 @@ private:
     {
         core::require(o.batch_size > 0 && o.steps > 0, "auto_parallel: measuring needs a batch size and steps");
         const auto w = model.parameters();
+        const auto stats = model.statistics();
         const std::size_t most = global_batch(o.batch_size, devices.size(), o.scaling);
         std::vector<float> x(most * M::input_shape::size);
         std::vector<std::int32_t> labels(most * M::label_size);
@@ -231,10 +242,11 @@ private:
         std::vector<Candidate> candidates{{1, DispatchChoice::single}};
         for (std::size_t k = 2; k <= devices.size(); ++k)
             for (DispatchChoice d : {DispatchChoice::single, DispatchChoice::threaded})
-                candidates.push_back({.count = k, .dispatch = d});
+                if (single_allowed || d != DispatchChoice::single) candidates.push_back({.count = k, .dispatch = d});
         auto time = [&](Candidate& c) {
             M copy{devices.front()};
             copy.set_parameters(w);
+            copy.set_statistics(stats);
             AutoOptions ok = o;
             ok.dispatch = c.dispatch;
             Impl candidate = build(std::move(copy), {devices.begin(), devices.begin() + std::ptrdiff_t(c.count)}, ok);

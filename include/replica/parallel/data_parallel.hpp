@@ -77,6 +77,10 @@ class DataParallel {
     static_assert(model::is_sequential<M>::value,
                   "DataParallel<M>: M must be a model, a Sequential<Input<...>, ...>");
     static_assert(model::Replica<M>);
+    static_assert(M::syncs == 0 || Dispatch::syncs_in_step,
+                  "BatchNorm's statistics over the global batch are summed over the replicas in the middle of each "
+                  "step, which only DataParallel<M, Threaded> can issue (auto_parallel picks it): use Threaded, or "
+                  "BatchNorm<Rank, BatchStats::per_replica> for each replica's own statistics");
 
 public:
     using replica_type = M;
@@ -86,13 +90,14 @@ public:
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = M::param_count;
+    static constexpr std::size_t statistics_count = M::statistics_count;
     static constexpr std::size_t label_size = M::label_size;
 
     // One replica of M on each device, all initialised from `seed`.
     explicit DataParallel(std::vector<Device> devices = backend::default_devices(), std::uint64_t seed = 0,
                           DataParallelOptions options = {})
         : devices_(detail::check_replica_devices(std::move(devices))), options_(options),
-          set_(detail::buckets_of<M>(options), devices_.size(), devices_.front())
+          set_(detail::buckets_of<M>(options), devices_.size(), devices_.front(), M::syncs)
     {
         replicas_.reserve(devices_.size());
         for (const auto& d : devices_) replicas_.emplace_back(std::vector<Device>{d}, seed);
@@ -102,16 +107,18 @@ public:
     // Replicates an existing model (its parameters and optimizer state) over `devices`.
     DataParallel(M&& model, std::vector<Device> devices, DataParallelOptions options = {})
         : devices_(detail::check_replica_devices(std::move(devices))), options_(options),
-          set_(detail::buckets_of<M>(options), devices_.size(), devices_.front())
+          set_(detail::buckets_of<M>(options), devices_.size(), devices_.front(), M::syncs)
     {
         const auto w = model.parameters();
         const auto state = model.optimizer_state();
+        const auto stats = model.statistics();
         replicas_.reserve(devices_.size());
         for (const auto& d : devices_) {
             if (replicas_.empty() && model.device() == d) replicas_.push_back(std::move(model));
             else {
                 replicas_.emplace_back(std::vector<Device>{d});
                 replicas_.back().set_parameters(w);
+                replicas_.back().set_statistics(stats);
                 if (!state.empty()) replicas_.back().set_optimizer_state(state);
             }
         }
@@ -128,6 +135,9 @@ public:
     class op {
         static_assert(std::is_same_v<In, typename M::input_shape>,
                       "DataParallel<M> nested in a model: M's Input<...> must match the shape that reaches it");
+        static_assert(M::statistics_count == 0,
+                      "a DataParallel nested in a model cannot hold BatchNorm yet: make the DataParallel the "
+                      "outermost model (DataParallel<Sequential<...>>), or leave BatchNorm out of the nested part");
         using chain = typename M::chain;
 
     public:
@@ -307,6 +317,12 @@ public:
     std::vector<float> parameters() const { return replicas_.front().parameters(); }
     std::vector<float> gradients() const { return replicas_.front().gradients(); }
     std::vector<float> optimizer_state() const { return replicas_.front().optimizer_state(); }
+    // Replica 0's statistics: with BatchStats::global every replica's are the same.
+    std::vector<float> statistics() const { return replicas_.front().statistics(); }
+    void set_statistics(std::span<const float> s)
+    {
+        for (auto& r : replicas_) r.set_statistics(s);
+    }
     void set_parameters(std::span<const float> w)
     {
         drop_ahead();   // it computed with the old parameters

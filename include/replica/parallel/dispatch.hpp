@@ -18,6 +18,10 @@
 //                                queue(r, defer) queues replica r's step (returns the CUDA graph
 //                                segments it left to launch(r, k) when it may defer), mark(r) after
 //                                its reductions are ordered before what the host waits for.
+//   sync(comm, r, data, count, id)  (Threaded only) sums a sync point's values (core/hook.hpp) over
+//                                the replicas, in the middle of replica r's step. SingleThread cannot:
+//                                its one thread would wait in replica 0's step for the others'.
+// The tag says which: `static constexpr bool syncs_in_step`.
 // Both give bit-identical parameters: gradients are summed in the same fixed order either way.
 
 #include <concepts>
@@ -28,7 +32,11 @@
 namespace replica::parallel {
 
 template <class T>
-concept DispatchPolicy = requires { { T::name } -> std::convertible_to<const char*>; typename T::Issuer; };
+concept DispatchPolicy = requires {
+    { T::name } -> std::convertible_to<const char*>;
+    { T::syncs_in_step } -> std::convertible_to<bool>;
+    typename T::Issuer;
+};
 
 } // namespace replica::parallel
 

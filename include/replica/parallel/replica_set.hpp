@@ -4,8 +4,10 @@
 // replicas' contexts, and the gradient buckets reduced as backward produces them.
 //
 //   set.each(f)                       f(r) for every replica, as the policy issues work
-//   auto hook = set.hook(r, gradient) replica r's backward hook (core/hook.hpp): starts each bucket's
-//                                     reduction as backward completes it (the policy says how)
+//   auto hook = set.hook(r, gradient) replica r's hook (core/hook.hpp): starts each bucket's reduction
+//                                     as backward completes it (the policy says how), and sums the
+//                                     values of each sync point over the replicas (policies that
+//                                     issue collectives in the middle of a step: Threaded)
 //   set.after_backward(gradient_of)   once every replica's backward has been queued
 //   set.queue_step(...)               one training step on every replica (dispatch.hpp)
 
@@ -47,14 +49,15 @@ std::vector<Bucket> make_buckets(const std::array<std::size_t, N>& offsets, std:
 template <DispatchPolicy Dispatch>
 class ReplicaSet {
 public:
-    ReplicaSet(std::vector<Bucket> buckets, std::size_t count, const Device& first)
-        : buckets_(std::move(buckets)), issuer_(std::make_unique<typename Dispatch::Issuer>(count, first)) {}
+    // syncs: the model's sync points a step (core/hook.hpp).
+    ReplicaSet(std::vector<Bucket> buckets, std::size_t count, const Device& first, std::size_t syncs = 0)
+        : buckets_(std::move(buckets)), syncs_(syncs), issuer_(std::make_unique<typename Dispatch::Issuer>(count, first)) {}
 
     // The communicator over the replicas' contexts (replica r's is contexts[r]), across processes
     // when `processes` is given.
     void connect(const std::vector<backend::AnyContext>& contexts, ProcessGroup* processes = nullptr)
     {
-        comm_ = make_communicator(contexts, buckets_.size(), processes);
+        comm_ = make_communicator(contexts, buckets_.size() + syncs_, processes);   // syncs number after buckets
     }
     bool connected() const { return comm_ != nullptr; }
     Communicator& comm() { return *comm_; }
@@ -83,6 +86,11 @@ public:
                                                next + 1 == set->buckets_.size());
             }
         }
+        void sync(float* data, std::size_t count, std::size_t id)
+            requires Dispatch::syncs_in_step
+        {
+            Dispatch::Issuer::sync(*set->comm_, r, data, count, set->buckets_.size() + id);
+        }
     };
     Hook hook(std::size_t r, float* gradient) { return Hook{this, r, gradient}; }
 
@@ -103,6 +111,7 @@ public:
 
 private:
     std::vector<Bucket> buckets_;
+    std::size_t syncs_;
     std::unique_ptr<typename Dispatch::Issuer> issuer_;   // owned apart: a replica set moves with its model
     std::unique_ptr<Communicator> comm_;
 };

@@ -618,7 +618,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, con
         detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, statistics, expect);
     model.set_parameters(contents.parameters);
     model.set_optimizer_state(contents.optimizer_state);   // none saved: the run restarts its momentum
-    if constexpr (HasStatistics<M>) model.set_statistics(contents.statistics);
+    if constexpr (statistics > 0) model.set_statistics(contents.statistics);
     return std::move(contents.state);
 }
 

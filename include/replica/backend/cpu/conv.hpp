@@ -1,7 +1,8 @@
 #pragma once
 // Convolutions on the CPU: im2col + one GEMM per chunk of samples.
 // Weights are (cout, c, kh, kw) for a convolution and (c, cout, kh, kw) for a transposed one, as in
-// PyTorch. The batch is cut into chunks so that the im2col buffer stays below kChunkFloats.
+// PyTorch. The batch is cut into chunks so that the im2col buffer stays below kChunkFloats. A null bias
+// b (and then a null bias gradient db) is a convolution without bias.
 
 #include <algorithm>
 #include <cstddef>
@@ -54,7 +55,7 @@ void conv_forward(const Context&, int cout, const float* w, const float* b,
         for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
-// dw, db are assigned; dx (may be null) is assigned.
+// dw, db (null without a bias) are assigned; dx (may be null) is assigned.
 template <Window g>
 void conv_backward(const Context&, int cout, const float* w, const float* x,
                           const float* dy, float* dx, float* dw, float* db, std::size_t n, float* scratch)
@@ -70,7 +71,7 @@ void conv_backward(const Context&, int cout, const float* w, const float* x,
         to_channel_major(dy + s0 * std::size_t(cout) * p, mm, cout, p, dyt);
         im2col<g>(x + s0 * g.in_size(), mm, col);
         gemm(false, true, cout, k, mm * p, 1.0f, dyt, mm * p, col, mm * p, beta, dw, k);
-        sum_cols(dyt, cout, mm * p, db, s0 != 0);
+        if (db) sum_cols(dyt, cout, mm * p, db, s0 != 0);
         if (dx) {
             gemm(true, false, k, mm * p, cout, 1.0f, w, k, dyt, mm * p, 0.0f, col, mm * p);
             col2im<g>(col, mm, dx + s0 * g.in_size());
@@ -114,6 +115,7 @@ void conv_transpose_forward(const Context&, int c, const float* w, const float* 
         gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
         col2im<g>(col, mm, y + s0 * g.in_size());
     }
+    if (!b) return;
     const int planes = g.h * g.w;
     for (std::size_t s = 0; s < n; ++s)
         for (int co = 0; co < g.c; ++co) {
@@ -130,9 +132,10 @@ void conv_transpose_backward(const Context&, int c, const float* w, const float*
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
     const int p = g.out_pixels(), k = g.col_rows();
     const int planes = g.h * g.w;
-    std::fill(db, db + g.c, 0.0f);
-    for (std::size_t s = 0; s < n; ++s)
-        sum_cols(dy + s * g.in_size(), g.c, planes, db, true);
+    if (db) {
+        std::fill(db, db + g.c, 0.0f);
+        for (std::size_t s = 0; s < n; ++s) sum_cols(dy + s * g.in_size(), g.c, planes, db, true);
+    }
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         const float beta = s0 == 0 ? 0.0f : 1.0f;

@@ -6,6 +6,7 @@
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/linear.hpp"
 #include "replica/backend/cpu/loss.hpp"
+#include "replica/backend/cpu/normalization.hpp"
 #include "replica/backend/cpu/ops.hpp"
 #include "replica/backend/cpu/optim.hpp"
 #include "replica/backend/cpu/pool.hpp"

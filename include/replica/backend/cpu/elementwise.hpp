@@ -89,6 +89,15 @@ inline void add(const Context&, const float* src, float* dst, std::size_t count)
     for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
+// y = a + b, then max(y, 0) when relu (a residual block's merge).
+inline void add_into(const Context&, const float* a, const float* b, float* y, std::size_t count, bool relu)
+{
+    for (std::size_t i = 0; i < count; ++i) {
+        const float v = a[i] + b[i];
+        y[i] = relu && v < 0.0f ? 0.0f : v;
+    }
+}
+
 // The reproducible mode's exact sums (core/fixed_point.hpp). Out-of-range terms throw at once, so
 // there is nothing left for check_fixed to report.
 inline void add_fixed(const Context&, const float* g, std::int64_t* acc, std::size_t count) { core::add_fixed(g, acc, count); }

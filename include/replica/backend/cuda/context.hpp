@@ -96,11 +96,18 @@ struct GraphKey {
 };
 
 // One captured part of a step, and what the host does after launching it: call the step's hook
-// with `cut` (a DataParallel replica reduces the buckets complete from there), or nothing (no_cut).
+// with `cut` (a DataParallel replica reduces the buckets complete from there), or at a sync point
+// (core/hook.hpp: sync.data is not null) have it sum sync.count floats at sync.data over the
+// replicas, or nothing.
 struct Segment {
     static constexpr std::size_t no_cut = ~std::size_t{0};
+    struct SyncPoint {
+        float* data = nullptr;
+        std::size_t count = 0, id = 0;
+    };
     cudaGraphExec_t exec = nullptr;
     std::size_t cut = no_cut;
+    SyncPoint sync = {};
 };
 inline Options& default_options()
 {
@@ -168,7 +175,8 @@ struct Gemm {
 // Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
 // alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
 struct GemmKey {
-    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t };
+    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t, forward_no_bias,
+                forward_relu_no_bias };
     int kind, in, out;
     std::size_t n;
     int align_a, align_b, align_d;
@@ -400,7 +408,7 @@ public:
     }
     // Ends the capture begun last, keeps it as the key's next segment (none if it captured nothing)
     // and launches it.
-    void end_segment(const GraphKey& key, std::size_t cut) const
+    void end_segment(const GraphKey& key, std::size_t cut, Segment::SyncPoint sync = {}) const
     {
         state_->capturing = false;
         cudaGraph_t g = nullptr;
@@ -412,7 +420,7 @@ public:
         cudaGraphDestroy(g);
         REPLICA_CHECK(e);
         state_->partial = key;
-        if (exec || cut != Segment::no_cut) state_->graphs[key].push_back({exec, cut});
+        if (exec || cut != Segment::no_cut || sync.data) state_->graphs[key].push_back({exec, cut, sync});
         launch(exec);
     }
     // The capture of `key` is complete: graph(key) replays it from now on.

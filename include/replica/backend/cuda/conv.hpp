@@ -5,6 +5,9 @@
 // (Options::deterministic). A transposed convolution runs the adjoint passes of the convolution
 // from its output to its input. Bias gradients are our own two-pass channel sums: cuDNN's
 // cudnnConvolutionBackwardBias took 2.1 of AlexNet's 10.2 ms per step on an H200 (FCN: 1.8 of 5.1).
+// A null bias b (and then a null bias gradient db) is a convolution without bias: nothing is added or
+// summed for it; a fused ReLU, and its rule in backward, run where they would with a bias (on cuDNN's
+// path, the pass that adds the bias or sums its gradient becomes a ReLU pass of its own).
 
 #include <cudnn.h>
 
@@ -153,9 +156,9 @@ __global__ void filter_grad_parts(const float* x, const float* dz, float* partia
 }
 
 // The forward pass of the same convolutions (direct_conv<g>): a thread per output pixel of a
-// sample reads its window once into registers and writes every filter's output, bias added and the
-// ReLU applied when it follows (the filters and biases in shared memory). cuDNN's forward and our bias
-// pass took 8.5 + 2.6 us for LeNet's first layer on an H200.
+// sample reads its window once into registers and writes every filter's output, bias added (none
+// where b is null) and the ReLU applied when it follows (the filters and biases in shared memory).
+// cuDNN's forward and our bias pass took 8.5 + 2.6 us for LeNet's first layer on an H200.
 template <int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW, bool Relu>
 __global__ void conv_forward_direct(const float* w, const float* b, const float* x, float* y, unsigned cout, unsigned n)
 {
@@ -164,7 +167,7 @@ __global__ void conv_forward_direct(const float* w, const float* b, const float*
     constexpr unsigned pixels = unsigned(g.oh) * unsigned(g.ow);
     extern __shared__ float filters[];   // cout * K weights, then cout biases
     for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = w[i];
-    for (unsigned i = threadIdx.x; i < cout; i += blockDim.x) filters[cout * K + i] = b[i];
+    for (unsigned i = threadIdx.x; i < cout; i += blockDim.x) filters[cout * K + i] = b ? b[i] : 0.0f;
     __syncthreads();
     const std::size_t t = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= std::size_t(n) * pixels) return;
@@ -345,7 +348,8 @@ void im2row(const Context& ctx, const float* x, float* rows, std::size_t n)
 
 // The convolution as a fully connected layer (linear.hpp) over its windows: in = c kh kw, out = cout,
 // a "sample" per output pixel, its output pixel-major (n, oh ow, cout) and transposed to the layer's
-// (n, cout, oh ow); the bias and ReLU in the product's epilogue. `work`: gemm_workspace's bytes.
+// (n, cout, oh ow); the bias (if b is not null) and ReLU in the product's epilogue. `work`:
+// gemm_workspace's bytes.
 template <core::Window g>
 void conv_forward_gemm(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
                        std::size_t n, bool relu, float* work)
@@ -360,9 +364,9 @@ void conv_forward_gemm(const Context& ctx, int cout, const float* w, const float
 }
 
 // Backward of the same: dy (n, cout, oh ow) transposed to pixel-major into dz (with the ReLU's rule
-// where relu_y, its output, is given), then the layer's products. The rows are made again unless
-// `kept` (forward left them in `work` and nothing used it since: rows_kept); they hold the rows'
-// gradient after.
+// where relu_y, its output, is given), then the layer's products (db null: no bias gradient). The
+// rows are made again unless `kept` (forward left them in `work` and nothing used it since:
+// rows_kept); they hold the rows' gradient after.
 template <core::Window g>
 void conv_backward_gemm(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
                         const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* work, bool kept)
@@ -771,7 +775,8 @@ void conv_forward(const Context& ctx, int cout, const float* w, const float* b, 
     const float one = 1.0f, zero = 0.0f;
     REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
                                           &zero, p.y, y));
-    add_channel_bias(ctx, b, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow, relu);
+    if (b) add_channel_bias(ctx, b, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow, relu);
+    else if (relu) relu_forward(ctx, y, y, n * std::size_t(cout) * g.oh * g.ow);
 }
 
 namespace detail {
@@ -813,13 +818,13 @@ void conv_backward(const Context& ctx, int cout, const float* w, const float* x,
         detail::conv_backward_gemm<g>(ctx, cout, w, x, nullptr, dy, dz, dx, dw, db, n, work, kept);
         return;
     }
-    detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch);
+    if (db) detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch);
     detail::conv_backward_filter_data<g>(ctx, p, cout, n, w, x, dy, dx, dw, scratch);
 }
 
 // The backward of a convolution followed by a ReLU whose output is relu_y and whose output gradient
-// is dy: the ReLU's backward runs in the bias-gradient pass, which writes the convolution output's
-// gradient to dz (n x cout x oh x ow).
+// is dy: the ReLU's backward runs in the bias-gradient pass (without a bias, in a pass of its own),
+// which writes the convolution output's gradient to dz (n x cout x oh x ow).
 template <core::Window g>
 void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
                         const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
@@ -831,7 +836,8 @@ void conv_backward_relu(const Context& ctx, int cout, const float* w, const floa
                                       kept);
         return;
     }
-    detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch, relu_y, dz);
+    if (db) detail::channel_sums(ctx, dy, db, std::size_t(cout), n, std::size_t(g.oh) * g.ow, scratch, relu_y, dz);
+    else relu_backward(ctx, relu_y, dy, dz, n * std::size_t(cout) * g.oh * g.ow);
     detail::conv_backward_filter_data<g>(ctx, p, cout, n, w, x, dz, dx, dw, scratch);
 }
 
@@ -846,7 +852,7 @@ void conv_transpose_forward(const Context& ctx, int c, const float* w, const flo
     REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
                                                p.workspace, &zero, p.x, y));
     // Bias over the output's channels: the output is the plan's "x" tensor.
-    add_channel_bias(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w, false);
+    if (b) add_channel_bias(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w, false);
 }
 
 template <core::Window g>
@@ -857,7 +863,7 @@ void conv_transpose_backward(const Context& ctx, int c, const float* w, const fl
     const float one = 1.0f, zero = 0.0f;
     void* ws = ctx.workspace(0);
     // Bias over the output's channels (g.c, g.h x g.w): dy is the output's gradient.
-    detail::channel_sums(ctx, dy, db, std::size_t(g.c), n, std::size_t(g.h) * g.w, scratch);
+    if (db) detail::channel_sums(ctx, dy, db, std::size_t(g.c), n, std::size_t(g.h) * g.w, scratch);
     REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, dy, p.y, x, p.conv, p.bwd_filter, ws, p.workspace,
                                                  &zero, p.w, dw));
     if (dx)

@@ -11,6 +11,7 @@
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/loss.hpp"
+#include "replica/backend/cuda/normalization.hpp"
 #include "replica/backend/cuda/optim.hpp"
 #include "replica/backend/cuda/pool.hpp"
 #include "replica/backend/cuda/timing.hpp"

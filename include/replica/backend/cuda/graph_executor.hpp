@@ -7,7 +7,8 @@
 // has work (core::hook_acts), the capture is cut: the segment so far is kept and launched, the hook
 // runs eagerly (a data-parallel replica queues an all-reduce on its communication stream), and the
 // capture goes on in a new segment; a replay launches the segments and calls the hook at the same
-// cuts. So a graph never holds a collective, and communication still overlaps backward.
+// cuts. So a graph never holds a collective, and communication still overlaps backward. Sync points
+// (core/hook.hpp: BatchNorm's statistics summed over replicas) cut the capture the same way.
 
 #include <cstddef>
 #include <exception>
@@ -26,8 +27,37 @@ template <class Hook>
 void launch_segment(Context& ctx, const Segment& segment, Hook& hook)
 {
     ctx.launch(segment.exec);
-    if (segment.cut != Segment::no_cut) hook(segment.cut);
+    if (segment.sync.data) core::hook_sync(hook, segment.sync.data, segment.sync.count, segment.sync.id);
+    else if (segment.cut != Segment::no_cut) hook(segment.cut);
 }
+
+// The hook a step being captured sees: where the step's own hook acts, the capture is cut.
+template <class Hook>
+struct CaptureCut {
+    Context& ctx;
+    const GraphKey& key;
+    Hook& hook;
+    bool in_hook = false;   // an error now is the hook's (a failed all-reduce), not the capture's
+
+    void operator()(std::size_t from)
+    {
+        if (!core::hook_acts(hook, from)) return;
+        ctx.end_segment(key, from);
+        in_hook = true;
+        hook(from);
+        in_hook = false;
+        ctx.begin_capture();
+    }
+    void sync(float* data, std::size_t count, std::size_t id)
+        requires core::SyncingHook<Hook>
+    {
+        ctx.end_segment(key, Segment::no_cut, {data, count, id});
+        in_hook = true;
+        hook.sync(data, count, id);
+        in_hook = false;
+        ctx.begin_capture();
+    }
+};
 } // namespace detail
 
 template <class Work, class Hook>
@@ -48,15 +78,7 @@ std::size_t execute_step(Context& ctx, const StepRun& run, Work& work, Hook& hoo
         work(false, hook);
         return 0;
     }
-    bool in_hook = false;
-    auto cut = [&](std::size_t from) {
-        if (!core::hook_acts(hook, from)) return;
-        ctx.end_segment(key, from);
-        in_hook = true;
-        hook(from);
-        in_hook = false;
-        ctx.begin_capture();
-    };
+    detail::CaptureCut<Hook> cut{ctx, key, hook};
     ctx.begin_capture();
     try {
         work(true, cut);
@@ -64,7 +86,7 @@ std::size_t execute_step(Context& ctx, const StepRun& run, Work& work, Hook& hoo
         return 0;
     } catch (const std::exception& e) {
         ctx.abandon_capture(key);
-        if (in_hook) throw;   // the hook's own error (a failed all-reduce), not the capture's
+        if (cut.in_hook) throw;   // the hook's own error (a failed all-reduce), not the capture's
         throw Error(std::string("capturing a training step in a CUDA graph failed: ") + e.what() +
                     ". Turn backend::cuda::default_options().graphs off");
     }

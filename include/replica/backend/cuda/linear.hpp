@@ -151,6 +151,11 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
         g = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m},
                       kind == GemmKey::forward_relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, o, key);
         break;
+    case GemmKey::forward_no_bias:
+    case GemmKey::forward_relu_no_bias:   // the same without b
+        g = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m},
+                      kind == GemmKey::forward_relu_no_bias ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT, 0, key);
+        break;
     case GemmKey::weight_grad_bias:   // dW^T (in, out) = x^T (in, n) times dy^T stored (out, n), transposed; db
     case GemmKey::weight_grad:
         g = make_gemm(ctx, {i, m}, CUBLAS_OP_N, {o, m}, CUBLAS_OP_T, {i, o},
@@ -192,25 +197,30 @@ inline const float* aligned_bias(const Context& ctx, const float* b, int out)
 } // namespace detail
 
 // relu: the ReLU after the layer is applied too (y is its output). tf32: products in TF32 (a
-// convolution's, conv.hpp, where Options::allow_tf32).
+// convolution's, conv.hpp, where Options::allow_tf32). b null: no bias (a convolution without one).
 inline void linear_forward(const Context& ctx, int in, int out, const float* w, const float* b, const float* x, float* y,
                            std::size_t n, bool relu = false, bool tf32 = false)
 {
     if (n == 0) return;
+    if (!b) {
+        const auto kind = relu ? GemmKey::forward_relu_no_bias : GemmKey::forward_no_bias;
+        detail::run(ctx, detail::linear_gemm(ctx, kind, in, out, n, w, x, y, tf32), w, x, y);
+        return;
+    }
     const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y, tf32);
     detail::run(ctx, g, w, x, y, detail::aligned_bias(ctx, b, out));
 }
 
-// dw, db assigned; dx (may be null) assigned.
+// dw, db (null without a bias) assigned; dx (may be null) assigned.
 inline void linear_backward(const Context& ctx, int in, int out, const float* w, const float* x, const float* dy, float* dx,
                             float* dw, float* db, std::size_t n, bool tf32 = false)
 {
     if (n == 0) {   // no samples: a zero gradient
         REPLICA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * std::size_t(in) * std::size_t(out), ctx.stream()));
-        REPLICA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * std::size_t(out), ctx.stream()));
+        if (db) REPLICA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * std::size_t(out), ctx.stream()));
         return;
     }
-    const Gemm* with_bias = detail::alignment(db) >= 16
+    const Gemm* with_bias = db && detail::alignment(db) >= 16
                                 ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw, tf32)
                                 : nullptr;
     if (with_bias && with_bias->usable) {
@@ -219,7 +229,7 @@ inline void linear_backward(const Context& ctx, int in, int out, const float* w,
         detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw, tf32), x, dy, dw);
         const float one = 1.0f, zero = 0.0f;
         // db (out) = dy^T (out, n) 1 (n)
-        REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
+        if (db) REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
     }
     if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx, tf32), w, dy, dx);
 }

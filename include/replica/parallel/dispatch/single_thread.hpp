@@ -16,6 +16,7 @@
 namespace replica::parallel {
 
 struct SingleThread {
+    static constexpr bool syncs_in_step = false;
     static constexpr const char* name = "single";
 
     class Issuer {

@@ -16,6 +16,7 @@
 namespace replica::parallel {
 
 struct Threaded {
+    static constexpr bool syncs_in_step = true;
     static constexpr const char* name = "threaded";
 
     class Issuer {
@@ -35,6 +36,14 @@ struct Threaded {
         {
             comm.all_reduce(r, gradient.data(), gradient.size(), bucket);
             if (last) comm.wait(r);
+        }
+
+        // A sync point (core/hook.hpp): the values are summed over the replicas before replica r's
+        // later work reads them.
+        static void sync(Communicator& comm, std::size_t r, float* data, std::size_t count, std::size_t id)
+        {
+            comm.all_reduce(r, data, count, id);
+            comm.wait(r);
         }
 
         // Every bucket was reduced as it was produced.

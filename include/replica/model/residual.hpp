@@ -1,0 +1,160 @@
+#pragma once
+// Residual<Body> and Residual<Body, Shortcut>: y = x + Body(x), or Shortcut(x) + Body(x) (ResNet's
+// projection shortcut, e.g. Sequential<Conv2d<128, 1, 2, 0, Bias::none>, BatchNorm2d>).
+//   Residual<Sequential<Conv2d<64, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<64, 3, 1, 1>, BatchNorm2d>>, ReLU
+// Parameters: the body's, then the shortcut's; statistics likewise. A ReLU after it is applied in the
+// same pass as the addition (a Chain fuses them), forward and backward.
+
+#include <cstddef>
+#include <type_traits>
+
+#include "replica/core/hook.hpp"
+#include "replica/core/meta.hpp"
+#include "replica/model/concepts.hpp"
+#include "replica/model/parts.hpp"
+
+namespace replica::model {
+
+namespace detail {
+template <class Body, class Shortcut, class In>
+struct residual_parts {
+    using body = typename Body::template op<In>;
+    using shortcut = typename Shortcut::template op<In>;
+    static_assert(std::is_same_v<typename shortcut::output_shape, typename body::output_shape>,
+                  "Residual<Body, Shortcut>: the shortcut must map the input to the body's output shape: give it "
+                  "the body's output channels and stride (a 1x1 Conv2d<C, 1, Stride, 0, Bias::none> and a BatchNorm2d)");
+    using type = Parts<body, shortcut>;
+};
+template <class Body, class In>
+struct residual_parts<Body, void, In> {
+    using body = typename Body::template op<In>;
+    static_assert(std::is_same_v<typename body::output_shape, In>,
+                  "Residual<Body>: the body must keep its input's shape for x + Body(x); when it changes the "
+                  "channels or the size, add a projection shortcut: Residual<Body, Sequential<Conv2d<C, 1, "
+                  "Stride, 0, Bias::none>, BatchNorm2d>>");
+    using type = Parts<body>;
+};
+} // namespace detail
+
+template <class Body, class Shortcut = void>
+struct Residual {
+    static_assert(Layer<Body>, "Residual<Body>: the body must be a layer or a Sequential<...> of layers");
+
+    template <class In>
+    class op : public FusesReluWithHook<op<In>> {
+        using parts = typename detail::residual_parts<Body, Shortcut, In>::type;
+        static constexpr bool projected = !std::is_void_v<Shortcut>;
+        using body_op = typename parts::template op<0>;
+        using Out = typename body_op::output_shape;
+        // Per sample in saved: the body's output, the shortcut's (if any), then each part's own.
+        static constexpr std::size_t outputs = Out::size * (projected ? 2 : 1);
+
+    public:
+        using input_shape = In;
+        using output_shape = Out;
+        static constexpr std::size_t param_count = parts::param_count;
+        static constexpr std::size_t statistics_count = parts::statistics_count;
+        static constexpr std::size_t syncs = parts::syncs;
+        static constexpr std::uint32_t layer_count = parts::layer_count;
+        static constexpr std::size_t saved_size = outputs + parts::saved_offset.back();
+        static constexpr bool spans_devices = parts::spans_devices;
+
+        explicit op(const Build& b) : parts_(b) {}
+
+        // [the shortcut's input gradient (In) | the parts' scratch]
+        template <class Ctx>
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
+        {
+            return (projected ? In::size * n : 0) + parts_.scratch_size(ctx, n);
+        }
+        void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
+        void init_statistics(float* s) const { parts_.init_statistics(s); }
+
+        template <class Ctx, class Opt>
+        void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state) { parts_.update(ctx, opt, w, g, state); }
+        template <class Ctx>
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
+
+        // See Chain::idle_forward.
+        template <class Ctx, class Hook>
+        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook)
+        {
+            each_syncing([&](auto i) {
+                parts_.template get<i>().idle_forward(ctx, statistics + parts::statistics_offset[i],
+                                                      core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            });
+        }
+        template <class Ctx, class Hook>
+        void idle_backward(Ctx& ctx, Hook&& hook)
+        {
+            each_syncing([&](auto i) {
+                parts_.template get<i>().idle_backward(ctx, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            });
+        }
+
+    private:
+        friend FusesReluWithHook<op<In>>;
+
+        // f(i) for each part with sync points, in the order forward and backward run them.
+        template <class F>
+        static void each_syncing(F&& f)
+        {
+            core::static_for<projected ? 2 : 1>([&](auto i) {
+                if constexpr (syncs_of<typename parts::template op<i>> > 0) f(i);
+            });
+        }
+
+        template <class Ctx, class Hook>
+        void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook, bool relu)
+        {
+            float* body_y = a.saved;
+            parts_.template forward<0>(ctx, pass, part_args<0>(a, body_y), hook);
+            const float* other = a.x;
+            if constexpr (projected) {
+                float* short_y = a.saved + Out::size * a.n;
+                parts_.template forward<1>(ctx, pass, part_args<1>(a, short_y), hook);
+                other = short_y;
+            }
+            add_into(ctx, body_y, other, a.y, a.n * Out::size, relu);
+        }
+
+        template <class Ctx, class Hook>
+        void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, const float* dz, Hook& hook)
+        {
+            parts_.template backward<0>(ctx, pass, BackwardArgs{
+                .params = a.params, .x = a.x, .y = a.saved, .dy = dz, .dx = a.dx, .dparams = a.dparams, .n = a.n,
+                .saved = part_saved(a.saved, a.n, 0), .scratch = inner_scratch(a.scratch, a.n)}, hook);
+            if constexpr (projected) {
+                float* dx_short = a.dx ? a.scratch : nullptr;
+                parts_.template backward<1>(ctx, pass, BackwardArgs{
+                    .params = a.params + parts::param_offset[1], .x = a.x, .y = a.saved + Out::size * a.n, .dy = dz,
+                    .dx = dx_short, .dparams = a.dparams + parts::param_offset[1], .n = a.n,
+                    .saved = part_saved(a.saved, a.n, 1), .scratch = inner_scratch(a.scratch, a.n)}, hook);
+                if (a.dx) add(ctx, dx_short, a.dx, a.n * In::size);
+            } else if (a.dx) {
+                add(ctx, dz, a.dx, a.n * In::size);
+            }
+        }
+
+        template <std::size_t I>
+        ForwardArgs part_args(const ForwardArgs& a, float* y) const
+        {
+            return ForwardArgs{.params = a.params + parts::param_offset[I], .x = a.x, .y = y, .n = a.n,
+                               .saved = part_saved(a.saved, a.n, I), .scratch = inner_scratch(a.scratch, a.n),
+                               .statistics = a.statistics ? a.statistics + parts::statistics_offset[I] : nullptr};
+        }
+        static float* part_saved(float* saved, std::size_t n, std::size_t i)
+        {
+            return saved + (outputs + parts::saved_offset[i]) * n;
+        }
+        static float* inner_scratch(float* scratch, std::size_t n) { return scratch + (projected ? In::size * n : 0); }
+
+        parts parts_;
+    };
+};
+
+} // namespace replica::model
+
+namespace replica {
+using model::Residual;
+} // namespace replica

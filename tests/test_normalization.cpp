@@ -1,0 +1,172 @@
+// BatchNorm and Residual in models: statistics over the global batch under DataParallel (equal to
+// the single model on 1-4 replicas, uneven splits and idle replicas included), the per-replica
+// option (which differs), running estimates against a float64 reference, evaluation with them, and
+// the model-state contract (statistics(), set_statistics()).
+
+#include <cmath>
+#include <vector>
+
+#include "catch.hpp"
+#include "models.hpp"
+#include "support.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+
+namespace {
+
+static_assert(SmallResNet::statistics_count == 2 * (4 + 4 + 4 + 6 + 6 + 6));
+static_assert(SmallResNet::syncs == 2 * 6);
+static_assert(SmallResNetPerReplica::syncs == 0 && SmallResNetPerReplica::statistics_count == 8);
+static_assert(model::TrainableModel<DataParallel<SmallResNet, Threaded>>);
+
+const SGDOptions kSgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
+
+struct Trained {
+    std::vector<float> parameters, statistics;
+};
+
+// Three SGD steps of `batch` samples (the last one batch - 1, at least 1).
+template <class Model, class Data>
+Trained three_steps(Model& model, const Data& data, std::size_t batch)
+{
+    SGD opt{kSgd};
+    std::size_t first = 0;
+    for (int s = 0; s < 3; ++s) {
+        const std::size_t n = s == 2 ? std::max<std::size_t>(1, batch - 1) : batch;
+        REQUIRE(std::isfinite(train_step(model, opt, data.batch(first, n, first))));
+        first += n;
+    }
+    return {parameters(model), model.statistics()};
+}
+
+} // namespace
+
+TEST_CASE("BatchNorm over the global batch: DataParallel on 1-4 replicas equals the single model", "[cpu][batchnorm][parallel]")
+{
+    for (std::size_t batch : {7, 3}) {   // 7: uneven over 2-4 replicas; 3 then 2: replicas with no samples
+        const RandomBatches<SmallResNet> data(3 * batch, 5);
+        SmallResNet single{Device::cpu(), 3};
+        const Trained want = three_steps(single, data, batch);
+        for (std::size_t replicas : {1, 2, 3, 4}) {
+            CAPTURE(batch, replicas);
+            DataParallel<SmallResNet, Threaded> dp{cpus(replicas), 3};
+            const Trained got = three_steps(dp, data, batch);
+            CHECK(max_relative_difference(want.parameters, got.parameters) < 2e-5);
+            CHECK(max_relative_difference(want.statistics, got.statistics) < 2e-5);
+            // Every replica's running estimates are the same.
+            for (std::size_t r = 1; r < replicas; ++r) CHECK(differences(dp.replica(r).statistics(), got.statistics) == "");
+        }
+    }
+}
+
+TEST_CASE("auto_parallel gives a model with global BatchNorm the threaded dispatch", "[cpu][batchnorm][parallel]")
+{
+    auto m = auto_parallel(SmallResNet{Device::cpu()}, cpus(2), {.dispatch = DispatchChoice::single});
+    CHECK(m.description().find("threaded") != std::string::npos);
+    const RandomBatches<SmallResNet> data(21, 5);
+    SmallResNet single{Device::cpu()};
+    CHECK(max_relative_difference(three_steps(single, data, 7).parameters, three_steps(m, data, 7).parameters) < 2e-5);
+}
+
+TEST_CASE("BatchStats::per_replica normalises with each replica's own samples", "[cpu][batchnorm][parallel]")
+{
+    // The same network with each option: on one replica both are the single model...
+    const RandomBatches<SmallResNetGlobal> data(24, 9);
+    SmallResNetGlobal global{Device::cpu(), 2};
+    SmallResNetPerReplica own{Device::cpu(), 2};
+    const Trained a = three_steps(global, data, 8), b = three_steps(own, data, 8);
+    CHECK(differences(a.parameters, b.parameters) == "");
+    // ...on two, the global one still is, the per-replica one is not (its statistics are per half batch).
+    DataParallel<SmallResNetGlobal, Threaded> g2{cpus(2), 2};
+    DataParallel<SmallResNetPerReplica, SingleThread> p2{cpus(2), 2};   // no collective: any dispatch
+    const Trained c = three_steps(g2, data, 8), d = three_steps(p2, data, 8);
+    CHECK(max_relative_difference(a.parameters, c.parameters) < 2e-5);
+    CHECK(max_relative_difference(a.parameters, d.parameters) > 1e-3);
+}
+
+TEST_CASE("BatchNorm's running estimates follow PyTorch's update (float64 reference)", "[cpu][batchnorm]")
+{
+    // BatchNorm first: its input is the batch itself, so the reference needs no network.
+    using Net = Sequential<Input<3, 2, 2>, BatchNorm2d, Flatten, Linear<2>>;
+    constexpr std::size_t n = 5, C = 3, inner = 4;
+    const RandomBatches<Net> data(3 * n, 13);
+    Net net{Device::cpu()};
+    {
+        const auto s = net.statistics();
+        REQUIRE(s.size() == 2 * C);
+        for (std::size_t c = 0; c < C; ++c) CHECK((s[c] == 0.0f && s[C + c] == 1.0f));
+    }
+    std::vector<double> mean(C, 0.0), var(C, 1.0);
+    SGD opt{{.lr = 0.1f}};
+    for (std::size_t step = 0; step < 3; ++step) {
+        train_step(net, opt, data.batch(step * n, n, step * n));
+        for (std::size_t c = 0; c < C; ++c) {
+            double s = 0.0, s2 = 0.0;
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t j = 0; j < inner; ++j) s += data.inputs[((step * n + i) * C + c) * inner + j];
+            const double m = s / double(n * inner);
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t j = 0; j < inner; ++j) {
+                    const double d = data.inputs[((step * n + i) * C + c) * inner + j] - m;
+                    s2 += d * d;
+                }
+            mean[c] = 0.9 * mean[c] + 0.1 * m;
+            var[c] = 0.9 * var[c] + 0.1 * s2 / double(n * inner - 1);   // unbiased
+        }
+    }
+    const auto s = net.statistics();
+    for (std::size_t c = 0; c < C; ++c) {
+        CAPTURE(c);
+        CHECK(s[c] == Approx(mean[c]).epsilon(1e-5).margin(1e-6));
+        CHECK(s[C + c] == Approx(var[c]).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("Evaluation and prediction use the running estimates", "[cpu][batchnorm]")
+{
+    const RandomBatches<SmallResNet> data(18, 3);
+    SmallResNet net{Device::cpu()};
+    three_steps(net, data, 6);
+    // With running estimates a sample's logits do not depend on the batch around it.
+    std::vector<float> all(8 * 5), one(5);
+    net.predict(data.inputs.data(), 8, all.data());
+    for (std::size_t i : {0, 5}) {
+        net.predict(data.inputs.data() + i * SmallResNet::input_shape::size, 1, one.data());
+        for (std::size_t k = 0; k < 5; ++k) CHECK(one[k] == Approx(all[i * 5 + k]).epsilon(1e-5).margin(1e-6));
+    }
+    // And they are the model's state: other statistics, other outputs; the same ones back, the same outputs.
+    const auto saved = net.statistics();
+    auto changed = saved;
+    for (auto& v : changed) v *= 1.5f;
+    net.set_statistics(changed);
+    std::vector<float> other(8 * 5);
+    net.predict(data.inputs.data(), 8, other.data());
+    CHECK(max_relative_difference(all, other) > 1e-3);
+    net.set_statistics(saved);
+    net.predict(data.inputs.data(), 8, other.data());
+    CHECK(differences(all, other) == "");
+    CHECK(error_message([&] { net.set_statistics(std::vector<float>(3)); }).find("the model has") != std::string::npos);
+    // Training does not touch them through the optimizer, and evaluation does not move them.
+    net.evaluate(data.inputs.data(), data.labels.data(), 8);
+    CHECK(differences(net.statistics(), saved) == "");
+}
+
+TEST_CASE("A DataParallel built from a model keeps its statistics", "[cpu][batchnorm][parallel]")
+{
+    const RandomBatches<SmallResNet> data(18, 3);
+    SmallResNet net{Device::cpu()};
+    three_steps(net, data, 6);
+    const auto stats = net.statistics();
+    DataParallel<SmallResNet, Threaded> dp{std::move(net), cpus(3)};
+    for (std::size_t r = 0; r < 3; ++r) CHECK(differences(dp.replica(r).statistics(), stats) == "");
+}
+
+TEST_CASE("The reproducible mode refuses BatchNorm with a clear error", "[cpu][batchnorm]")
+{
+    const RandomBatches<SmallResNet> data(18, 3);
+    SmallResNet net{Device::cpu()};
+    SGD opt{kSgd};
+    CHECK(error_message([&] { train_step(net, opt, data.batch(0, 8, 0), kReproducible); })
+              .find("reproducible mode does not support BatchNorm") != std::string::npos);
+}
