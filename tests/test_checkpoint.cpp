@@ -205,12 +205,12 @@ TEST_CASE("a truncated checkpoint is refused and the model is untouched", "[cpu]
     train_once(saved);
     save_checkpoint(good, saved, sample_state());
     const std::vector<char> bytes = read_bytes(good);
-    REQUIRE(bytes.size() == 68 + 3 * 40 + 4 * 2 * Tiny::param_count + 4);
+    REQUIRE(bytes.size() == 88 + 3 * 40 + 4 * 2 * Tiny::param_count + 4);
 
     Tiny model{Device::cpu(), 2};
     const auto before = model.parameters();
     for (std::size_t length : {std::size_t{0}, std::size_t{3}, std::size_t{8}, std::size_t{11}, std::size_t{40},
-                               std::size_t{67}, std::size_t{68}, std::size_t{100}, bytes.size() / 2,
+                               std::size_t{67}, std::size_t{68}, std::size_t{87}, std::size_t{100}, bytes.size() / 2,
                                bytes.size() - 4, bytes.size() - 1}) {
         INFO("cut at " << length << " of " << bytes.size() << " bytes");
         write_bytes(cut, {bytes.begin(), bytes.begin() + std::ptrdiff_t(length)});
@@ -234,7 +234,7 @@ TEST_CASE("a damaged checkpoint is refused as corrupt", "[cpu]")
     const auto before = model.parameters();
     SECTION("one flipped byte") {
         // the epoch, a history record, a parameter, the optimizer state, the checksum itself
-        for (std::size_t at : {std::size_t{36}, std::size_t{68 + 45}, std::size_t{68 + 120 + 17},
+        for (std::size_t at : {std::size_t{36}, std::size_t{88 + 45}, std::size_t{88 + 120 + 17},
                                bytes.size() - 4 - 9, bytes.size() - 2}) {
             INFO("flipped byte " << at);
             std::vector<char> damaged = bytes;
@@ -253,9 +253,9 @@ TEST_CASE("a damaged checkpoint is refused as corrupt", "[cpu]")
     }
     SECTION("another format version") {
         std::vector<char> newer = bytes;
-        newer[8] = 2;
+        newer[8] = 3;
         write_bytes(bad, newer);
-        require_error([&] { load_checkpoint(bad, model); }, {bad.string(), "format version 2"});
+        require_error([&] { load_checkpoint(bad, model); }, {bad.string(), "format version 3"});
         REQUIRE(model.parameters() == before);
     }
 }

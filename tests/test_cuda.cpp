@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "fixtures.hpp"
 #include "models.hpp"
 #include "support.hpp"
 
@@ -1035,4 +1036,76 @@ TEST_CASE("A network of convolutions without bias trains the same on CPU and GPU
                            Conv2d<16, 1, 1, 0, Bias::none>, GlobalAvgPool, Linear<5>>;
     static_assert(Net::param_count == 8 * 3 * 9 + 16 * 8 * 9 + 16 * 16 + 16 * 5 + 5);
     trains_the_same_on_cpu_and_gpu<Net>(8);
+}
+
+// ---- activations (issue 22) ----
+
+TEST_CASE("CUDA activations equal CPU activations: Identity, Sigmoid, Tanh, GELU", "[cuda]")
+{
+    REQUIRE_GPU();
+    // 360 values (whole float4s) and 51 (a scalar tail after the float4s).
+    same_on_cpu_and_gpu<Identity, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<Sigmoid, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<Sigmoid, Shape<17>>();
+    same_on_cpu_and_gpu<Tanh, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<Tanh, Shape<17>>();
+    same_on_cpu_and_gpu<GELU, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<GELU, Shape<17>>();
+}
+
+TEST_CASE("CUDA activations equal PyTorch's forward and input gradient", "[cuda]")
+{
+    REQUIRE_GPU();
+    const auto f = read_fixture("activations.txt");
+    const std::vector<float> x = to_float(f.at("x")), dy = to_float(f.at("dy"));
+    using In = Shape<41>;
+    cuda::Context ctx{Device::cuda(0)};
+    auto check = [&]<class L>(L, const std::string& name) {
+        INFO(name);
+        typename L::template op<In> op{model::Build{.layer_id = 0, .devices = {}}};
+        auto x_d = ctx.template allocate<float>(41), dy_d = ctx.template allocate<float>(41);
+        auto y_d = ctx.template allocate<float>(41), dx_d = ctx.template allocate<float>(41);
+        ctx.upload(x_d.data(), x.data(), 41);
+        ctx.upload(dy_d.data(), dy.data(), 41);
+        op.forward(ctx, model::Pass{}, model::ForwardArgs{nullptr, x_d.data(), y_d.data(), 1, nullptr, nullptr});
+        op.backward(ctx, model::Pass{},
+                    model::BackwardArgs{nullptr, x_d.data(), y_d.data(), dy_d.data(), dx_d.data(), nullptr, 1, nullptr, nullptr});
+        std::vector<float> y(41), dx(41);
+        ctx.download(y.data(), y_d.data(), 41);
+        ctx.download(dx.data(), dx_d.data(), 41);
+        ctx.synchronize();
+        // CUDA's expf, tanhf and erff are within 2 ulp; values are of magnitude <= 5.
+        CHECK(max_error(y, f.at(name + "_y")) < 4e-6);
+        CHECK(max_error(dx, f.at(name + "_dx")) < 4e-6);
+    };
+    check(Identity{}, "identity");
+    check(Sigmoid{}, "sigmoid");
+    check(Tanh{}, "tanh");
+    check(GELU{}, "gelu");
+}
+
+TEST_CASE("Adam and AdamW on a GPU equal PyTorch's after 5 steps, and the CPU's", "[cuda]")
+{
+    REQUIRE_GPU();
+    for (const std::string kind : {"adam", "adamw"}) {
+        INFO(kind);
+        const auto f = read_fixture(kind + ".txt");
+        auto run = [&](Device d) {
+            TorchNet net{d};
+            std::vector<float> losses;
+            if (kind == "adam") {
+                auto opt = fixture_optimizer<Adam>(f.at("hyper"));
+                losses = train_fixture(net, opt, f);
+            } else {
+                auto opt = fixture_optimizer<AdamW>(f.at("hyper"));
+                losses = train_fixture(net, opt, f);
+            }
+            CHECK(max_error(losses, f.at("losses")) < kTorchTolerance);
+            return parameters(net);
+        };
+        const auto gpu = run(Device::cuda(0));
+        CHECK(max_error(gpu, f.at("final")) < kTorchTolerance);
+        const auto cpu = run(Device::cpu());
+        CHECK(max_error(gpu, std::vector<double>(cpu.begin(), cpu.end())) < kTorchTolerance);
+    }
 }

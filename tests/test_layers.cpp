@@ -488,6 +488,18 @@ TEST_CASE("ReLU, Flatten and Dropout gradients match finite differences", "[cpu]
     check_gradients<Dropout<0.3>, Shape<4, 5, 6>>(3, pass);
 }
 
+TEST_CASE("Identity, Sigmoid, Tanh and GELU gradients match finite differences", "[cpu][layers][gradient]")
+{
+    check_gradients<Identity, Shape<3, 4, 5>>(2);
+    check_gradients<Sigmoid, Shape<3, 4, 5>>(2);
+    check_gradients<Tanh, Shape<17>>(3);
+    check_gradients<GELU, Shape<3, 4, 5>>(2);
+    // Inside a model: the activations read what the layer before wrote, and Identity, a view, is
+    // skipped between two ops.
+    static_assert(model::Chain<Shape<6>, Linear<5>, Identity, GELU, Linear<3>>::skipped_view<1>);
+    check_gradients<Sequential<Linear<5>, Identity, GELU, Linear<4>, Sigmoid, Linear<3>, Tanh>, Shape<6>>(3);
+}
+
 TEST_CASE("Pooling gradients match finite differences", "[cpu][layers][gradient]")
 {
     check_gradients<MaxPool2d<2>, Shape<3, 6, 5>>(2);                 // floor: last column dropped

@@ -235,7 +235,7 @@ TEST_CASE("a checkpoint reader never reads more than the header and the model al
             if (fd < 0) return;
             std::vector<unsigned char> block(1 << 16, 0);
             std::size_t sent = 0;
-            bool ok = ::write(fd, header.data(), 68) == 68;
+            bool ok = ::write(fd, header.data(), 88) == 88;
             while (ok && sent < (std::size_t{1} << 32)) {   // 4 GiB at most, if the reader never stopped
                 const ssize_t n = ::write(fd, block.data(), block.size());
                 ok = n > 0;
@@ -248,7 +248,7 @@ TEST_CASE("a checkpoint reader never reads more than the header and the model al
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         writer.join();
         require_message(message, {fifo.string(), "is corrupt (more than the " +
-                                                     std::to_string(68 + 4 * Small::param_count + 4) + " bytes"});
+                                                     std::to_string(88 + 4 * Small::param_count + 4) + " bytes"});
         CHECK(seconds < 5.0);
     }
     SECTION("a header that claims more than any checkpoint holds") {
@@ -283,7 +283,7 @@ TEST_CASE("a checkpoint with a valid checksum but nonsense content is refused", 
     Trainer first{trained, opt, quiet({.batch_size = 8, .epochs = 2, .checkpoint = good})};
     first.fit(set);
     const auto bytes = read_bytes(good);
-    const std::size_t records = 68, params = 68 + 2 * 40;   // offsets
+    const std::size_t records = 88, params = 88 + 2 * 40;   // offsets
     REQUIRE(bytes.size() == params + 4 * 2 * Small::param_count + 4);
 
     Small model{Device::cpu(), 2};

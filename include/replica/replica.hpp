@@ -26,6 +26,8 @@
 #include "replica/model/residual.hpp"
 #include "replica/model/sequential.hpp"
 
+#include "replica/train/accumulate.hpp"
+#include "replica/train/adam.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/schedule.hpp"

@@ -1,6 +1,10 @@
 #pragma once
 // Parameter-free elementwise layers.
+//   Identity     y = x (a view: free between two ops of a model)
 //   ReLU         y = max(x, 0)
+//   Sigmoid      y = 1 / (1 + exp(-x))
+//   Tanh         y = tanh(x)
+//   GELU         y = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))), PyTorch's default (exact) form
 //   Dropout<P>   in training, each element is zeroed with probability P and the rest scaled by
 //                1 / (1 - P); the identity in evaluation. The mask is keyed on (seed, layer, global
 //                sample index, element): the same on 1 or N replicas.
@@ -29,6 +33,72 @@ struct ReLU {
         void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
             if (a.dx) relu_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+struct Sigmoid {
+    template <class In>
+    struct op : LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        {
+            sigmoid_forward(ctx, a.x, a.y, a.n * In::size);
+        }
+        // dx = dy * y * (1 - y), from the output.
+        template <class Ctx>
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        {
+            if (a.dx) sigmoid_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+struct Tanh {
+    template <class In>
+    struct op : LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        {
+            tanh_forward(ctx, a.x, a.y, a.n * In::size);
+        }
+        // dx = dy * (1 - y^2), from the output.
+        template <class Ctx>
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        {
+            if (a.dx) tanh_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
+struct GELU {
+    template <class In>
+    struct op : LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        {
+            gelu_forward(ctx, a.x, a.y, a.n * In::size);
+        }
+        // dx = dy * (Phi(x) + x * phi(x)), from the input.
+        template <class Ctx>
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        {
+            if (a.dx) gelu_backward(ctx, a.x, a.dy, a.dx, a.n * In::size);
         }
     };
 };
@@ -64,6 +134,30 @@ struct Dropout {
     };
 };
 
+// Identity: y = x. A view (op.hpp): between two ops of a model it does not run at all; first or last
+// in a model it copies (its output, or its input gradient, is the caller's buffer).
+struct Identity {
+    template <class In>
+    struct op : LeafOp {
+        using input_shape = In;
+        using output_shape = In;
+        static constexpr std::size_t param_count = 0;
+        static constexpr bool is_view = true;
+        using LeafOp::LeafOp;
+        void init(float*, std::uint64_t) const {}
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        {
+            copy(ctx, a.x, a.y, a.n * In::size);
+        }
+        template <class Ctx>
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        {
+            if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
+        }
+    };
+};
+
 // Flatten: (dims...) -> (product of dims). The data does not move.
 struct Flatten {
     template <class In>
@@ -94,5 +188,9 @@ struct Flatten {
 namespace replica {
 using layers::Dropout;
 using layers::Flatten;
+using layers::GELU;
+using layers::Identity;
 using layers::ReLU;
+using layers::Sigmoid;
+using layers::Tanh;
 } // namespace replica

@@ -1,8 +1,11 @@
 #pragma once
 // Checkpoints: a model's parameters and optimizer state, and where the run stands, in one file.
 //
-//   save_checkpoint("run/lenet.ckpt", model, {.epoch = 3, .step = 2811, .seed = 1, .history = h});
-//   CheckpointState s = load_checkpoint("run/lenet.ckpt", model);
+//   save_checkpoint("run/lenet.ckpt", model, {.epoch = 3, .step = 2811, .seed = 1, .history = h}, opt);
+//   CheckpointState s = load_checkpoint("run/lenet.ckpt", model, opt);
+// Given the optimizer, the file names it (SGD, Adam, AdamW) and holds its step count (Adam's t);
+// loading it into another optimizer is refused. Without it the file names no optimizer, and any
+// optimizer that keeps as many values per parameter may load it.
 //
 // A checkpoint loads on any device count: one saved from DataParallel<M> or AutoParallel<M> loads
 // into M and back, since model_signature is that of the replica type M.
@@ -10,7 +13,7 @@
 // File format, every number little-endian:
 //   offset  bytes
 //   0       8      magic "REPLICA\0"
-//   8       4      u32 format version, 1
+//   8       4      u32 format version, 2 (version 1 files, without the fields from offset 68, still load)
 //   12      8      u64 model signature, model_signature<M>()
 //   20      8      u64 param_count P
 //   28      8      u64 state_count S, optimizer state floats (0 before the first update)
@@ -18,11 +21,17 @@
 //   44      8      u64 step
 //   52      8      u64 seed
 //   60      8      u64 history count H
-//   68      40 H   H records: u64 epoch, f64 train_loss, f64 validation_loss, f64 validation_accuracy,
+//   68      4      u32 optimizer id: 0 none named, 1 SGD, 2 Adam, 3 AdamW
+//   72      8      u64 optimizer step count (the updates Adam and AdamW counted; 0 for SGD)
+//   80      8      u64 statistics count T: the model's statistics (BatchNorm's running means and
+//                  variances), 0 for a model without them
+//   88      40 H   H records: u64 epoch, f64 train_loss, f64 validation_loss, f64 validation_accuracy,
 //                  f64 seconds
 //           4 P    f32 parameters
 //           4 S    f32 optimizer state
+//           4 T    f32 statistics
 //           4      u32 CRC-32 (zlib's crc32) of every byte before it
+// Version 1 ends its header at offset 68 (no optimizer id or step count, no statistics).
 //
 // save_checkpoint is atomic: it writes <path>.tmp beside <path>, fsyncs it, renames it over <path> and
 // fsyncs the directory, creating missing parent directories first. On failure it removes the temporary
@@ -67,6 +76,8 @@ struct CheckpointState {
     std::uint64_t step = 0;             // optimizer steps taken
     std::uint64_t seed = 0;             // the run's seed (shuffling and dropout are keyed on it)
     std::vector<EpochRecord> history = {};   // "= {}": {.epoch = 3} stays warning-free under -Wextra
+    std::uint32_t optimizer = 0;        // the optimizer's checkpoint_id (SGD 1, Adam 2, AdamW 3); 0: none named
+    std::uint64_t optimizer_steps = 0;  // the updates the optimizer counted (Adam's t)
 };
 
 // What the loading run allows, checked after the checksum (defaults: only the checks every file passes).
@@ -74,7 +85,35 @@ struct CheckpointExpectations {
     std::uint64_t max_epoch = std::numeric_limits<std::uint64_t>::max();   // the run's epochs
     std::uint64_t steps_per_epoch = 0;     // 0: not checked; else step must be epoch x steps_per_epoch
     std::size_t state_per_param = 0;       // 0: not checked; else the file holds 0 or this many floats per parameter
+    std::uint32_t optimizer = 0;           // 0: not checked; else this run's optimizer id: a file naming another is refused
 };
+
+// The model's statistics (BatchNorm's running means and variances): state that is not trained, not
+// touched by the optimizer, and saved in checkpoints. A model without them has none.
+template <class M>
+concept HasStatistics = requires(M& m, const M& cm, std::span<const float> values) {
+    { M::statistics_count } -> std::convertible_to<std::size_t>;
+    { cm.statistics() } -> std::same_as<std::vector<float>>;
+    m.set_statistics(values);
+};
+template <class M>
+constexpr std::size_t statistics_count_of()
+{
+    if constexpr (HasStatistics<M>) return M::statistics_count;
+    else return 0;
+}
+
+// The name of an optimizer id in a checkpoint, for messages.
+inline std::string optimizer_name(std::uint32_t id)
+{
+    switch (id) {
+    case 0: return "none named";
+    case 1: return "SGD";
+    case 2: return "Adam";
+    case 3: return "AdamW";
+    }
+    return "unknown optimizer id " + std::to_string(id);
+}
 
 namespace detail {
 
@@ -132,12 +171,21 @@ constexpr std::uint64_t model_signature()
 namespace detail {
 
 inline constexpr unsigned char checkpoint_magic[8] = {'R', 'E', 'P', 'L', 'I', 'C', 'A', '\0'};
-inline constexpr std::uint32_t checkpoint_version = 1;
-inline constexpr std::size_t checkpoint_header_size = 68;   // up to and including the history count
+inline constexpr std::uint32_t checkpoint_version = 2;
+inline constexpr std::size_t checkpoint_header_size = 88;      // up to and including the statistics count
+inline constexpr std::size_t checkpoint_v1_header_size = 68;   // version 1: up to the history count
 inline constexpr std::size_t checkpoint_record_size = 40;
 // Bounds a reader trusts a header with: more is a damaged header, never a real checkpoint.
 inline constexpr std::uint64_t checkpoint_max_records = std::uint64_t{1} << 20;   // one per epoch
-inline constexpr std::uint64_t checkpoint_max_state_per_param = 16;             // SGD keeps 1
+inline constexpr std::uint64_t checkpoint_max_state_per_param = 16;             // SGD keeps 1, Adam 2
+inline constexpr std::uint32_t checkpoint_max_optimizer = 3;                     // AdamW
+// The optimizer state values per parameter of each optimizer id (0: not named, not checked).
+inline constexpr std::size_t checkpoint_state_per_param[] = {0, 1, 2, 2};
+
+inline std::size_t header_size_of(std::uint32_t version)
+{
+    return version == 1 ? checkpoint_v1_header_size : checkpoint_header_size;
+}
 
 class ByteWriter {
 public:
@@ -288,23 +336,25 @@ private:
 // Throws Error when the header is short, not a checkpoint's, of another version, of another
 // parameter count, or claims more data than the bounds above.
 inline std::uint64_t checkpoint_size_from_header(const std::string& name, std::span<const unsigned char> b,
-                                                 std::uint64_t param_count)
+                                                 std::uint64_t param_count, std::uint64_t statistics_count)
 {
     const std::size_t size = b.size();
+    std::size_t header = checkpoint_header_size;
     auto truncated = [&] {
         return Error("checkpoint " + name + " is truncated (" + std::to_string(size) + " bytes, expected at least " +
-                     std::to_string(checkpoint_header_size) + "): the write was interrupted; use an earlier checkpoint");
+                     std::to_string(header) + "): the write was interrupted; use an earlier checkpoint");
     };
     if (size == 0) throw truncated();
     if (std::memcmp(b.data(), checkpoint_magic, std::min(size, sizeof checkpoint_magic)) != 0)
         throw Error(name + " is not a replica checkpoint (it does not start with \"REPLICA\"): check the path");
     if (size < 12) throw truncated();
     const std::uint32_t version = read_u32(b.data() + 8);
-    if (version != checkpoint_version)
+    if (version != checkpoint_version && version != 1)
         throw Error("checkpoint " + name + " has format version " + std::to_string(version) +
-                    "; this build of replica reads version " + std::to_string(checkpoint_version) +
+                    "; this build of replica reads versions 1 and " + std::to_string(checkpoint_version) +
                     ": load it with the replica that wrote it");
-    if (size < checkpoint_header_size) throw truncated();
+    header = header_size_of(version);
+    if (size < header) throw truncated();
 
     const std::uint64_t file_params = read_u64(b.data() + 20);
     const std::uint64_t file_states = read_u64(b.data() + 28);
@@ -318,17 +368,23 @@ inline std::uint64_t checkpoint_size_from_header(const std::string& name, std::s
         throw Error("checkpoint " + name + " is corrupt (its header claims " + std::to_string(records) +
                     " history records and " + std::to_string(file_states) + " optimizer values for " +
                     std::to_string(param_count) + " parameters): use an earlier checkpoint");
-    return checkpoint_header_size + checkpoint_record_size * records + 4 * (file_params + file_states) + 4;
+    const std::uint64_t file_statistics = version == 1 ? 0 : read_u64(b.data() + 80);
+    if (file_statistics != statistics_count)
+        throw Error("checkpoint " + name + " holds " + std::to_string(file_statistics) +
+                    " statistics values (BatchNorm's running means and variances); this model has " +
+                    std::to_string(statistics_count) + ": load it into the model that saved it");
+    return header + checkpoint_record_size * records + 4 * (file_params + file_states + file_statistics) + 4;
 }
 
 // The checkpoint's bytes: the header, then at most what the header says follows, plus one byte to
 // tell a longer file. Throws Error as checkpoint_size_from_header does, or when the file cannot be read.
-inline std::vector<unsigned char> read_checkpoint_bytes(const std::filesystem::path& path, std::uint64_t param_count)
+inline std::vector<unsigned char> read_checkpoint_bytes(const std::filesystem::path& path, std::uint64_t param_count,
+                                                        std::uint64_t statistics_count)
 {
     CheckpointFile file(path);
     std::vector<unsigned char> out;
-    file.read(out, checkpoint_header_size);
-    const std::uint64_t size = checkpoint_size_from_header(path.string(), out, param_count);
+    file.read(out, checkpoint_header_size);   // a version 1 file has a shorter header, and at least 4 bytes after it
+    const std::uint64_t size = checkpoint_size_from_header(path.string(), out, param_count, statistics_count);
     file.read(out, std::size_t(size - out.size() + 1));
     return out;
 }
@@ -347,6 +403,7 @@ struct CheckpointContents {
     CheckpointState state;
     std::vector<float> parameters;
     std::vector<float> optimizer_state;
+    std::vector<float> statistics;
 };
 
 // Checks a checkpoint file's bytes, in the order a reader would want to hear about problems, and
@@ -365,6 +422,9 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
     if (!all_finite(c.optimizer_state, bad))
         throw Error(refused + "optimizer value " + std::to_string(bad) + " is " +
                     std::to_string(c.optimizer_state[bad]) + advice);
+    if (!all_finite(c.statistics, bad))
+        throw Error(refused + "statistics value " + std::to_string(bad) + " is " + std::to_string(c.statistics[bad]) +
+                    advice);
     if (s.history.size() > s.epoch)
         throw Error(refused + "holds " + std::to_string(s.history.size()) + " history records after " +
                     std::to_string(s.epoch) + " epochs (at most one per epoch)" + advice);
@@ -390,21 +450,34 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
         throw Error("checkpoint " + name + " holds step " + std::to_string(s.step) + " after epoch " +
                     std::to_string(s.epoch) + ", but this run takes " + std::to_string(expect.steps_per_epoch) +
                     " steps per epoch: resume with the batch size, devices and data set that saved it");
+    if (expect.optimizer != 0 && s.optimizer != 0 && s.optimizer != expect.optimizer)
+        throw Error("checkpoint " + name + " holds the state of the optimizer " + optimizer_name(s.optimizer) +
+                    ", but this run's optimizer is " + optimizer_name(expect.optimizer) + ": resume with " +
+                    optimizer_name(s.optimizer) + ", or start a new run without --resume");
     if (expect.state_per_param != 0 && !c.optimizer_state.empty() &&
         c.optimizer_state.size() != expect.state_per_param * param_count)
         throw Error("checkpoint " + name + " holds " + std::to_string(c.optimizer_state.size()) +
                     " optimizer values, but this optimizer keeps " + std::to_string(expect.state_per_param) +
                     " per parameter (" + std::to_string(expect.state_per_param * param_count) +
                     "): resume with the optimizer that saved it");
+    if (s.optimizer > checkpoint_max_optimizer)
+        throw Error(refused + "names optimizer id " + std::to_string(s.optimizer) + ", which this replica does not know" +
+                    advice);
+    const std::size_t per = checkpoint_state_per_param[s.optimizer];
+    if (per != 0 && !c.optimizer_state.empty() && c.optimizer_state.size() != per * param_count)
+        throw Error(refused + "holds " + std::to_string(c.optimizer_state.size()) + " values of " +
+                    optimizer_name(s.optimizer) + "'s state, which keeps " + std::to_string(per) + " per parameter" +
+                    advice);
 }
 
 inline CheckpointContents parse_checkpoint(const std::string& name, std::span<const unsigned char> b,
                                            std::uint64_t signature, std::uint64_t param_count,
-                                           const CheckpointExpectations& expect = {})
+                                           std::uint64_t statistics_count, const CheckpointExpectations& expect = {})
 {
     const std::size_t size = b.size();
-    const std::uint64_t expected =
-        checkpoint_size_from_header(name, b.first(std::min(size, checkpoint_header_size)), param_count);
+    const std::uint64_t expected = checkpoint_size_from_header(name, b.first(std::min(size, checkpoint_header_size)),
+                                                               param_count, statistics_count);
+    const std::uint32_t version = read_u32(b.data() + 8);
     const std::uint64_t file_signature = read_u64(b.data() + 12);
     const std::uint64_t file_params = read_u64(b.data() + 20);
     const std::uint64_t file_states = read_u64(b.data() + 28);
@@ -430,7 +503,11 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
     out.state.epoch = read_u64(b.data() + 36);
     out.state.step = read_u64(b.data() + 44);
     out.state.seed = read_u64(b.data() + 52);
-    const unsigned char* p = b.data() + checkpoint_header_size;
+    if (version != 1) {
+        out.state.optimizer = read_u32(b.data() + 68);
+        out.state.optimizer_steps = read_u64(b.data() + 72);
+    }
+    const unsigned char* p = b.data() + header_size_of(version);
     out.state.history.resize(std::size_t(records));
     for (auto& r : out.state.history) {
         r.epoch = read_u64(p);
@@ -443,6 +520,8 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
     out.parameters = read_f32s(p, std::size_t(file_params));
     p += 4 * file_params;
     out.optimizer_state = read_f32s(p, std::size_t(file_states));
+    p += 4 * file_states;
+    out.statistics = read_f32s(p, std::size_t(statistics_count));
     check_sense(name, out, param_count, expect);
     return out;
 }
@@ -457,18 +536,30 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
 {
     static_assert(Checkpointable<M>, "save_checkpoint: the model must be a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
+    core::require(state.optimizer <= detail::checkpoint_max_optimizer,
+                  "save_checkpoint: optimizer id " + std::to_string(state.optimizer) + " is not one of 0 (none named), "
+                  "1 (SGD), 2 (Adam), 3 (AdamW)");
     const std::vector<float> w = model.parameters();
     const std::vector<float> s = model.optimizer_state();
+    std::vector<float> t;
+    if constexpr (HasStatistics<M>) {
+        t = model.statistics();
+        core::require(t.size() == M::statistics_count, "save_checkpoint: the model's statistics() returned " +
+                                                           std::to_string(t.size()) + " values, its statistics_count is " +
+                                                           std::to_string(M::statistics_count));
+    }
     std::size_t bad = 0;
     const bool finite_w = detail::all_finite(w, bad);
-    if (!finite_w || !detail::all_finite(s, bad))
-        throw Error("not writing checkpoint " + path.string() + ": " + (finite_w ? "optimizer value " : "parameter ") +
-                    std::to_string(bad) + " is " + std::to_string(finite_w ? s[bad] : w[bad]) +
+    const bool finite_s = finite_w && detail::all_finite(s, bad);
+    if (!finite_s || !detail::all_finite(t, bad))
+        throw Error("not writing checkpoint " + path.string() + ": " +
+                    (!finite_w ? "parameter " : !finite_s ? "optimizer value " : "statistics value ") +
+                    std::to_string(bad) + " is " + std::to_string(!finite_w ? w[bad] : !finite_s ? s[bad] : t[bad]) +
                     "; training has diverged (a learning rate too high, or NaN or infinite inputs). "
                     "The previous checkpoint, if any, is unchanged: resume from it with a smaller learning rate");
     detail::ByteWriter out;
     out.reserve(detail::checkpoint_header_size + detail::checkpoint_record_size * state.history.size() +
-                4 * (w.size() + s.size()) + 4);
+                4 * (w.size() + s.size() + t.size()) + 4);
     out.raw(detail::checkpoint_magic, sizeof detail::checkpoint_magic);
     out.u32(detail::checkpoint_version);
     out.u64(model_signature<M>());
@@ -478,6 +569,9 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
     out.u64(state.step);
     out.u64(state.seed);
     out.u64(state.history.size());
+    out.u32(state.optimizer);
+    out.u64(state.optimizer_steps);
+    out.u64(t.size());
     for (const auto& r : state.history) {
         out.u64(r.epoch);
         out.f64(r.train_loss);
@@ -487,8 +581,26 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
     }
     out.f32s(w);
     out.f32s(s);
+    out.f32s(t);
     out.u32(detail::crc32_of(out.bytes().data(), out.bytes().size()));
     detail::write_file_atomically(path, out.bytes());
+}
+
+// An optimizer a checkpoint can name: SGD, Adam, AdamW.
+template <class Opt>
+concept NamedOptimizer = requires {
+    { Opt::checkpoint_id } -> std::convertible_to<std::uint32_t>;
+    { Opt::state_per_param } -> std::convertible_to<std::size_t>;
+};
+
+// The same, naming opt and keeping its step count (Adam's t), if it counts its updates.
+template <class M, NamedOptimizer Opt>
+void save_checkpoint(const std::filesystem::path& path, const M& model, CheckpointState state, const Opt& opt)
+{
+    state.optimizer = Opt::checkpoint_id;
+    if constexpr (requires { opt.step_count(); }) state.optimizer_steps = opt.step_count();
+    else state.optimizer_steps = 0;
+    save_checkpoint(path, model, state);
 }
 
 // Loads the checkpoint at `path` into model (parameters, and optimizer state when the file has any)
@@ -500,11 +612,27 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, con
 {
     static_assert(Checkpointable<M>, "load_checkpoint: the model must be a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
-    const std::vector<unsigned char> bytes = detail::read_checkpoint_bytes(path, M::param_count);
-    auto contents = detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, expect);
+    constexpr std::size_t statistics = statistics_count_of<M>();
+    const std::vector<unsigned char> bytes = detail::read_checkpoint_bytes(path, M::param_count, statistics);
+    auto contents =
+        detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, statistics, expect);
     model.set_parameters(contents.parameters);
     model.set_optimizer_state(contents.optimizer_state);   // none saved: the run restarts its momentum
+    if constexpr (statistics > 0) model.set_statistics(contents.statistics);
     return std::move(contents.state);
+}
+
+// The same for the optimizer opt: a file that names another optimizer, or holds another number of
+// state values per parameter, is refused (the model and opt untouched); opt takes the file's step
+// count, if it counts its updates.
+template <class M, NamedOptimizer Opt>
+CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, Opt& opt, CheckpointExpectations expect = {})
+{
+    expect.optimizer = Opt::checkpoint_id;
+    expect.state_per_param = Opt::state_per_param;
+    CheckpointState state = load_checkpoint(path, model, expect);
+    if constexpr (requires { opt.set_step_count(state.optimizer_steps); }) opt.set_step_count(state.optimizer_steps);
+    return state;
 }
 
 } // namespace replica::train
@@ -512,6 +640,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, con
 namespace replica {
 using train::CheckpointExpectations;
 using train::CheckpointState;
+using train::HasStatistics;
 using train::load_checkpoint;
 using train::model_signature;
 using train::save_checkpoint;

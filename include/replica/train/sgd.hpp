@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "replica/core/error.hpp"
@@ -22,6 +23,7 @@ struct SGDOptions {
 class SGD {
 public:
     static constexpr std::size_t state_per_param = 1;   // velocity
+    static constexpr std::uint32_t checkpoint_id = 1;    // how checkpoints name it (train/checkpoint.hpp)
 
     explicit SGD(SGDOptions o = {}) : options_(o), lr_(o.lr)
     {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "replica/data/dataset.hpp"
@@ -31,14 +32,24 @@ struct StepOptions {
 // step's update, before it waits for this step's loss (the fast mode): the GPUs then go from one step
 // to the next without waiting for the host. If the following call trains on other data, or the
 // parameters are set in between, that work is dropped and the step is computed again.
+//
+// An optimizer that counts its updates (Adam, AdamW: a begin_update() member) is told of this one
+// once the batch has passed its checks, before the model applies it (train/adam.hpp); such an
+// optimizer must be passed non-const.
 template <class M, class Opt>
-float train_step(M& model, const Opt& opt, const data::Batch& batch, const StepOptions& options = {},
+float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOptions& options = {},
                  const data::Batch* next = nullptr)
 {
     core::require(batch.size > 0, "train_step: the batch is empty");
     core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
     using loss = typename M::loss;
     loss::template check_labels<typename M::output_shape>(batch.labels, batch.size);   // before anything is queued
+    using O = std::remove_cvref_t<Opt>;
+    if constexpr (requires(O& o) { o.begin_update(); }) {
+        static_assert(!std::is_const_v<std::remove_reference_t<Opt>>,
+                      "this optimizer counts its updates (Adam, AdamW): pass it to train_step as a non-const object");
+        opt.begin_update();
+    }
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
     double loss_sum = 0.0;

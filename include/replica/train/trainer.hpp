@@ -113,8 +113,12 @@ public:
             if (std::filesystem::exists(options_.checkpoint)) {
                 CheckpointExpectations expect{.max_epoch = options_.epochs,
                                               .steps_per_epoch = loader.batches_per_epoch()};
-                if constexpr (requires { Opt::state_per_param; }) expect.state_per_param = Opt::state_per_param;
-                state = load_checkpoint(options_.checkpoint, model_, expect);
+                if constexpr (NamedOptimizer<Opt>) {   // refuses another optimizer's state; takes Adam's step count
+                    state = load_checkpoint(options_.checkpoint, model_, opt_, expect);
+                } else {
+                    if constexpr (requires { Opt::state_per_param; }) expect.state_per_param = Opt::state_per_param;
+                    state = load_checkpoint(options_.checkpoint, model_, expect);
+                }
                 core::require(state.seed == options_.seed,
                               "checkpoint " + options_.checkpoint.string() + " was made with seed " +
                                   std::to_string(state.seed) + ", not " + std::to_string(options_.seed) +
@@ -160,6 +164,8 @@ public:
                     if (!options_.skip_nonfinite) diverged(loss, state.step, epoch, step, steps);
                     model_.set_parameters(saved_parameters_);   // the update is undone
                     model_.set_optimizer_state(saved_state_);
+                    if constexpr (requires { opt_.set_step_count(opt_.step_count()); })
+                        opt_.set_step_count(opt_.step_count() - 1);   // the undone update is not counted
                     ++skipped;
                     say("step " + std::to_string(state.step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
                         std::to_string(step) + "): loss " + std::to_string(loss) + ", batch skipped");
@@ -197,8 +203,10 @@ public:
             state.epoch = epoch + 1;
             row(record, double(samples) / record.seconds);
             if (!options_.checkpoint.empty() && (state.epoch % options_.checkpoint_every == 0 || last) &&
-                model_.process_rank() == 0)
-                save_checkpoint(options_.checkpoint, model_, state);
+                model_.process_rank() == 0) {
+                if constexpr (NamedOptimizer<Opt>) save_checkpoint(options_.checkpoint, model_, state, opt_);
+                else save_checkpoint(options_.checkpoint, model_, state);
+            }
         }
         return History{.epochs = state.history, .steps = history.history().steps, .skipped_steps = skipped};
     }

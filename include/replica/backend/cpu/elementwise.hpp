@@ -1,6 +1,7 @@
 #pragma once
 // Elementwise and layout kernels on the CPU: activations, dropout, copies, channel slices.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,42 @@ inline void relu_forward(const Context&, const float* x, float* y, std::size_t c
 inline void relu_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
 {
     for (std::size_t i = 0; i < count; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+inline void sigmoid_forward(const Context&, const float* x, float* y, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+inline void sigmoid_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+}
+
+inline void tanh_forward(const Context&, const float* x, float* y, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) y[i] = std::tanh(x[i]);
+}
+
+inline void tanh_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+
+// GELU, the exact form: y = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x).
+inline void gelu_forward(const Context&, const float* x, float* y, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+}
+
+inline void gelu_backward(const Context&, const float* x, const float* dy, float* dx, std::size_t count)
+{
+    constexpr float inv_sqrt_2pi = 0.39894228040143268f;
+    for (std::size_t i = 0; i < count; ++i) {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.0f + std::erf(v * 0.70710678118654752f));
+        dx[i] = dy[i] * (cdf + v * inv_sqrt_2pi * std::exp(-0.5f * v * v));
+    }
 }
 
 // Inverted dropout over n samples of `size` elements: element e of global sample first_sample + s is

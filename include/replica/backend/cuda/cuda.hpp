@@ -5,6 +5,7 @@
 #error "replica's CUDA backend compiles only under nvcc: build this translation unit as CUDA (.cu)"
 #endif
 
+#include "replica/backend/cuda/activation.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv.hpp"
 #include "replica/backend/cuda/elementwise.hpp"

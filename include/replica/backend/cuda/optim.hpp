@@ -20,6 +20,27 @@ __global__ void sgd(float* w, const float* grad, float* v, std::size_t count, fl
         w[i] -= lr * (nesterov ? g + momentum * vi : vi);
     }
 }
+__global__ void adam(float* w, const float* grad, float2* mv, std::size_t count, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
+{
+    const float shrink = 1.0f - lr * weight_decay;
+    REPLICA_GRID_LOOP(i, count)
+    {
+        float g = grad[i];
+        float wi = w[i];
+        if (decoupled) wi *= shrink;
+        else g += weight_decay * wi;
+        float2 s = mv[i];
+        s.x = beta1 * s.x + (1.0f - beta1) * g;
+        s.y = beta2 * s.y + (1.0f - beta2) * g * g;
+        mv[i] = s;
+        w[i] = wi - step_size * s.x / (sqrtf(s.y) / bias2_sqrt + eps);
+    }
+}
+__global__ void accumulate_gradient(const float* g, float* acc, std::size_t count, bool last, float scale)
+{
+    REPLICA_GRID_LOOP(i, count) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
+}
 } // namespace kernels
 
 // The CPU backend's rule, PyTorch's SGD.
@@ -29,6 +50,25 @@ inline void sgd_update(const Context& ctx, float* w, const float* grad, float* v
     kernels::sgd<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(w, grad, v, count, lr, momentum,
                                                                                  weight_decay, nesterov);
     detail::check_launch("sgd");
+}
+
+// The CPU backend's rule, PyTorch's Adam and AdamW: state holds (m, v) per parameter, interleaved
+// (state is 8-byte aligned: the model's state buffer, at an even offset).
+inline void adam_update(const Context& ctx, float* w, const float* grad, float* state, std::size_t count, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, bool decoupled, float step_size,
+                        float bias2_sqrt)
+{
+    kernels::adam<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+        w, grad, reinterpret_cast<float2*>(state), count, lr, beta1, beta2, eps, weight_decay, decoupled, step_size, bias2_sqrt);
+    detail::check_launch("adam");
+}
+
+// The CPU backend's rule: acc += g, then acc *= scale when `last`.
+inline void accumulate_gradient(const Context& ctx, const float* g, float* acc, std::size_t count, bool last, float scale)
+{
+    kernels::accumulate_gradient<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count, last,
+                                                                                                 scale);
+    detail::check_launch("accumulate_gradient");
 }
 
 } // namespace replica::backend::cuda

@@ -1,0 +1,80 @@
+#pragma once
+// Gradient accumulation: one update of an optimizer per k batches, the same update as one batch k
+// times as large (the mean of the k batches' gradients; batches of equal size).
+//   Accumulate opt{AdamW{{.lr = 1e-3f}}, 4};    train_step 4 times at batch 16 = once at batch 64
+// It wraps the optimizer: each update of the model (train_step's) adds the gradient to a sum kept
+// beside the parameters; every k-th applies the wrapped optimizer to the mean and clears the sum. The
+// parameters change only then. The schedule's rate at that k-th call is the one used.
+//
+// State: one float a parameter (the sum), then the wrapped optimizer's state. step_count() counts
+// the model's updates (batches); the wrapped optimizer counts its own (one per k). A checkpoint of it
+// names no optimizer (its state is not one optimizer's) and keeps step_count(); resuming sets both.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "replica/core/error.hpp"
+
+namespace replica::train {
+
+template <class Opt>
+class Accumulate {
+public:
+    static constexpr std::size_t state_per_param = 1 + Opt::state_per_param;   // the sum, then Opt's
+    static constexpr std::uint32_t checkpoint_id = 0;                          // names none (checkpoint.hpp)
+
+    Accumulate(Opt opt, std::size_t k) : opt_(std::move(opt)), k_(k)
+    {
+        core::require(k >= 1, "Accumulate: k, the batches per update, must be at least 1, got " + std::to_string(k));
+    }
+
+    Opt& wrapped() { return opt_; }
+    const Opt& wrapped() const { return opt_; }
+    std::size_t k() const { return k_; }
+    const auto& options() const { return opt_.options(); }
+    float lr() const { return opt_.lr(); }
+    void set_lr(float lr) { opt_.set_lr(lr); }
+
+    std::uint64_t step_count() const { return calls_; }
+    void set_step_count(std::uint64_t t)
+    {
+        calls_ = t;
+        if constexpr (requires { opt_.set_step_count(t); }) opt_.set_step_count(t / k_);
+    }
+    // Before each update of the model (train_step calls it); the wrapped optimizer's is called on
+    // every k-th.
+    void begin_update()
+    {
+        ++calls_;
+        if constexpr (requires { opt_.begin_update(); })
+            if (calls_ % k_ == 0) opt_.begin_update();
+    }
+    // Whether the current update changes the parameters.
+    bool updates_now() const { return calls_ % k_ == 0; }
+
+    template <class Ctx>
+    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::size_t count) const
+    {
+        core::require(calls_ > 0, "Accumulate: apply() before begin_update(): call opt.begin_update() once before "
+                                  "each update of the model (train_step does)");
+        float* sum = state;
+        const bool last = updates_now();
+        accumulate_gradient(ctx, grad, sum, count, last, 1.0f / float(k_));
+        if (!last) return;
+        opt_.apply(ctx, w, sum, state + count, count);
+        fill(ctx, sum, 0.0f, count);
+    }
+
+private:
+    Opt opt_;
+    std::size_t k_;
+    std::uint64_t calls_ = 0;
+};
+
+} // namespace replica::train
+
+namespace replica {
+using train::Accumulate;
+} // namespace replica

@@ -1,0 +1,82 @@
+#pragma once
+// The PyTorch reference values of tests/pytorch/*.txt (written by tests/pytorch/make_fixtures.py):
+// records of "name count" followed by count numbers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "replica/replica.hpp"
+
+namespace replica::testing {
+
+inline std::map<std::string, std::vector<double>> read_fixture(const std::string& name)
+{
+    const std::string path = std::string(REPLICA_SOURCE_DIR) + "/tests/pytorch/" + name;
+    std::ifstream in(path);
+    INFO("fixture " << path);
+    REQUIRE(in.good());
+    std::map<std::string, std::vector<double>> records;
+    std::string key;
+    std::size_t count = 0;
+    while (in >> key >> count) {
+        std::vector<double>& v = records[key];
+        v.resize(count);
+        for (double& x : v) REQUIRE(bool(in >> x));
+    }
+    REQUIRE(!records.empty());
+    return records;
+}
+
+inline std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// The largest |got - want|.
+inline double max_error(const std::vector<float>& got, const std::vector<double>& want)
+{
+    REQUIRE(got.size() == want.size());
+    double most = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) most = std::max(most, std::abs(double(got[i]) - want[i]));
+    return most;
+}
+
+// The model of the Adam and AdamW fixtures.
+using TorchNet = Sequential<Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
+
+// Sets the fixture's initial parameters and trains `net` its 5 steps with `opt`; returns the losses.
+template <class M, class Opt>
+std::vector<float> train_fixture(M& net, Opt& opt, const std::map<std::string, std::vector<double>>& f)
+{
+    net.set_parameters(to_float(f.at("initial")));
+    const std::vector<float> inputs = to_float(f.at("inputs"));
+    std::vector<std::int32_t> labels;
+    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
+    const std::size_t batch = labels.size() / 5;
+    std::vector<float> losses;
+    for (std::size_t s = 0; s < 5; ++s)
+        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * 8, labels.data() + s * batch, batch,
+                                                    s * batch, 1}));
+    return losses;
+}
+
+// The fixture's hyper-parameters: lr, beta1, beta2, eps, weight decay.
+template <class Opt>
+Opt fixture_optimizer(const std::vector<double>& h)
+{
+    return Opt{{.lr = float(h[0]), .beta1 = float(h[1]), .beta2 = float(h[2]), .eps = float(h[3]),
+                .weight_decay = float(h[4])}};
+}
+
+// Tolerance against PyTorch after 5 steps of Adam: float rounding differs from PyTorch's (summation
+// order in the GEMMs, libm) by about 1e-7 relative in each gradient; Adam divides m by sqrt(v), so a
+// relative error of the gradient becomes about the same relative error of each step (steps of at
+// most lr = 0.01), and the 5 steps add up. 2e-5 on parameters of magnitude <= 0.5 (and on losses
+// of about 1.4) is a hundred times that, and 100 times smaller than one step: a wrong bias
+// correction, a wrong weight decay or a step counted twice moves parameters by 1e-3 or more.
+inline constexpr double kTorchTolerance = 2e-5;
+
+} // namespace replica::testing
