@@ -1,14 +1,23 @@
-// The main job: LeNet on Fashion-MNIST, data-parallel on every device auto_parallel finds (every GPU,
-// or the CPU), or on the devices you name.
+// The main job: LeNet (or ResNet-20) on Fashion-MNIST, data-parallel on every device auto_parallel
+// finds (every GPU, or the CPU), or on the devices you name.
 //
 //   lenet_fashion_mnist --epochs 8                       # every GPU (or CPU core), the fastest way
+//   lenet_fashion_mnist --model resnet20                 # BatchNorm and residual blocks: SGD with a
+//                                                        # cosine schedule, 15 epochs by default
+//   lenet_fashion_mnist --model resnet20 --optimizer adamw
 //   lenet_fashion_mnist --devices cpu:0,cpu:1 --dispatch threaded --scaling weak
 //   mpirun -np 2 lenet_fashion_mnist                     # two processes, each with half the devices
+//
+// Each model has its own defaults (epochs, batch size, learning rate, weight decay, schedule); the
+// flags override them, and the first line printed says what was used.
 //
 // Exit status: 0 trained, 1 refused or failed (the message says why), 2 a bad command line.
 
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "replica/data/fashion_mnist.hpp"
 #include "replica/replica.hpp"
@@ -18,86 +27,151 @@
 
 using namespace replica;
 
-int main(int argc, char** argv)
-try {
-    const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
-    CLI::App app{"train LeNet on Fashion-MNIST, data-parallel over the given devices", "lenet_fashion_mnist"};
-    std::size_t epochs = 8, batch_size = 64, validate_every = 1, checkpoint_every = 1, train_samples = 0,
+namespace {
+
+struct Settings {
+    std::string model = "lenet", optimizer = "sgd", schedule;
+    std::size_t epochs = 0, batch_size = 0, validate_every = 1, checkpoint_every = 1, train_samples = 0,
                 test_samples = 0;
-    float lr = 0.01f, momentum = 0.9f, weight_decay = 0.0f;
+    float lr = 0.0f, momentum = 0.9f, weight_decay = -1.0f, warmup = -1.0f;
     std::uint64_t seed = 1;
     std::string data_dir = data::default_fashion_mnist_dir().string(), checkpoint;
     bool resume = false, scale_lr = false, skip_nonfinite = false;
     examples::DeviceFlags dev;
     examples::ReproducibleFlags repro;
-    examples::count_option(app, "--epochs", epochs, "passes over the training images", 1, 1000000);
-    examples::count_option(app, "--batch-size", batch_size,
-                           "batch size (global with --scaling strong, per device with weak)", 1, 60000);
-    examples::real_option(app, "--lr", lr, "learning rate", 1e-12, 1e3);
-    examples::real_option(app, "--momentum", momentum, "SGD momentum", 0.0, 0.999999);
-    examples::real_option(app, "--weight-decay", weight_decay, "SGD weight decay", 0.0, 1.0);
-    examples::count_option(app, "--seed", seed, "seed for initialisation, shuffling and dropout", 0,
-                           std::numeric_limits<std::uint64_t>::max());
-    app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files")
-        ->check(examples::not_empty)
-        ->capture_default_str();
-    examples::count_option(app, "--train-samples", train_samples,
-                           "train on the first N training images only (0: all 60,000)", 0, 60000);
-    examples::count_option(app, "--test-samples", test_samples,
-                           "validate and test on the first N test images only (0: all 10,000)", 0, 10000);
-    examples::count_option(app, "--validate-every", validate_every, "validate every N epochs (0: never)", 0, 1000000);
-    app.add_option("--checkpoint", checkpoint, "checkpoint file, written every --checkpoint-every epochs")
-        ->check(examples::not_empty);
-    examples::count_option(app, "--checkpoint-every", checkpoint_every, "epochs between checkpoints", 1, 1000000);
-    app.add_flag("--resume", resume, "continue from --checkpoint if it exists")->needs("--checkpoint");
-    app.add_flag("--skip-nonfinite", skip_nonfinite,
-                 "undo and skip a step whose loss is NaN or infinite (default: stop with an error)");
-    dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
-    app.add_flag("--scale-lr", scale_lr, "with --scaling weak, multiply the learning rate by the device count");
-    repro.add(app);
-    if (int code = examples::parse(app, argc, argv)) return code - 1;
+    std::unique_ptr<parallel::ProcessGroup> processes;
+};
 
-    auto devices = dev.device_list(all_devices());
-    if (processes) devices = parallel::process_devices(*processes, devices);
-    auto train_set = data::load_fashion_mnist(data::Split::train, data_dir);
-    auto test_set = data::load_fashion_mnist(data::Split::test, data_dir);
-    if (train_samples) train_set = train_set.slice(0, std::min(train_samples, train_set.count));
-    if (test_samples) test_set = test_set.slice(0, std::min(test_samples, test_set.count));
+// What a model trains with when the flags do not say: LeNet as the seed trained it; ResNet-20 as
+// residual networks are trained (cosine decay after a one-epoch warm-up, weight decay).
+void fill_defaults(Settings& s)
+{
+    const bool resnet = s.model == "resnet20", adamw = s.optimizer == "adamw";
+    if (s.epochs == 0) s.epochs = resnet ? 15 : 8;
+    if (s.batch_size == 0) s.batch_size = resnet ? 128 : 64;
+    if (s.lr == 0.0f) s.lr = adamw ? 1e-3f : resnet ? 0.1f : 0.01f;
+    if (s.weight_decay < 0.0f) s.weight_decay = adamw ? 5e-2f : resnet ? 5e-4f : 0.0f;
+    if (s.schedule.empty()) s.schedule = resnet ? "cosine" : "fixed";
+    if (s.warmup < 0.0f) s.warmup = resnet ? 1.0f : 0.0f;
+}
 
-    const auto scaling = dev.scaling_choice();
-    const std::size_t global = examples::checked_global_batch(batch_size, devices.size(), scaling, train_set.count);
-    auto model = auto_parallel(LeNet{devices, seed}, devices,
-                               {.dispatch = dev.dispatch_choice(),
-                                .data_parallel = {.processes = processes.get()},
-                                .batch_size = batch_size,
+Schedule schedule_of(const Settings& s)
+{
+    Schedule base = s.schedule == "cosine" ? Schedule::cosine(double(s.epochs)) : Schedule::fixed();
+    return s.warmup > 0.0f ? base.with_warmup(double(s.warmup)) : base;
+}
+
+template <class Net, class Opt>
+int train(Settings& s, Opt opt)
+{
+    auto devices = s.dev.device_list(all_devices());
+    if (s.processes) devices = parallel::process_devices(*s.processes, devices);
+    auto train_set = data::load_fashion_mnist(data::Split::train, s.data_dir);
+    auto test_set = data::load_fashion_mnist(data::Split::test, s.data_dir);
+    if (s.train_samples) train_set = train_set.slice(0, std::min(s.train_samples, train_set.count));
+    if (s.test_samples) test_set = test_set.slice(0, std::min(s.test_samples, test_set.count));
+
+    const auto scaling = s.dev.scaling_choice();
+    const std::size_t global = examples::checked_global_batch(s.batch_size, devices.size(), scaling, train_set.count);
+    auto model = auto_parallel(Net{devices, s.seed}, devices,
+                               {.dispatch = s.dev.dispatch_choice(),
+                                .data_parallel = {.processes = s.processes.get()},
+                                .batch_size = s.batch_size,
                                 .scaling = scaling});
-    SGD opt{{.lr = lr, .momentum = momentum, .weight_decay = weight_decay}};
     Trainer trainer{model, opt,
-                    {.batch_size = batch_size,
-                     .epochs = epochs,
+                    {.batch_size = s.batch_size,
+                     .epochs = s.epochs,
                      .scaling = scaling,
-                     .scale_lr = scale_lr,
-                     .validate_every = validate_every,
-                     .seed = seed,
-                     .checkpoint = checkpoint,
-                     .checkpoint_every = checkpoint_every,
-                     .resume = resume,
-                     .reproducible = repro.reproducible,
-                     .skip_nonfinite = skip_nonfinite,
-                     .micro_shard = repro.micro_shard}};
+                     .scale_lr = s.scale_lr,
+                     .validate_every = s.validate_every,
+                     .seed = s.seed,
+                     .checkpoint = s.checkpoint,
+                     .checkpoint_every = s.checkpoint_every,
+                     .resume = s.resume,
+                     .schedule = schedule_of(s),
+                     .reproducible = s.repro.reproducible,
+                     .skip_nonfinite = s.skip_nonfinite,
+                     .micro_shard = s.repro.micro_shard}};
 
     const bool first = model.process_rank() == 0;   // one process prints
     if (first)
-        std::printf("LeNet (%zu parameters) on %s%s; batch %zu (%s scaling: global batch %zu)\n", LeNet::param_count,
-                    model.description().c_str(),
-                    processes ? (" in each of " + std::to_string(processes->size()) + " processes").c_str() : "",
-                    batch_size, dev.scaling.c_str(), global);
+        std::printf("%s (%zu parameters) on %s%s; batch %zu (%s scaling: global batch %zu); %s lr %g, weight decay "
+                    "%g, %s schedule%s, %zu epochs\n",
+                    s.model == "resnet20" ? "ResNet-20" : "LeNet", Net::param_count, model.description().c_str(),
+                    s.processes ? (" in each of " + std::to_string(s.processes->size()) + " processes").c_str() : "",
+                    s.batch_size, s.dev.scaling.c_str(), global, s.optimizer == "adamw" ? "AdamW" : "SGD",
+                    double(s.lr), double(s.weight_decay), s.schedule.c_str(),
+                    s.warmup > 0.0f ? (" after " + std::to_string(s.warmup).substr(0, 4) + " epochs of warm-up").c_str() : "",
+                    s.epochs);
     const History history = trainer.fit(train_set, test_set);
     if (first && history.skipped_steps)
         std::printf("%zu steps skipped for a NaN or infinite loss\n", history.skipped_steps);
     const Metrics test = evaluate(model, test_set);
     if (first) std::printf("test accuracy: %.4f\n", test.accuracy);
     return 0;
+}
+
+template <class Net>
+int train_with_optimizer(Settings& s)
+{
+    if (s.optimizer == "adamw") return train<Net>(s, AdamW{{.lr = s.lr, .weight_decay = s.weight_decay}});
+    return train<Net>(s, SGD{{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay}});
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+try {
+    Settings s;
+    s.processes = examples::launched_processes(argc, argv);   // under mpirun or srun
+    CLI::App app{"train LeNet or ResNet-20 on Fashion-MNIST, data-parallel over the given devices", "lenet_fashion_mnist"};
+    app.add_option("--model", s.model, "the network: lenet, or resnet20 (BatchNorm and residual blocks)")
+        ->check(CLI::IsMember({"lenet", "resnet20"}))
+        ->capture_default_str();
+    app.add_option("--optimizer", s.optimizer, "sgd (with --momentum) or adamw")
+        ->check(CLI::IsMember({"sgd", "adamw"}))
+        ->capture_default_str();
+    // Options whose default depends on the model and optimizer (fill_defaults) show no default here.
+    app.add_option("--epochs", s.epochs, "passes over the training images (default: lenet 8, resnet20 15)")
+        ->check(examples::whole_number(1, 1000000));
+    app.add_option("--batch-size", s.batch_size,
+                   "batch size, global with --scaling strong, per device with weak (default: lenet 64, resnet20 128)")
+        ->check(examples::whole_number(1, 60000));
+    app.add_option("--lr", s.lr, "learning rate (default: sgd 0.01 for lenet and 0.1 for resnet20, adamw 0.001)")
+        ->check(examples::real_number(1e-12, 1e3));
+    examples::real_option(app, "--momentum", s.momentum, "SGD momentum", 0.0, 0.999999);
+    app.add_option("--weight-decay", s.weight_decay,
+                   "weight decay: in the gradient for sgd, decoupled for adamw (default: lenet 0, resnet20 5e-4, "
+                   "adamw 0.05)")
+        ->check(examples::real_number(0.0, 1.0));
+    app.add_option("--schedule", s.schedule, "learning-rate schedule: fixed, or cosine decay to 0 over the epochs "
+                                             "(default: lenet fixed, resnet20 cosine)")
+        ->check(CLI::IsMember({"fixed", "cosine"}));
+    app.add_option("--warmup", s.warmup, "epochs of linear warm-up before the schedule (default: lenet 0, resnet20 1)")
+        ->check(examples::real_number(0.0, 1000.0));
+    examples::count_option(app, "--seed", s.seed, "seed for initialisation, shuffling and dropout", 0,
+                           std::numeric_limits<std::uint64_t>::max());
+    app.add_option("--data", s.data_dir, "folder with the Fashion-MNIST IDX files")
+        ->check(examples::not_empty)
+        ->capture_default_str();
+    examples::count_option(app, "--train-samples", s.train_samples,
+                           "train on the first N training images only (0: all 60,000)", 0, 60000);
+    examples::count_option(app, "--test-samples", s.test_samples,
+                           "validate and test on the first N test images only (0: all 10,000)", 0, 10000);
+    examples::count_option(app, "--validate-every", s.validate_every, "validate every N epochs (0: never)", 0, 1000000);
+    app.add_option("--checkpoint", s.checkpoint, "checkpoint file, written every --checkpoint-every epochs")
+        ->check(examples::not_empty);
+    examples::count_option(app, "--checkpoint-every", s.checkpoint_every, "epochs between checkpoints", 1, 1000000);
+    app.add_flag("--resume", s.resume, "continue from --checkpoint if it exists")->needs("--checkpoint");
+    app.add_flag("--skip-nonfinite", s.skip_nonfinite,
+                 "undo and skip a step whose loss is NaN or infinite (default: stop with an error)");
+    s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
+    app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
+    s.repro.add(app);
+    if (int code = examples::parse(app, argc, argv)) return code - 1;
+    fill_defaults(s);
+    if (s.model == "resnet20") return train_with_optimizer<ResNet20>(s);
+    return train_with_optimizer<LeNet>(s);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

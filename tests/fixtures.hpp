@@ -47,6 +47,33 @@ inline double max_error(const std::vector<float>& got, const std::vector<double>
 // The model of the Adam and AdamW fixtures.
 using TorchNet = Sequential<Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
 
+// The model of resnet.txt (make_fixtures.py, resnet_model()).
+using TorchResNet = Sequential<
+    Input<2, 8, 8>, Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d, ReLU,
+    Residual<Sequential<Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d, ReLU, Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d>>,
+    ReLU,
+    Residual<Sequential<Conv2d<6, 3, 2, 1, Bias::none>, BatchNorm2d, ReLU, Conv2d<6, 3, 1, 1, Bias::none>, BatchNorm2d>,
+             Sequential<Conv2d<6, 1, 2, 0, Bias::none>, BatchNorm2d>>,
+    ReLU, GlobalAvgPool, Linear<5>>;
+
+// Trains `net` from the resnet fixture's initial parameters for its 3 SGD steps (lr 0.1, momentum
+// 0.9, weight decay 1e-3); returns the losses.
+template <class M>
+std::vector<float> train_resnet_fixture(M& net, const std::map<std::string, std::vector<double>>& f)
+{
+    net.set_parameters(to_float(f.at("initial")));
+    SGD opt{{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f}};
+    const std::vector<float> inputs = to_float(f.at("inputs"));
+    std::vector<std::int32_t> labels;
+    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
+    const std::size_t batch = labels.size() / 3, size = M::input_shape::size;
+    std::vector<float> losses;
+    for (std::size_t s = 0; s < 3; ++s)
+        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * size, labels.data() + s * batch, batch,
+                                                    s * batch, 1}));
+    return losses;
+}
+
 // Sets the fixture's initial parameters and trains `net` its 5 steps with `opt`; returns the losses.
 template <class M, class Opt>
 std::vector<float> train_fixture(M& net, Opt& opt, const std::map<std::string, std::vector<double>>& f)

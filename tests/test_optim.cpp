@@ -498,3 +498,49 @@ TEST_CASE("A model with BatchNorm resumes with its running statistics and AdamW'
     CHECK(parameters(resumed) == parameters(straight));
     CHECK(resumed.statistics() == straight.statistics());
 }
+
+TEST_CASE("ClipGradNorm: a clipped gradient's global norm is the bound, an unclipped one is untouched, replicas clip alike",
+          "[cpu][optim][clip]")
+{
+    using Net = FusedMlpNet;
+    const RandomBatches<Net> data(9, 3);
+    const auto batch = data.batch(0, 9, 0);
+    // Plain SGD at lr 1 without momentum: the step is the gradient.
+    auto gradient_of_step = [](const std::vector<float>& before, const std::vector<float>& after) {
+        std::vector<double> g(before.size());
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = double(before[i]) - double(after[i]);
+        return g;
+    };
+    auto norm = [](const std::vector<double>& g) {
+        double s = 0.0;
+        for (double v : g) s += v * v;
+        return std::sqrt(s);
+    };
+    Net plain{Device::cpu(), 1};
+    const auto w0 = parameters(plain);
+    SGD sgd{{.lr = 1.0f}};
+    train_step(plain, sgd, batch);
+    const auto g = gradient_of_step(w0, parameters(plain));
+    const double full = norm(g);
+    REQUIRE(full > 1e-3);
+
+    Net clipped{Device::cpu(), 1};
+    ClipGradNorm tight{SGD{{.lr = 1.0f}}, float(full / 4)};
+    train_step(clipped, tight, batch);
+    const auto gc = gradient_of_step(w0, parameters(clipped));
+    CHECK(norm(gc) == Approx(full / 4).epsilon(1e-4));
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(gc[i] == Approx(g[i] / 4).epsilon(1e-3).margin(1e-6));
+
+    Net loose{Device::cpu(), 1};
+    ClipGradNorm wide{SGD{{.lr = 1.0f}}, float(full * 2)};
+    train_step(loose, wide, batch);
+    CHECK(differences(parameters(loose), parameters(plain)) == "");
+
+    DataParallel<Net, Threaded> three{cpus(3), 1};
+    ClipGradNorm tight3{SGD{{.lr = 1.0f}}, float(full / 4)};
+    train_step(three, tight3, batch);
+    CHECK(max_relative_difference(parameters(three), parameters(clipped)) < 1e-5);
+    for (std::size_t r = 1; r < 3; ++r) CHECK(differences(parameters(three.replica(r)), parameters(three)) == "");
+
+    CHECK(error_message([] { ClipGradNorm bad{SGD{}, 0.0f}; }).find("max_norm must be > 0") != std::string::npos);
+}

@@ -29,6 +29,7 @@
 #include "replica/train/accumulate.hpp"
 #include "replica/train/adam.hpp"
 #include "replica/train/checkpoint.hpp"
+#include "replica/train/clip.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/schedule.hpp"
 #include "replica/train/sgd.hpp"

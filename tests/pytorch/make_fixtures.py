@@ -9,6 +9,11 @@ It rewrites, beside this script:
                     Linear(10,4), CrossEntropyLoss with mean reduction) trained 5 steps with
                     torch.optim.Adam or AdamW (weight_decay non-zero) from the given initial parameters
                     on the given batches: the parameters after the 5 steps and each step's loss.
+  resnet.txt        a small ResNet-style model (convolutions without bias, BatchNorm2d, an identity and
+                    a projection residual block, global average pooling, Linear; tests/models.hpp,
+                    TorchResNet): one training forward and backward with a given output gradient (y,
+                    the input gradient, the parameter gradients, the running statistics after it), then
+                    3 SGD steps from the same start (parameters, running statistics, evaluation output).
 Format: records of two lines, "name count" then count numbers separated by spaces. Parameters are
 in replica's flat layout: each Linear's weight (out, in) row-major, then its bias.
 """
@@ -77,8 +82,95 @@ def optimizer(kind):
            ("initial", initial), ("inputs", inputs), ("labels", labels), ("losses", losses), ("final", flat(net))])
 
 
+def resnet_model():
+    """The small ResNet-style model of resnet.txt (tests/models.hpp, TorchResNet)."""
+    nn = torch.nn
+
+    def conv(cin, cout, k, stride=1):
+        return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
+
+    class Residual(nn.Module):
+        def __init__(self, body, shortcut=None):
+            super().__init__()
+            self.body, self.shortcut = body, shortcut
+
+        def forward(self, x):
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+
+    return nn.Sequential(
+        conv(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+        Residual(nn.Sequential(conv(4, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), conv(4, 4, 3), nn.BatchNorm2d(4))), nn.ReLU(),
+        Residual(nn.Sequential(conv(4, 6, 3, 2), nn.BatchNorm2d(6), nn.ReLU(), conv(6, 6, 3), nn.BatchNorm2d(6)),
+                 nn.Sequential(conv(4, 6, 1, 2), nn.BatchNorm2d(6))), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5))
+
+
+def in_order(net, kinds):
+    """Modules of the given kinds in replica's layout order (body before shortcut: definition order)."""
+    return [m for m in net.modules() if isinstance(m, kinds)]
+
+
+def resnet_parameters(net):
+    parts = []
+    for m in in_order(net, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear)):
+        parts += [m.weight.detach().flatten()] + ([m.bias.detach().flatten()] if m.bias is not None else [])
+    return torch.cat(parts)
+
+
+def resnet_gradients(net):
+    parts = []
+    for m in in_order(net, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear)):
+        parts += [m.weight.grad.flatten()] + ([m.bias.grad.flatten()] if m.bias is not None else [])
+    return torch.cat(parts)
+
+
+def resnet_statistics(net):
+    parts = []
+    for m in in_order(net, torch.nn.BatchNorm2d):
+        parts += [m.running_mean.flatten(), m.running_var.flatten()]
+    return torch.cat(parts)
+
+
+def resnet():
+    torch.manual_seed(3)
+    net = resnet_model()
+    with torch.no_grad():   # BatchNorm's affine parameters away from 1 and 0, so that they matter
+        for m in in_order(net, torch.nn.BatchNorm2d):
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.5, 0.5)
+    initial = resnet_parameters(net)
+    initial_state = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(6, 2, 8, 8) * 1.5 + 0.5
+    dy = torch.randn(6, 5)
+    # One training forward and backward from the initial parameters, with the given output gradient.
+    xg = x.clone().requires_grad_(True)
+    y = net(xg)
+    y.backward(dy)
+    records = [("initial", initial), ("x", x), ("dy", dy), ("y", y.detach()), ("dx", xg.grad),
+               ("dparams", resnet_gradients(net)), ("statistics_after_forward", resnet_statistics(net))]
+    # Three SGD steps (momentum, weight decay) from the initial state, CrossEntropy with mean reduction.
+    net.load_state_dict(initial_state)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    inputs = torch.randn(3, 6, 2, 8, 8)
+    labels = torch.randint(0, 5, (3, 6))
+    losses = []
+    for s in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(inputs[s]), labels[s])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    net.eval()
+    with torch.no_grad():
+        evaluated = net(inputs[0])
+    records += [("inputs", inputs), ("labels", labels), ("losses", losses), ("final", resnet_parameters(net)),
+                ("statistics", resnet_statistics(net)), ("eval_y", evaluated)]
+    write(os.path.join(HERE, "resnet.txt"), records)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     activations()
     optimizer("adam")
     optimizer("adamw")
+    resnet()

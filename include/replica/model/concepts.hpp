@@ -55,7 +55,8 @@ struct Evaluation {
 
 // What a model asks of an optimizer: `state_per_param` floats of state per parameter (zero-filled
 // before the first update), and apply(ctx, w, g, state, count), which queues the update of `count`
-// parameters w from their gradients g on ctx (train/sgd.hpp).
+// parameters w from their gradients g on ctx (train/sgd.hpp). Optionally prepare(ctx, g, count): the
+// model's whole gradient, once per update before apply (train/clip.hpp).
 template <class O>
 concept Optimizer = requires {
     { O::state_per_param } -> std::convertible_to<std::size_t>;

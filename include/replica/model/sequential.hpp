@@ -393,6 +393,13 @@ public:
         visit([&](auto& ctx) {
             const std::size_t need = param_count * Opt::state_per_param;
             if (state_.size() != need) state_ = ctx.template allocate<float>(need);
+            // An optimizer that looks at the whole gradient first (ClipGradNorm).
+            if constexpr (requires { opt.prepare(ctx, grads_.data(), param_count); }) {
+                static_assert(!chain::spans_devices,
+                              "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
+                              "holding a nested DataParallel: its replicas update slice by slice");
+                opt.prepare(ctx, grads_.data(), param_count);
+            }
             chain_.update(ctx, opt, params_.data(), grads_.data(), state_.data());
         });
     }

@@ -143,8 +143,8 @@ concept Checkpointable = requires(M& m, const M& cm, std::span<const float> valu
     m.set_optimizer_state(values);
 };
 
-// FNV-1a 64 over the little-endian u64 bytes of: param_count, the chain's layer_count, and every
-// entry of its param_offset. The same for M, DataParallel<M> and AutoParallel<M>, on every compiler.
+// FNV-1a 64 over the little-endian u64 bytes of: param_count, the chain's layer_count, every entry
+// of its param_offset, its shapes, and (models with BatchNorm) its statistics layout. The same for M, DataParallel<M> and AutoParallel<M>, on every compiler.
 template <class M>
 constexpr std::uint64_t model_signature()
 {
@@ -165,6 +165,12 @@ constexpr std::uint64_t model_signature()
     for (std::size_t d : chain::input_shape::dims) mix(std::uint64_t(d));
     for (std::size_t d : chain::output_shape::dims) mix(std::uint64_t(d));
     for (std::size_t offset : chain::act_offset) mix(std::uint64_t(offset));
+    // Statistics (BatchNorm's) and where each layer's begin; nothing for models without, so that their
+    // signatures stay what they were.
+    if constexpr (chain::statistics_count > 0) {
+        mix(std::uint64_t(chain::statistics_count));
+        for (std::size_t offset : chain::statistics_offset) mix(std::uint64_t(offset));
+    }
     return h;
 }
 

@@ -53,4 +53,15 @@ inline void accumulate_gradient(const Context&, const float* g, float* acc, std:
     for (std::size_t i = 0; i < count; ++i) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
 }
 
+// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm); the norm in double.
+inline void clip_by_norm(const Context&, float* g, std::size_t count, float max_norm)
+{
+    double squares = 0.0;
+    for (std::size_t i = 0; i < count; ++i) squares += double(g[i]) * double(g[i]);
+    const double norm = std::sqrt(squares);
+    if (!(norm > double(max_norm))) return;
+    const float scale = float(double(max_norm) / (norm + 1e-6));
+    for (std::size_t i = 0; i < count; ++i) g[i] *= scale;
+}
+
 } // namespace replica::backend::cpu

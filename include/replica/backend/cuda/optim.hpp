@@ -71,4 +71,28 @@ inline void accumulate_gradient(const Context& ctx, const float* g, float* acc, 
     detail::check_launch("accumulate_gradient");
 }
 
+namespace kernels {
+// One block: the sum of squares (double, a block tree of fixed shape), then the scale, in place.
+__global__ void clip_by_norm(float* g, std::size_t count, float max_norm)
+{
+    __shared__ double lane[detail::kThreads];
+    double squares = 0.0;
+    for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) squares += double(g[i]) * double(g[i]);
+    squares = detail::block_reduce(lane, squares, [](double a, double b) { return a + b; });
+    const double norm = sqrt(squares);
+    if (!(norm > double(max_norm))) return;
+    const float scale = float(double(max_norm) / (norm + 1e-6));
+    for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) g[i] *= scale;
+}
+} // namespace kernels
+
+// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm). One block
+// reads the gradient twice: simple and deterministic, and small beside a step.
+inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float max_norm)
+{
+    kernels::clip_by_norm<<<1, detail::kThreads, 0, ctx.stream()>>>(g, count, max_norm);
+    detail::check_launch("clip_by_norm");
+}
+
 } // namespace replica::backend::cuda
+
