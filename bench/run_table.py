@@ -305,11 +305,12 @@ def ok(r):
 
 def pytorch_match(r, results, tuned=False):
     """The PyTorch run to set against our run r: same network, device kind and count, scaling, batch,
-    with its defaults (tuned: with cudnn.benchmark); of several (CPU runs with different thread
+    precision, with its defaults (tuned: with cudnn.benchmark); of several (CPU runs with different thread
     counts) the one whose threads equal our BLAS threads."""
     found = [p for p in results if p["library"] == "pytorch" and ok(p) and p["network"] == r["network"]
              and kind_of(p) == kind_of(r) and p["devices"] == r["devices"] and p["batch"] == r["batch"]
-             and (r["devices"] == 1 or p["scaling"] == r["scaling"]) and bool(p.get("cudnn_benchmark")) == tuned]
+             and (r["devices"] == 1 or p["scaling"] == r["scaling"]) and bool(p.get("cudnn_benchmark")) == tuned
+             and p.get("precision", "fp32") == r.get("precision", "fp32")]
     same_threads = [p for p in found if p.get("threads") and p.get("threads") == r.get("blas_threads")]
     return (same_threads or found or [None])[0]
 
@@ -529,6 +530,10 @@ def main(argv=None):
             entry.update(record)
             if record.get("graphs"):
                 entry["config"] += ", graphs"
+            if record.get("precision", "fp32") != "fp32":
+                entry["config"] += f", {record['precision']}"
+            if len(record.get("modes") or {}) > 1:   # pytorch_bench --modes: the fastest of those that ran
+                entry["config"] += f", fastest of {'/'.join(record['modes'])}"
             if args.repeat > 1:   # the median process; samples/s follows from it
                 entry["runs_ms"] = sorted(runs_ms[i])
                 entry["median_ms"] = statistics.median(runs_ms[i])
