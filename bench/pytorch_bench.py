@@ -261,9 +261,10 @@ def autocast_of(torch, s, device, cache_enabled=True):
 
 
 def error_text(e):
-    """One line saying why a mode failed: the exception's type and the first line of its message."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else 'no message'}"
+    """One line saying why a mode failed: the exception's type and its message, lines joined, cut at 300
+    characters (torch.compile's errors run to pages; their first lines name the cause)."""
+    text = " / ".join(line.strip() for line in str(e).splitlines() if line.strip()) or "no message"
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def run_mode(mode, s, torch, device, world, make_model, xs, ys, weight, wait_all):
