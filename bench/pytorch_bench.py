@@ -4,20 +4,34 @@
 Same synthetic data (uniform in [-1, 1), random integer labels, two distinct batches alternated), same
 loss (mean softmax cross-entropy; per pixel for fcn), same optimiser (SGD, lr 0.001, momentum 0.9), same
 report (median step time after warm-up), so that bench/run_table.py can set the two side by side.
+resnet18 and resnet50 are torchvision's definitions (torchvision.models.resnet18(num_classes=1000)).
 
     python3 bench/pytorch_bench.py --model googlenet --batch 128 --json
     python3 bench/pytorch_bench.py --model alexnet --gpus 2 --scaling weak --json
     python3 bench/pytorch_bench.py --model lenet --gpus 0 --threads 1      # CPU reference
+    python3 bench/pytorch_bench.py --model resnet50 --precision bf16 --modes all
     python3 bench/pytorch_bench.py --params
 
-One GPU: a plain eager loop. Several GPUs: DistributedDataParallel, one process per GPU started by this
-script (torch.multiprocessing.spawn, NCCL). alexnet and alexnet-plain are the same network here: the whole
-of it under DDP (replica's alexnet keeps the classifier on the first device; PyTorch has no such split
-in this script). With --json: one JSON object, the keys of train_bench plus tf32, channels_last,
-cudnn_benchmark, threads, torch (the version) and, for alexnet, note.
+Modes (--modes, one GPU or the CPU): eager, a plain loop; graph, the whole step (forward, backward,
+optimiser) captured once in a CUDA graph and replayed; compile, the model under
+torch.compile(mode="reduce-overhead") with the optimiser step eager. Each mode runs on a fresh copy of
+the network (same seed) and reports its own median; the record's figures are the fastest mode's. A mode
+that fails is reported with its reason, the others still run. Several GPUs: DistributedDataParallel,
+eager, one process per GPU started by this script (torch.multiprocessing.spawn, NCCL). alexnet and
+alexnet-plain are the same network here: the whole of it under DDP (replica's alexnet keeps the
+classifier on the first device; PyTorch has no such split in this script).
+
+--precision bf16: the forward pass and the loss under torch.autocast(dtype=torch.bfloat16) (parameters,
+gradients and the optimiser stay fp32, as autocast does it), with the model and the 4-D inputs in
+channels_last.
+
+With --json: one JSON object, the keys of train_bench plus precision, mode (the fastest), modes (each
+mode's median_ms, min_ms, samples_per_s and loss, or its error), tf32, channels_last, cudnn_benchmark,
+threads, torch (the version) and, for alexnet, note. It exits with status 1 when every mode failed.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -28,14 +42,20 @@ import time
 # spawned process (they import this module again).
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 
-MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn")
-NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn")
-DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "googlenet": 32, "textcnn": 128, "fcn": 16}
-# The parameter counts of replica's networks (include/replica/models/*.hpp); checked at start-up.
-EXPECTED_PARAMS = {"lenet": 431080, "alexnet": 61100840, "googlenet": 6998552, "textcnn": 11348238, "fcn": 40917}
+MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50")
+NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn", "resnet18", "resnet50")
+TORCHVISION = ("resnet18", "resnet50")   # built by torchvision, which must be installed to run them
+DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "googlenet": 32, "textcnn": 128, "fcn": 16,
+                 "resnet18": 256, "resnet50": 128}
+# The parameter counts of replica's networks (include/replica/models/*.hpp); checked at start-up. The
+# ResNets' are torchvision's (v1.5: the bottleneck's stride on its 3x3), which issue 22 requires of ours.
+EXPECTED_PARAMS = {"lenet": 431080, "alexnet": 61100840, "googlenet": 6998552, "textcnn": 11348238, "fcn": 40917,
+                   "resnet18": 11689512, "resnet50": 25557032}
 INPUT_SHAPE = {"lenet": (1, 28, 28), "alexnet": (3, 224, 224), "googlenet": (3, 224, 224),
-               "textcnn": (69, 1014), "fcn": (3, 256, 256)}
-CLASSES = {"lenet": 10, "alexnet": 1000, "googlenet": 1000, "textcnn": 14, "fcn": 21}
+               "textcnn": (69, 1014), "fcn": (3, 256, 256), "resnet18": (3, 224, 224), "resnet50": (3, 224, 224)}
+CLASSES = {"lenet": 10, "alexnet": 1000, "googlenet": 1000, "textcnn": 14, "fcn": 21, "resnet18": 1000,
+           "resnet50": 1000}
+MODES = ("eager", "graph", "compile")
 LABEL_SHAPE = {"fcn": (256, 256)}   # per-pixel labels; the others have one label per sample
 ALEXNET_NOTE = ("PyTorch runs the whole AlexNet under DDP for both alexnet and alexnet-plain "
                 "(replica's alexnet keeps the classifier on the first device)")
@@ -88,7 +108,15 @@ def parse_args(argv=None):
                    help="CPU runs: torch.set_num_threads (0: all CPUs this process may use)")
     p.add_argument("--tf32", default="default", choices=("default", "on", "off"),
                    help="TF32 on GPUs; default is PyTorch's: cuDNN convolutions may use it, matmuls not")
-    p.add_argument("--channels-last", action="store_true", help="NHWC for the 2-D networks (default: off)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="NHWC for the 2-D networks (default: off; always on with --precision bf16)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: forward and loss under torch.autocast to bfloat16, channels_last for the 2-D "
+                        "networks (default: fp32)")
+    p.add_argument("--modes", default="eager",
+                   help="comma-separated, run in this order: eager, graph (the whole step replayed from a CUDA "
+                        "graph), compile (torch.compile, mode reduce-overhead); all = eager,graph,compile "
+                        "(default: eager). Several GPUs: eager only (the others are reported as failed)")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its algorithms (default: off, as in PyTorch)")
     p.add_argument("--input", default="host", choices=("host", "device"),
@@ -99,6 +127,10 @@ def parse_args(argv=None):
     s = p.parse_args(argv)
     if s.batch < 0 or s.steps < 1 or s.warmup < 0 or s.gpus < 0 or s.threads < 0:
         p.error("--batch, --warmup, --gpus and --threads must not be negative and --steps must be at least 1")
+    s.modes = list(MODES) if s.modes == "all" else [m.strip() for m in s.modes.split(",") if m.strip()]
+    unknown = [m for m in s.modes if m not in MODES]
+    if unknown or not s.modes or len(set(s.modes)) != len(s.modes):
+        p.error(f"--modes {','.join(s.modes)}: give each of {', '.join(MODES)} at most once, comma-separated, or all")
     s.batch = s.batch or DEFAULT_BATCH[network_of(s.model)]
     if global_batch(s.batch, max(s.gpus, 1), s.scaling) < max(s.gpus, 1):
         p.error(f"a global batch of {s.batch} leaves some of the {s.gpus} GPUs without samples")
@@ -107,10 +139,27 @@ def parse_args(argv=None):
     return s
 
 
+def torchvision_models():
+    """torchvision.models, or None where torchvision is not installed."""
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    return torchvision.models
+
+
 def build(name):
-    """The network named, as an nn.Sequential; layer for layer the one in include/replica/models/."""
+    """The network named: as an nn.Sequential, layer for layer the one in include/replica/models/; the
+    ResNets as torchvision defines them."""
     import torch
     from torch import nn
+
+    if name in TORCHVISION:
+        models = torchvision_models()
+        if models is None:
+            raise SystemExit(f"pytorch_bench: {name} is torchvision's definition and torchvision is not installed "
+                             "(pip install torchvision, or apt-get install python3-torchvision)")
+        return getattr(models, name)(num_classes=1000)
 
     class Inception(nn.Module):
         """1x1 | 1x1 -> 3x3 | 1x1 -> 5x5 | 3x3 max pool -> 1x1, each with ReLU, concatenated on channels."""
@@ -171,12 +220,18 @@ def build(name):
 
 
 def check_networks():
-    """Builds every network on the meta device (no memory, no arithmetic) and checks its parameter count
-    and output shape against replica's. Returns {network: parameter count}."""
+    """Builds every network on the meta device (no memory, no arithmetic; on the CPU where PyTorch has no
+    default-device context, before 2.0) and checks its parameter count and output shape against
+    replica's. The ResNets are skipped, with a note, where torchvision is missing. Returns {network:
+    parameter count}."""
     import torch
+    place = torch.device("meta") if hasattr(torch.device, "__enter__") else contextlib.nullcontext()
     counts = {}
     for name in NETWORKS:
-        with torch.device("meta"):
+        if name in TORCHVISION and torchvision_models() is None:
+            print(f"pytorch_bench: {name} not checked: torchvision is not installed", file=sys.stderr)
+            continue
+        with place, torch.no_grad():
             net = build(name).eval()
             out = net(torch.empty((2,) + INPUT_SHAPE[name]))
         counts[name] = sum(p.numel() for p in net.parameters())
@@ -197,11 +252,106 @@ def set_tf32(torch, mode):
     return {(True, True): "on", (True, False): "conv", (False, True): "matmul", (False, False): "off"}[(conv, mm)]
 
 
-def train(s, rank, world):
-    """Runs the benchmark on one device (rank of world; the process group exists when world > 1) and
-    returns rank 0's result record (other ranks: None)."""
-    import torch
+def autocast_of(torch, s, device, cache_enabled=True):
+    """The context the forward pass and the loss run in: autocast to bfloat16 for --precision bf16.
+    cache_enabled=False under CUDA-graph capture, as PyTorch requires there."""
+    if s.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
+
+
+def error_text(e):
+    """One line saying why a mode failed: the exception's type and its message, lines joined, cut at 300
+    characters (torch.compile's errors run to pages; their first lines name the cause)."""
+    text = " / ".join(line.strip() for line in str(e).splitlines() if line.strip()) or "no message"
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def run_mode(mode, s, torch, device, world, make_model, xs, ys, weight, wait_all):
+    """Runs the warm-up and timed steps of one mode on a fresh model; returns (step times in ms, the last
+    step's loss as a tensor). Raises when the mode cannot run here."""
     from torch import nn
+
+    cuda = device.type == "cuda"
+    on_host = cuda and s.input == "host"
+    if mode != "eager" and world > 1:
+        raise RuntimeError(f"{mode} runs on one GPU; with several, DistributedDataParallel runs eager only")
+    model = make_model()
+    criterion = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    times = []
+
+    if mode == "graph":
+        if not cuda:
+            raise RuntimeError("CUDA graphs need a GPU (--gpus 1)")
+        # The whole step captured once, as in PyTorch's CUDA-graph notes: warm-up steps on a side stream
+        # (they make cuDNN's choices and SGD's momentum buffers), then forward, backward and the optimiser
+        # step recorded; each step copies its batch into the graph's input tensors and replays.
+        static_x = torch.empty_like(xs[0], device=device)
+        static_y = torch.empty_like(ys[0], device=device)
+        static_x.copy_(xs[0])
+        static_y.copy_(ys[0])
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(max(s.warmup, 3)):
+                opt.zero_grad(set_to_none=True)
+                with autocast_of(torch, s, device, cache_enabled=False):
+                    loss = criterion(model(static_x), static_y)
+                (loss * weight if weight != 1 else loss).backward()
+                opt.step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            with autocast_of(torch, s, device, cache_enabled=False):
+                static_loss = criterion(model(static_x), static_y)
+            (static_loss * weight if weight != 1 else static_loss).backward()
+            opt.step()
+        wait_all()
+        for i in range(s.warmup + s.steps):   # the first replays (graph upload) untimed, as eager's warm-up
+            t0 = time.perf_counter()
+            static_x.copy_(xs[i % 2], non_blocking=True)
+            static_y.copy_(ys[i % 2], non_blocking=True)
+            graph.replay()
+            wait_all()
+            if i >= s.warmup:
+                times.append((time.perf_counter() - t0) * 1000.0)
+        return times, static_loss
+
+    mark_step = None
+    if mode == "compile":
+        if not hasattr(torch, "compile"):
+            raise RuntimeError(f"torch.compile needs PyTorch 2.0 or later; this is {torch.__version__}")
+        model = torch.compile(model, mode="reduce-overhead")
+        # Tells the CUDA-graph trees of reduce-overhead that a new step begins (the last step's outputs
+        # are no longer read).
+        mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    loss = None
+    wait_all()
+    for i in range(s.warmup + s.steps):
+        t0 = time.perf_counter()
+        if mark_step is not None:
+            mark_step()
+        x, y = xs[i % 2], ys[i % 2]
+        if on_host:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        with autocast_of(torch, s, device):
+            loss = criterion(model(x), y)
+        (loss * weight if weight != 1 else loss).backward()
+        opt.step()
+        wait_all()   # every device has finished the step
+        t1 = time.perf_counter()
+        if i >= s.warmup:
+            times.append((t1 - t0) * 1000.0)
+    return times, loss
+
+
+def train(s, rank, world):
+    """Runs the benchmark on one device (rank of world; the process group exists when world > 1), each of
+    s.modes in turn, and returns rank 0's result record (other ranks: None)."""
+    import torch
 
     cuda = s.gpus > 0
     if cuda:
@@ -219,14 +369,18 @@ def train(s, rank, world):
 
     name = network_of(s.model)
     image = len(INPUT_SHAPE[name]) == 3
-    torch.manual_seed(1)
-    model = build(name).to(device)
-    if s.channels_last and image:
-        model = model.to(memory_format=torch.channels_last)
-    model.train()
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(model, device_ids=[rank])
+    channels_last = image and (s.channels_last or s.precision == "bf16")
+
+    def make_model():
+        torch.manual_seed(1)   # every mode starts from the same weights
+        model = build(name).to(device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model, device_ids=[rank])
+        return model
 
     glob = global_batch(s.batch, world, s.scaling)
     _, n = share(glob, world, rank)
@@ -236,14 +390,11 @@ def train(s, rank, world):
     xs = [torch.rand((n,) + INPUT_SHAPE[name], generator=gen, device=device) * 2 - 1 for _ in range(2)]
     ys = [torch.randint(0, CLASSES[name], (n,) + LABEL_SHAPE.get(name, ()), generator=gen, device=device)
           for _ in range(2)]
-    if s.channels_last and image:
+    if channels_last:
         xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
-    on_host = cuda and s.input == "host"
-    if on_host:
+    if cuda and s.input == "host":
         xs = [x.cpu().pin_memory() for x in xs]
         ys = [y.cpu().pin_memory() for y in ys]
-    criterion = nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     # DDP averages the replicas' gradients; with uneven shares, weight each replica's mean loss so that
     # the average is the gradient of the mean over the global batch, as replica computes it.
     weight = n * world / glob
@@ -255,39 +406,45 @@ def train(s, rank, world):
             dist.barrier()
             torch.cuda.synchronize(device)
 
-    times = []
-    loss = None
-    wait_all()
-    for i in range(s.warmup + s.steps):
-        t0 = time.perf_counter()
-        x, y = xs[i % 2], ys[i % 2]
-        if on_host:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        opt.zero_grad(set_to_none=True)
-        loss = criterion(model(x), y)
-        (loss * weight if weight != 1 else loss).backward()
-        opt.step()
-        wait_all()   # every device has finished the step
-        t1 = time.perf_counter()
-        if i >= s.warmup:
-            times.append((t1 - t0) * 1000.0)
-
-    # The loss of the last step over the global batch (outside the timing).
-    last = loss.detach() * (n / glob)
-    if world > 1:
-        dist.all_reduce(last)
+    modes = {}
+    for mode in s.modes:
+        try:
+            times, loss = run_mode(mode, s, torch, device, world, make_model, xs, ys, weight, wait_all)
+        except Exception as e:   # reported in the record; the other modes still run
+            if world > 1 and mode == "eager":
+                raise
+            modes[mode] = {"error": error_text(e)}
+            continue
+        finally:
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+        # The loss of the last step over the global batch (outside the timing).
+        last = loss.detach().float() * (n / glob)
+        if world > 1:
+            dist.all_reduce(last)
+        med = median(times)
+        modes[mode] = {"median_ms": round(med, 4), "min_ms": round(min(times), 4),
+                       "samples_per_s": round(glob / (med / 1000.0), 1), "loss": round(float(last), 5)}
+        if mode == "compile" and hasattr(torch, "_dynamo"):
+            torch._dynamo.reset()   # the next mode's model is compiled afresh, not from this one's cache
     if rank != 0:
         return None
-    med = median(times)
+    done = [m for m in s.modes if "error" not in modes[m]]
+    fastest = min(done, key=lambda m: modes[m]["median_ms"]) if done else None
     result = {
         "library": "pytorch", "model": s.model, "devices": max(world, 1),
         "device": str(torch.device("cuda", 0)) if cuda else "cpu",
-        "dispatch": "ddp" if world > 1 else "eager", "scaling": s.scaling, "batch": s.batch,
-        "global_batch": glob, "steps": s.steps, "median_ms": round(med, 4), "min_ms": round(min(times), 4),
-        "samples_per_s": round(glob / (med / 1000.0), 1), "loss": round(float(last), 5), "tf32": tf32,
-        "channels_last": bool(s.channels_last and image), "input": s.input if cuda else "host", "cudnn_benchmark": bool(cuda and s.cudnn_benchmark),
+        "dispatch": "ddp" if world > 1 else (fastest or s.modes[0]), "scaling": s.scaling, "batch": s.batch,
+        "global_batch": glob, "steps": s.steps, "precision": s.precision, "mode": fastest, "modes": modes,
+        "tf32": tf32, "channels_last": channels_last, "input": s.input if cuda else "host",
+        "cudnn_benchmark": bool(cuda and s.cudnn_benchmark),
         "threads": torch.get_num_threads() if not cuda else None, "torch": torch.__version__,
     }
+    if fastest is not None:
+        result.update({k: modes[fastest][k] for k in ("median_ms", "min_ms", "samples_per_s", "loss")})
+    else:
+        result["error"] = "every mode failed: " + "; ".join(f"{m}: {modes[m]['error']}" for m in s.modes)
     if name == "alexnet":
         result["note"] = ALEXNET_NOTE
     return result
@@ -317,10 +474,19 @@ def free_port():
 
 
 def describe(r):
+    """The record as lines of text: one per mode, then which mode was fastest."""
     where = r["device"] if r["devices"] == 1 else f"{r['devices']} GPUs ({r['dispatch']}, {r['scaling']} scaling)"
-    return (f"pytorch {r['model']} on {where}: batch {r['batch']} (global {r['global_batch']}), "
-            f"median step {r['median_ms']:.3f} ms (min {r['min_ms']:.3f}), {r['samples_per_s']:.0f} samples/s, "
-            f"loss {r['loss']:.4f}, tf32 {r['tf32']}")
+    lines = [f"pytorch {r['model']} on {where}: batch {r['batch']} (global {r['global_batch']}), {r['precision']}, "
+             f"tf32 {r['tf32']}, channels_last {'on' if r['channels_last'] else 'off'}"]
+    for mode, m in r["modes"].items():
+        if "error" in m:
+            lines.append(f"  {mode:8s} failed: {m['error']}")
+        else:
+            lines.append(f"  {mode:8s} median step {m['median_ms']:.3f} ms (min {m['min_ms']:.3f}), "
+                         f"{m['samples_per_s']:.0f} samples/s, loss {m['loss']:.4f}")
+    if len(r["modes"]) > 1:
+        lines.append(f"  fastest: {r['mode']}" if r["mode"] else "  every mode failed")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -329,7 +495,7 @@ def main(argv=None):
 
     counts = check_networks()
     if s.params:
-        for name in NETWORKS:
+        for name in counts:
             print(f"{name:10s} {counts[name]:>10,d} parameters (replica: {EXPECTED_PARAMS[name]:,d})")
         return 0
     if s.gpus > 0:
@@ -352,6 +518,9 @@ def main(argv=None):
                     raise
         result = queue.get()
     print(json.dumps(result) if s.json else describe(result), flush=True)
+    if result["mode"] is None:
+        print(f"pytorch_bench: {result['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -30,12 +30,15 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "alexnet-plain": 128, "googlenet": 32, "textcnn": 128, "fcn": 16}
+DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "alexnet-plain": 128, "googlenet": 32, "textcnn": 128, "fcn": 16,
+                 "resnet18": 256, "resnet50": 128}
+RESNET_RUNS = (("resnet18", 256), ("resnet50", 128), ("resnet50", 256))   # issue 22's comparison
 GPU2_RUNS = (("lenet", 64), ("alexnet", 128), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128),
              ("textcnn", 128), ("fcn", 16))
 GPU4_RUNS = (("lenet", 64), ("alexnet-plain", 128), ("googlenet", 32), ("googlenet", 128), ("textcnn", 128),
              ("fcn", 16))
-PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu", "graphs", "buckets")
+PRESETS = ("cpu", "gpu1", "gpu2", "gpu4", "reproducible", "reproducible-cpu", "mpi2", "mpi-cpu", "graphs", "buckets",
+           "resnet")
 
 
 def network_of(model):
@@ -81,16 +84,19 @@ def gpu_list(count):
     return ",".join(f"cuda:{i}" for i in range(count))
 
 
-def pytorch_config(model, gpus, batch, scaling="strong", threads=0, cudnn_benchmark=False):
+def pytorch_config(model, gpus, batch, scaling="strong", threads=0, cudnn_benchmark=False, modes=None):
+    """modes: pytorch_bench.py's --modes (None: its default, eager)."""
     count = max(gpus, 1)
     config = "pytorch" if gpus > 0 or threads == 0 else f"pytorch, {threads} thread{'s' if threads > 1 else ''}"
     if cudnn_benchmark:
         config += ", cudnn.benchmark"
+    if modes and modes != "eager":
+        config += f", {modes}"
     return {"library": "pytorch", "config": config, "model": model, "network": network_of(model),
             "device_list": ",".join(f"cuda:{i}" for i in range(gpus)) if gpus else "cpu", "devices": count,
             "dispatch": "ddp" if gpus > 1 else "eager", "scaling": scaling, "batch": batch,
             "global_batch": batch if scaling == "strong" else batch * count, "gpus": gpus,
-            "threads": threads or None, "cudnn_benchmark": cudnn_benchmark}
+            "threads": threads or None, "cudnn_benchmark": cudnn_benchmark, "modes_requested": modes}
 
 
 def preset_configs(preset, pytorch):
@@ -166,6 +172,12 @@ def preset_configs(preset, pytorch):
             runs += [replica_config(model, "cuda:0", b), replica_config(model, "cuda:0", b // 2)]
             runs += [replica_config(model, "cuda:0,cuda:1", b, dispatch, scaling, bucket_floats=floats)
                      for floats in (0, 1 << 16) for scaling in ("strong", "weak") for dispatch in ("single", "threaded")]
+    elif preset == "resnet":
+        # ResNet-18 and -50 on one GPU; PyTorch eager and its whole step replayed from a CUDA graph.
+        for model, b in RESNET_RUNS:
+            runs.append(replica_config(model, "cuda:0", b))
+            if pytorch:
+                runs += [pytorch_config(model, 1, b, modes=m) for m in ("eager", "graph")]
     elif preset == "reproducible-cpu":
         for devices in ("cpu:0", "cpu:0,cpu:1"):
             runs += [replica_config("lenet", devices, 64, "threaded", blas_threads=1, reproducible=r)
@@ -202,6 +214,8 @@ def command(cfg, args):
         argv += ["--threads", str(cfg["threads"])]
     if cfg.get("cudnn_benchmark"):
         argv += ["--cudnn-benchmark"]
+    if cfg.get("modes_requested"):
+        argv += ["--modes", cfg["modes_requested"]]
     return argv + args.pytorch_arg
 
 
@@ -305,11 +319,12 @@ def ok(r):
 
 def pytorch_match(r, results, tuned=False):
     """The PyTorch run to set against our run r: same network, device kind and count, scaling, batch,
-    with its defaults (tuned: with cudnn.benchmark); of several (CPU runs with different thread
+    precision, with its defaults (tuned: with cudnn.benchmark); of several (CPU runs with different thread
     counts) the one whose threads equal our BLAS threads."""
     found = [p for p in results if p["library"] == "pytorch" and ok(p) and p["network"] == r["network"]
              and kind_of(p) == kind_of(r) and p["devices"] == r["devices"] and p["batch"] == r["batch"]
-             and (r["devices"] == 1 or p["scaling"] == r["scaling"]) and bool(p.get("cudnn_benchmark")) == tuned]
+             and (r["devices"] == 1 or p["scaling"] == r["scaling"]) and bool(p.get("cudnn_benchmark")) == tuned
+             and p.get("precision", "fp32") == r.get("precision", "fp32")]
     same_threads = [p for p in found if p.get("threads") and p.get("threads") == r.get("blas_threads")]
     return (same_threads or found or [None])[0]
 
@@ -459,7 +474,8 @@ def parse_args(argv=None):
                    help="cpu: lenet on 1 and 2 CPU devices; gpu1: every network on cuda:0; gpu2: 1 and 2 GPUs; "
                         "gpu4: 1 to 4 GPUs and auto_parallel's choice; reproducible(-cpu): fast against "
                         "reproducible mode; mpi2 (mpi-cpu): one process with 2 devices against 2 processes; graphs: eager "
-                        "against CUDA graphs")
+                        "against CUDA graphs; resnet: ResNet-18 (256) and -50 (128, 256) on cuda:0, PyTorch eager and "
+                        "graph-replayed")
     p.add_argument("--bench", default="build/bench/train_bench", help="the train_bench program")
     p.add_argument("--out", required=True, help="folder for results.json and results.md (made if missing)")
     p.add_argument("--steps", type=int, help="timed steps per run (default: the programs' own, 20)")
@@ -529,6 +545,10 @@ def main(argv=None):
             entry.update(record)
             if record.get("graphs"):
                 entry["config"] += ", graphs"
+            if record.get("precision", "fp32") != "fp32":
+                entry["config"] += f", {record['precision']}"
+            if len(record.get("modes") or {}) > 1:   # pytorch_bench --modes: the fastest of those that ran
+                entry["config"] += f", fastest of {'/'.join(record['modes'])}"
             if args.repeat > 1:   # the median process; samples/s follows from it
                 entry["runs_ms"] = sorted(runs_ms[i])
                 entry["median_ms"] = statistics.median(runs_ms[i])

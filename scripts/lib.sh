@@ -22,6 +22,12 @@ base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-d
 image_packages=(libpng-dev libjpeg62-turbo-dev)
 plot_packages=(python3-matplotlib)
 
+# Whether this machine has an NVIDIA GPU the programs could use (nvidia-smi lists one, or the driver's
+# device file exists).
+gpu_visible() {
+    { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; } || [ -e /dev/nvidia0 ]
+}
+
 # Configures the build folder once (again if meson.build changed: ninja does that itself).
 configure() {
     if [ ! -f "$build/build.ninja" ]; then
