@@ -983,6 +983,7 @@ TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as on
         // Captured, cut at each sync point, replayed.
         if (batch > 2) CHECK(graphs_held(dp.replica(0)) == (graphs ? 2u : 0u));
     }
+}
 
 // ---- convolutions without bias (issue 22) ----
 
