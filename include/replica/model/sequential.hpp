@@ -394,7 +394,7 @@ public:
             const std::size_t need = param_count * Opt::state_per_param;
             if (state_.size() != need) state_ = ctx.template allocate<float>(need);
             // An optimizer that looks at the whole gradient first (ClipGradNorm).
-            if constexpr (requires { opt.prepare(ctx, grads_.data(), param_count); }) {
+            if constexpr (PreparesGradient<Opt, std::remove_cvref_t<decltype(ctx)>>) {
                 static_assert(!chain::spans_devices,
                               "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
                               "holding a nested DataParallel: its replicas update slice by slice");
