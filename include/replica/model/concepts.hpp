@@ -62,8 +62,7 @@ concept Optimizer = requires {
     { O::state_per_param } -> std::convertible_to<std::size_t>;
 };
 
-// An optimizer with prepare(ctx, g, count) (stated as a concept on the types: nvcc misjudges a
-// requires-expression on a captured variable inside a generic lambda).
+// An optimizer with prepare(ctx, g, count).
 template <class O, class Ctx>
 concept PreparesGradient = requires(const O& o, Ctx& ctx, float* g, std::size_t n) { o.prepare(ctx, g, n); };
 

@@ -393,13 +393,7 @@ public:
         visit([&](auto& ctx) {
             const std::size_t need = param_count * Opt::state_per_param;
             if (state_.size() != need) state_ = ctx.template allocate<float>(need);
-            // An optimizer that looks at the whole gradient first (ClipGradNorm).
-            if constexpr (PreparesGradient<Opt, std::remove_cvref_t<decltype(ctx)>>) {
-                static_assert(!chain::spans_devices,
-                              "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
-                              "holding a nested DataParallel: its replicas update slice by slice");
-                opt.prepare(ctx, grads_.data(), param_count);
-            }
+            prepare_gradient(opt, ctx, grads_.data());
             chain_.update(ctx, opt, params_.data(), grads_.data(), state_.data());
         });
     }
@@ -500,6 +494,19 @@ private:
                         BackwardArgs{.params = params_.data(), .x = xd, .y = y(), .dy = dy(), .dx = nullptr,
                                      .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch()},
                         on_layer);
+    }
+
+    // An optimizer that looks at the whole gradient first (ClipGradNorm). A function of its own, not a
+    // branch in update()'s lambda: nvcc does not discard that branch there.
+    template <class Opt, class Ctx>
+    static void prepare_gradient(const Opt& opt, Ctx& ctx, float* gradient)
+    {
+        if constexpr (PreparesGradient<Opt, Ctx>) {
+            static_assert(!chain::spans_devices,
+                          "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
+                          "holding a nested DataParallel: its replicas update slice by slice");
+            opt.prepare(ctx, gradient, param_count);
+        }
     }
 
     // Waits for the step queued ahead, if any (its buffers are the next step's but one), and forgets it.
