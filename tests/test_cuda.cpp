@@ -985,6 +985,48 @@ TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as on
     }
 }
 
+TEST_CASE("BatchNorm and Residual on the GPU against PyTorch: 3 SGD steps, running estimates, evaluation",
+          "[cuda][batchnorm][pytorch]")
+{
+    REQUIRE_GPU();
+    // The CPU test's fixture and tolerances (test_normalization.cpp); the GPU sums in other orders,
+    // well inside them.
+    const auto f = read_fixture("resnet.txt");
+    TorchResNet net{Device::cuda(0)};
+    const auto losses = train_resnet_fixture(net, f);
+    std::vector<float> eval(6 * 5);
+    net.predict(to_float(f.at("inputs")).data(), 6, eval.data());
+    const double eloss = max_error(losses, f.at("losses")), ew = max_error(parameters(net), f.at("final")),
+                 es = max_error(net.statistics(), f.at("statistics")), ee = max_error(eval, f.at("eval_y"));
+    CAPTURE(eloss, ew, es, ee);
+    CHECK(eloss < 1e-5);
+    CHECK(ew < 1e-4);
+    CHECK(es < 1e-4);
+    CHECK(ee < 1e-4);
+}
+
+TEST_CASE("ClipGradNorm on the GPU clips as on the CPU", "[cuda][optim][clip]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<FusedMlpNet> data(9, 3);
+    FusedMlpNet cpu{Device::cpu(), 1}, gpu{Device::cuda(0), 1}, free{Device::cuda(0), 1};
+    const auto w0 = parameters(gpu);
+    ClipGradNorm a{SGD{{.lr = 1.0f}}, 0.05f}, b{SGD{{.lr = 1.0f}}, 0.05f};
+    SGD plain{{.lr = 1.0f}};
+    train_step(cpu, a, data.batch(0, 9, 0));
+    train_step(gpu, b, data.batch(0, 9, 0));
+    train_step(free, plain, data.batch(0, 9, 0));
+    double clipped = 0.0, unclipped = 0.0;
+    const auto wg = parameters(gpu), wf = parameters(free);
+    for (std::size_t i = 0; i < w0.size(); ++i) {
+        clipped += (double(w0[i]) - wg[i]) * (double(w0[i]) - wg[i]);
+        unclipped += (double(w0[i]) - wf[i]) * (double(w0[i]) - wf[i]);
+    }
+    REQUIRE(std::sqrt(unclipped) > 0.1);   // so the bound acts
+    CHECK(std::sqrt(clipped) == Approx(0.05).epsilon(1e-3));
+    CHECK(norm_relative(parameters(cpu), wg) < 1e-6);
+}
+
 // ---- convolutions without bias (issue 22) ----
 
 TEST_CASE("Convolutions without bias equal the CPU's through cuDNN and the products, alone and with a fused ReLU",
