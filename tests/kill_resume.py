@@ -25,13 +25,16 @@ def checkpoint(path):
     data = open(path, "rb").read()
     if len(data) < 72 or data[:8] != b"REPLICA\0":
         raise ValueError(f"{path}: {len(data)} bytes, not a checkpoint")
+    version = struct.unpack_from("<I", data, 8)[0]
     params, states, epoch, step, _seed, records = struct.unpack_from("<QQQQQQ", data, 20)
-    size = 68 + 40 * records + 4 * (params + states) + 4
+    # Format 2 (train/checkpoint.hpp) adds the optimizer's id and step count and the statistics count.
+    header, statistics = (68, 0) if version == 1 else (88, struct.unpack_from("<Q", data, 80)[0])
+    size = header + 40 * records + 4 * (params + states + statistics) + 4
     if len(data) != size:
         raise ValueError(f"{path}: {len(data)} bytes, its header promises {size}")
     if zlib.crc32(data[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
         raise ValueError(f"{path}: checksum mismatch")
-    return epoch, step, data[68 + 40 * records:-4]
+    return epoch, step, data[header + 40 * records:-4]
 
 
 def run(binary, ckpt, env, resume):
