@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "replica/core/hook.hpp"
+#include "replica/core/tensor.hpp"
 #include "replica/layers/op.hpp"
 
 namespace replica::layers {
