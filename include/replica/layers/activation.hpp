@@ -37,7 +37,10 @@ struct ReLU {
     };
 };
 
-struct Sigmoid {
+// A parameter-free elementwise layer whose kernels a rule names: Rule::forward(ctx, x, y, count) and
+// Rule::backward(ctx, x, y, dy, dx, count) (from the input, the output, or both).
+template <class Rule>
+struct Elementwise {
     template <class In>
     struct op : LeafOp {
         using input_shape = In;
@@ -48,60 +51,49 @@ struct Sigmoid {
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
         {
-            sigmoid_forward(ctx, a.x, a.y, a.n * In::size);
+            Rule::forward(ctx, a.x, a.y, a.n * In::size);
         }
-        // dx = dy * y * (1 - y), from the output.
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
         {
-            if (a.dx) sigmoid_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
+            if (a.dx) Rule::backward(ctx, a.x, a.y, a.dy, a.dx, a.n * In::size);
         }
     };
 };
 
-struct Tanh {
-    template <class In>
-    struct op : LeafOp {
-        using input_shape = In;
-        using output_shape = In;
-        static constexpr std::size_t param_count = 0;
-        using LeafOp::LeafOp;
-        void init(float*, std::uint64_t) const {}
-        template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
-        {
-            tanh_forward(ctx, a.x, a.y, a.n * In::size);
-        }
-        // dx = dy * (1 - y^2), from the output.
-        template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
-        {
-            if (a.dx) tanh_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
-        }
-    };
+namespace detail {
+struct SigmoidRule {   // dx = dy * y * (1 - y), from the output
+    template <class Ctx>
+    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { sigmoid_forward(ctx, x, y, n); }
+    template <class Ctx>
+    static void backward(Ctx& ctx, const float*, const float* y, const float* dy, float* dx, std::size_t n)
+    {
+        sigmoid_backward(ctx, y, dy, dx, n);
+    }
 };
+struct TanhRule {   // dx = dy * (1 - y^2), from the output
+    template <class Ctx>
+    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { tanh_forward(ctx, x, y, n); }
+    template <class Ctx>
+    static void backward(Ctx& ctx, const float*, const float* y, const float* dy, float* dx, std::size_t n)
+    {
+        tanh_backward(ctx, y, dy, dx, n);
+    }
+};
+struct GeluRule {   // dx = dy * (Phi(x) + x * phi(x)), from the input
+    template <class Ctx>
+    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { gelu_forward(ctx, x, y, n); }
+    template <class Ctx>
+    static void backward(Ctx& ctx, const float* x, const float*, const float* dy, float* dx, std::size_t n)
+    {
+        gelu_backward(ctx, x, dy, dx, n);
+    }
+};
+} // namespace detail
 
-struct GELU {
-    template <class In>
-    struct op : LeafOp {
-        using input_shape = In;
-        using output_shape = In;
-        static constexpr std::size_t param_count = 0;
-        using LeafOp::LeafOp;
-        void init(float*, std::uint64_t) const {}
-        template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
-        {
-            gelu_forward(ctx, a.x, a.y, a.n * In::size);
-        }
-        // dx = dy * (Phi(x) + x * phi(x)), from the input.
-        template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
-        {
-            if (a.dx) gelu_backward(ctx, a.x, a.dy, a.dx, a.n * In::size);
-        }
-    };
-};
+using Sigmoid = Elementwise<detail::SigmoidRule>;
+using Tanh = Elementwise<detail::TanhRule>;
+using GELU = Elementwise<detail::GeluRule>;
 
 template <double P>
 struct Dropout {
