@@ -985,6 +985,42 @@ TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as on
     }
 }
 
+TEST_CASE("Reproducible mode with BatchNorm on GPUs: replicas sharing one GPU give one replica's bits, statistics included",
+          "[cuda][same-gpu][reproducible][batchnorm]")
+{
+    REQUIRE_GPU();
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    CAPTURE(graphs);
+    const RandomBatches<SmallResNet> data(100, 4);
+    SmallResNet one{Device::cuda(0), 1};
+    const auto expected = five_steps(one, data, 7);
+    const auto stats = one.statistics();
+    for (std::size_t n : {2, 3}) {
+        CAPTURE(n);
+        DataParallel<SmallResNet, Threaded> dp{shared_gpu(n), 1};
+        CHECK(differences(five_steps(dp, data, 7), expected) == "");
+        for (std::size_t r = 0; r < n; ++r) CHECK(differences(dp.replica(r).statistics(), stats) == "");
+    }
+    // The CPU's reproducible run: the same function, another backend's float rounding.
+    SmallResNet cpu{Device::cpu(), 1};
+    CHECK(norm_relative(five_steps(cpu, data, 7), expected) < 1e-4);
+    CHECK(norm_relative(cpu.statistics(), stats) < 1e-4);
+}
+
+TEST_CASE("BatchNorm inside Concat branches on the GPU: replicas sharing one GPU train as one GPU", "[cuda][same-gpu][batchnorm]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<ConcatBatchNormNet> data(42, 8);
+    ConcatBatchNormNet one{Device::cuda(0), 3};
+    const auto expected = queued_steps(one, data, 7);
+    DataParallel<ConcatBatchNormNet, Threaded> dp{shared_gpu(3), 3};
+    CHECK(norm_relative(expected, queued_steps(dp, data, 7)) < 1e-5);
+    CHECK(norm_relative(one.statistics(), dp.statistics()) < 1e-5);
+    ConcatBatchNormNet cpu{Device::cpu(), 3};
+    CHECK(norm_relative(queued_steps(cpu, data, 7), expected) < 1e-4);
+}
+
 TEST_CASE("BatchNorm and Residual on the GPU against PyTorch: 3 SGD steps, running estimates, evaluation",
           "[cuda][batchnorm][pytorch]")
 {
