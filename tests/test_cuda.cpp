@@ -14,6 +14,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -327,12 +329,12 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
     train_step(net, opt, data.batch(0, 64, 0));
     std::size_t reserved = 0;
     net.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) reserved = ctx.state().allocator->reserved_bytes();
+        if constexpr (requires { ctx.reserved_bytes(); }) reserved = ctx.reserved_bytes();
     });
     for (int i = 0; i < 5; ++i) train_step(net, opt, data.batch(0, 64, 0));
     std::size_t after = 0;
     net.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) after = ctx.state().allocator->reserved_bytes();
+        if constexpr (requires { ctx.reserved_bytes(); }) after = ctx.reserved_bytes();
     });
     CHECK(reserved > 0);
     CHECK(after == reserved);
@@ -434,7 +436,7 @@ TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the othe
     std::vector<double> held;
     for (std::size_t r = 0; r < 2; ++r)
         dp.replica(r).visit([&](auto& ctx) {
-            if constexpr (requires { ctx.state(); }) held.push_back(double(ctx.state().allocator->reserved_bytes()));
+            if constexpr (requires { ctx.reserved_bytes(); }) held.push_back(double(ctx.reserved_bytes()));
         });
     REQUIRE(held.size() == 2);
     CAPTURE(held[0], held[1]);
@@ -609,7 +611,7 @@ std::size_t graphs_held(auto& model)
 {
     std::size_t count = 0;
     model.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) count = ctx.state().graphs.size();
+        if constexpr (requires { ctx.graph_cache(); }) count = ctx.graph_cache().size();
     });
     return count;
 }
@@ -618,9 +620,7 @@ std::size_t cuts_held(auto& model)
 {
     std::size_t count = 0;
     model.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); })
-            for (const auto& [key, segments] : ctx.state().graphs)
-                for (const auto& s : segments) count += s.cut != cuda::Segment::no_cut;
+        if constexpr (requires { ctx.graph_cache(); }) count += ctx.graph_cache().cuts();
     });
     return count;
 }
@@ -713,6 +713,94 @@ TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at ever
     DataParallel<LeNet, SingleThread> single{gpus(2), 4, buckets};   // grouped all-reduce after all replicas
     CHECK(norm_relative(steps_for_graphs(single, lenet), expected) < 1e-6);
     CHECK(cuts_held(single.replica(1)) == 2 * 2);
+}
+
+// ---- backend contract and owned resources ----
+
+static_assert(backend::Context<cuda::Context> && backend::Context<backend::cpu::Context>);
+static_assert(!backend::Context<int> && !backend::Context<cuda::Stream>);
+static_assert(!std::is_copy_constructible_v<cuda::Event> && std::is_nothrow_move_constructible_v<cuda::Event>);
+static_assert(!std::is_copy_constructible_v<cuda::ConvPlan> && !std::is_copy_constructible_v<cuda::Gemm>);
+
+TEST_CASE("An owned CUDA handle moves to its new owner and is given back once", "[cuda]")
+{
+    REQUIRE_GPU();
+    cuda::Context ctx{Device::cuda(0)};
+    ctx.activate();
+    cuda::Event a = cuda::make_event();
+    const cudaEvent_t raw = a;
+    REQUIRE(raw != nullptr);
+    cuda::Event b = std::move(a);
+    CHECK(!a);
+    CHECK(b.get() == raw);
+    CHECK(cudaEventRecord(b, ctx.stream()) == cudaSuccess);
+    cuda::Event c = cuda::make_event();
+    c = std::move(b);   // c's own event is given back, b's is now c's
+    CHECK(!b);
+    CHECK(c.get() == raw);
+    CHECK(cudaEventSynchronize(c) == cudaSuccess);
+    c.reset();
+    CHECK(!c);
+
+    cuda::Pinned<double> pinned(3);   // page-locked and value-initialised
+    cudaPointerAttributes where{};
+    REQUIRE(cudaPointerGetAttributes(&where, pinned.data()) == cudaSuccess);
+    CHECK(where.type == cudaMemoryTypeHost);
+    CHECK((pinned[0] == 0.0 && pinned[1] == 0.0 && pinned[2] == 0.0));
+}
+
+TEST_CASE("A context's watchdog is called while the host waits, and stops the wait by throwing", "[cuda]")
+{
+    REQUIRE_GPU();
+    cuda::Context ctx{Device::cuda(0)};
+    ctx.activate();
+    auto slow = [&] {   // 50 ms of host work queued on the compute stream
+        REQUIRE(cudaLaunchHostFunc(ctx.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+                                   nullptr) == cudaSuccess);
+    };
+    int calls = 0;
+    ctx.set_watchdog([&](double waited) {
+        ++calls;
+        if (waited > 0.0) throw Error("stopped by the watchdog");
+    });
+    slow();
+    std::string message;
+    try {
+        ctx.synchronize();
+    } catch (const Error& e) {
+        message = e.what();
+    }
+    CHECK(message == "stopped by the watchdog");
+    CHECK(calls >= 1);
+    cuda::Context copy = ctx;   // copies share the watchdog
+    copy.set_watchdog(nullptr);
+    calls = 0;
+    slow();
+    ctx.synchronize();   // blocks, no watchdog
+    CHECK(calls == 0);
+}
+
+TEST_CASE("The autotuner keeps cuDNN unless a candidate is 3% faster; make_deterministic drops the plans", "[cuda]")
+{
+    REQUIRE_GPU();
+    CHECK(cuda::detail::CallTimer::clearly_faster(1.0, 1.031));
+    CHECK(!cuda::detail::CallTimer::clearly_faster(1.0, 1.029));
+    CHECK(!cuda::detail::CallTimer::clearly_faster(cuda::detail::CallTimer::never, 1.0));
+
+    const OptionScope products{&cuda::Options::conv_path, cuda::ConvPath::gemm_forward};
+    constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};
+    cuda::Context ctx{Device::cuda(0)};
+    const cuda::ConvPlan& p = cuda::detail::plan_of<g>(ctx, 50, 7);
+    CHECK((p.gemm_forward && !p.gemm_backward));   // the path forces the forward pass to the products
+    CHECK((p.x && p.y && p.w && p.conv));          // cuDNN's descriptors, owned by the plan
+    CHECK(p.workspace >= cuda::ProductConv<g>::workspace(50, 7));
+    CHECK(ctx.plan_cache().conv_plans.size() == 1);
+    cuda::make_deterministic(ctx);
+    CHECK(ctx.plan_cache().conv_plans.empty());
+    CHECK(ctx.plan_cache().gemms.empty());
+    const cuda::ConvPlan& q = cuda::detail::plan_of<g>(ctx, 50, 7);   // made again, deterministic
+    CHECK(ctx.plan_cache().conv_plans.size() == 1);
+    CHECK(q.gemm_forward);
 }
 
 // ---- several replicas on one GPU ----

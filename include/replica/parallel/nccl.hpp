@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/handles.hpp"
 #include "replica/core/backoff.hpp"
 #include "replica/parallel/communicator.hpp"
 
@@ -71,7 +72,7 @@ public:
         for (std::size_t r = 0; r < ctx_.size(); ++r) settle(r, "creating the NCCL communicator");
         make_events(buckets);
         for (std::size_t r = 0; r < ctx_.size(); ++r)
-            ctx_[r].state().watchdog = [this, r](double waited) { watch(r, waited); };
+            ctx_[r].set_watchdog([this, r](double waited) { watch(r, waited); });
     }
 
 private:
@@ -108,8 +109,8 @@ private:
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
             ctx_[r].activate();
             events_[r].resize(std::max<std::size_t>(buckets, 1));
-            for (auto& e : events_[r]) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-            REPLICA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+            for (auto& e : events_[r]) e = backend::cuda::make_event();
+            done_[r] = backend::cuda::make_event();
         }
     }
 
@@ -136,11 +137,11 @@ public:
     ~NcclCommunicator() override
     {
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
-            ctx_[r].state().watchdog = nullptr;
+            ctx_[r].set_watchdog(nullptr);
             cudaSetDevice(ctx_[r].device().index());
             cudaStreamSynchronize(ctx_[r].comm_stream());
-            for (auto e : events_[r]) cudaEventDestroy(e);
-            cudaEventDestroy(done_[r]);
+            events_[r].clear();
+            done_[r].reset();
             if (comms_[r] != nullptr) ncclCommDestroy(comms_[r]);
         }
     }
@@ -207,8 +208,8 @@ public:
 private:
     std::vector<backend::cuda::Context> ctx_;
     std::vector<ncclComm_t> comms_;
-    std::vector<std::vector<cudaEvent_t>> events_;
-    std::vector<cudaEvent_t> done_;
+    std::vector<std::vector<backend::cuda::Event>> events_;
+    std::vector<backend::cuda::Event> done_;
     ProcessGroup* processes_ = nullptr;   // several processes
 };
 
