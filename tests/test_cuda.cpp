@@ -722,6 +722,43 @@ static_assert(!backend::Context<int> && !backend::Context<cuda::Stream>);
 static_assert(!std::is_copy_constructible_v<cuda::Event> && std::is_nothrow_move_constructible_v<cuda::Event>);
 static_assert(!std::is_copy_constructible_v<cuda::ConvPlan> && !std::is_copy_constructible_v<cuda::Gemm>);
 
+namespace owned_test {
+// A fake handle kind for Owned, counting what was given back: no GPU needed.
+int given_back = 0;
+struct Give {
+    void operator()(int) const noexcept { ++given_back; }
+};
+using Handle = cuda::Owned<int, Give>;
+Handle make(int raw)
+{
+    if (raw == 3) throw Error("the third handle cannot be made");
+    return Handle(raw);
+}
+// Makes three handles in its member initialisers, as a context's parts do.
+struct Three {
+    Handle a = make(1), b = make(2), c = make(3);
+};
+} // namespace owned_test
+
+TEST_CASE("An object whose third owned handle fails gives back the two it made", "[cuda]")
+{
+    owned_test::given_back = 0;
+    CHECK_THROWS_WITH(owned_test::Three{}, "the third handle cannot be made");
+    CHECK(owned_test::given_back == 2);
+
+    owned_test::given_back = 0;
+    {
+        owned_test::Handle h(7);
+        const int raw = h.release();   // ownership given up: nothing is given back
+        CHECK(raw == 7);
+        CHECK(!h);
+        owned_test::Handle other(8);
+        other = owned_test::Handle(9);   // 8 given back by the assignment
+        CHECK(owned_test::given_back == 1);
+    }
+    CHECK(owned_test::given_back == 2);   // and 9 as `other` goes
+}
+
 TEST_CASE("An owned CUDA handle moves to its new owner and is given back once", "[cuda]")
 {
     REQUIRE_GPU();

@@ -32,47 +32,24 @@
 
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/reduce.hpp"
 #include "replica/parallel/communicator.hpp"
 
 namespace replica::parallel {
-
-namespace detail {
-// A CUDA event of a context's device, timing off; destroyed with its owner.
-class OwnedEvent {
-public:
-    explicit OwnedEvent(const backend::cuda::Context& ctx)
-    {
-        ctx.activate();
-        REPLICA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    }
-    OwnedEvent(OwnedEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-    OwnedEvent& operator=(OwnedEvent&&) = delete;
-    OwnedEvent(const OwnedEvent&) = delete;
-    OwnedEvent& operator=(const OwnedEvent&) = delete;
-    ~OwnedEvent()
-    {
-        if (event_ != nullptr) cudaEventDestroy(event_);
-    }
-    cudaEvent_t get() const { return event_; }
-
-private:
-    cudaEvent_t event_ = nullptr;
-};
-} // namespace detail
 
 class SharedGpuCommunicator final : public Communicator {
 public:
     // One context per replica, all of one GPU; buckets: how many gradient buckets a step reduces.
     SharedGpuCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets)
         : ctx_(checked(std::move(contexts))), rounds_(std::max<std::size_t>(buckets, 1)),
-          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(ctx_.front()),
-          exact_summed_(ctx_.front())
+          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(backend::cuda::make_event(ctx_.front())),
+          exact_summed_(backend::cuda::make_event(ctx_.front()))
     {
         produced_.resize(ctx_.size());
         for (auto& events : produced_)
-            for (std::size_t b = 0; b < rounds_.size(); ++b) events.emplace_back(ctx_.front());
-        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.emplace_back(ctx_.front());
+            for (std::size_t b = 0; b < rounds_.size(); ++b) events.push_back(backend::cuda::make_event(ctx_.front()));
+        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.push_back(backend::cuda::make_event(ctx_.front()));
         for (auto& round : rounds_) round.buffers.assign(ctx_.size(), nullptr);
     }
     SharedGpuCommunicator(const SharedGpuCommunicator&) = delete;
@@ -209,12 +186,12 @@ private:
     }
 
     std::vector<backend::cuda::Context> ctx_;
-    std::vector<Round> rounds_;                           // by bucket
-    std::vector<std::vector<std::size_t>> joined_;        // [rank][bucket]: sums the rank has joined
-    std::vector<std::vector<detail::OwnedEvent>> produced_;   // [rank][bucket]: the rank's bucket is written
-    detail::OwnedEvent summed_;                           // after the last float sum queued
-    std::vector<detail::OwnedEvent> written_;             // exact_all_reduce: rank r's buffer written (r > 0)
-    detail::OwnedEvent exact_summed_;                     // exact_all_reduce: after the sum
+    std::vector<Round> rounds_;                                 // by bucket
+    std::vector<std::vector<std::size_t>> joined_;              // [rank][bucket]: sums the rank has joined
+    std::vector<std::vector<backend::cuda::Event>> produced_;   // [rank][bucket]: the rank's bucket is written
+    backend::cuda::Event summed_;                               // after the last float sum queued
+    std::vector<backend::cuda::Event> written_;                 // exact_all_reduce: rank r's buffer written (r > 0)
+    backend::cuda::Event exact_summed_;                         // exact_all_reduce: after the sum
     std::mutex mutex_;
     std::condition_variable cv_;
     bool aborted_ = false;

@@ -322,6 +322,14 @@ private:
 };
 static_assert(backend::Context<Context>);
 
+// An ordering event (no timing) of ctx's device, made current first: for code beside the context
+// (communicators) that orders its work with the context's streams.
+inline Event make_event(const Context& ctx)
+{
+    ctx.activate();
+    return make_event();
+}
+
 // The reproducible mode: from now on only deterministic algorithms, chosen by heuristics (a measured
 // choice can differ from one run to the next). Plans made before (convolutions' and fully connected
 // layers') are dropped and made again, and with them the CUDA graphs that ran them.

@@ -44,6 +44,9 @@ public:
     Raw get() const noexcept { return raw_; }
     operator Raw() const noexcept { return raw_; }
     explicit operator bool() const noexcept { return raw_ != Raw{}; }
+    // Stops owning the handle and returns it (for a handle given back another way, as an aborted
+    // NCCL communicator is).
+    [[nodiscard]] Raw release() noexcept { return std::exchange(raw_, Raw{}); }
     // Gives the handle back now (errors are ignored: this runs in destructors).
     void reset() noexcept
     {
