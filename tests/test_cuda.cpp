@@ -842,7 +842,7 @@ TEST_CASE("The autotuner keeps cuDNN unless a candidate is 3% faster; make_deter
 
 // ---- several replicas on one GPU ----
 // A device list that repeats one GPU (cuda:0,cuda:0) gives each replica its own context (streams,
-// allocator, CUDA graphs); their gradients are summed on the GPU in rank order (parallel/shared_gpu.hpp).
+// allocator, CUDA graphs); their gradients are summed on the GPU in rank order (backend/cuda/shared_gpu.hpp).
 
 namespace {
 // One process that claims to be one of two (no other exists: the communicator must refuse first).
@@ -896,7 +896,7 @@ TEST_CASE("Replicas sharing one GPU: the sum adds in rank order into every repli
         any.emplace_back(ctx.back());
     }
     auto comm = parallel::make_communicator(any, 2);
-    REQUIRE(dynamic_cast<parallel::SharedGpuCommunicator*>(comm.get()) != nullptr);
+    REQUIRE(dynamic_cast<backend::cuda::SharedGpuCommunicator*>(comm.get()) != nullptr);
 
     // Magnitudes far apart, so that another order of addition gives other floats.
     const std::vector<std::vector<float>> host{random_vector(n, 31, 1e4f), random_vector(n, 32), random_vector(n, 33, 1e4f)};

@@ -30,26 +30,26 @@
 #include <utility>
 #include <vector>
 
+#include "replica/backend/communicator.hpp"
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/reduce.hpp"
-#include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace replica::backend::cuda {
 
 class SharedGpuCommunicator final : public Communicator {
 public:
     // One context per replica, all of one GPU; buckets: how many gradient buckets a step reduces.
-    SharedGpuCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets)
+    SharedGpuCommunicator(std::vector<Context> contexts, std::size_t buckets)
         : ctx_(checked(std::move(contexts))), rounds_(std::max<std::size_t>(buckets, 1)),
-          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(backend::cuda::make_event(ctx_.front())),
-          exact_summed_(backend::cuda::make_event(ctx_.front()))
+          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(make_event(ctx_.front())),
+          exact_summed_(make_event(ctx_.front()))
     {
         produced_.resize(ctx_.size());
         for (auto& events : produced_)
-            for (std::size_t b = 0; b < rounds_.size(); ++b) events.push_back(backend::cuda::make_event(ctx_.front()));
-        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.push_back(backend::cuda::make_event(ctx_.front()));
+            for (std::size_t b = 0; b < rounds_.size(); ++b) events.push_back(make_event(ctx_.front()));
+        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.push_back(make_event(ctx_.front()));
         for (auto& round : rounds_) round.buffers.assign(ctx_.size(), nullptr);
     }
     SharedGpuCommunicator(const SharedGpuCommunicator&) = delete;
@@ -141,7 +141,7 @@ public:
             REPLICA_CHECK(cudaEventRecord(written_[r].get(), ctx_[r].stream()));
             REPLICA_CHECK(cudaStreamWaitEvent(first, written_[r].get(), 0));
         }
-        backend::cuda::sum_into_each(buffers, count, first);
+        sum_into_each(buffers, count, first);
         REPLICA_CHECK(cudaEventRecord(exact_summed_.get(), first));
         for (std::size_t r = 1; r < size(); ++r) REPLICA_CHECK(cudaStreamWaitEvent(ctx_[r].stream(), exact_summed_.get(), 0));
     }
@@ -153,12 +153,12 @@ private:
         std::vector<float*> buffers;   // by rank
     };
 
-    static std::vector<backend::cuda::Context> checked(std::vector<backend::cuda::Context> ctx)
+    static std::vector<Context> checked(std::vector<Context> ctx)
     {
         core::require(!ctx.empty(), "a communicator needs at least one replica");
-        core::require(ctx.size() <= backend::cuda::max_summed_buffers,
+        core::require(ctx.size() <= max_summed_buffers,
                       std::to_string(ctx.size()) + " replicas on " + ctx.front().device().name() + ": at most " +
-                          std::to_string(backend::cuda::max_summed_buffers) + " replicas can share one GPU");
+                          std::to_string(max_summed_buffers) + " replicas can share one GPU");
         for (const auto& c : ctx)
             core::require(c.device() == ctx.front().device(),
                           "SharedGpuCommunicator: every replica must be on one GPU (got " + ctx.front().device().name() +
@@ -181,20 +181,20 @@ private:
     {
         const cudaStream_t comm = ctx_.front().comm_stream();
         for (std::size_t r = 0; r < size(); ++r) REPLICA_CHECK(cudaStreamWaitEvent(comm, produced_[r][bucket].get(), 0));
-        backend::cuda::sum_into_each(buffers, count, comm);
+        sum_into_each(buffers, count, comm);
         REPLICA_CHECK(cudaEventRecord(summed_.get(), comm));
     }
 
-    std::vector<backend::cuda::Context> ctx_;
+    std::vector<Context> ctx_;
     std::vector<Round> rounds_;                                 // by bucket
     std::vector<std::vector<std::size_t>> joined_;              // [rank][bucket]: sums the rank has joined
-    std::vector<std::vector<backend::cuda::Event>> produced_;   // [rank][bucket]: the rank's bucket is written
-    backend::cuda::Event summed_;                               // after the last float sum queued
-    std::vector<backend::cuda::Event> written_;                 // exact_all_reduce: rank r's buffer written (r > 0)
-    backend::cuda::Event exact_summed_;                         // exact_all_reduce: after the sum
+    std::vector<std::vector<Event>> produced_;   // [rank][bucket]: the rank's bucket is written
+    Event summed_;                               // after the last float sum queued
+    std::vector<Event> written_;                 // exact_all_reduce: rank r's buffer written (r > 0)
+    Event exact_summed_;                         // exact_all_reduce: after the sum
     std::mutex mutex_;
     std::condition_variable cv_;
     bool aborted_ = false;
 };
 
-} // namespace replica::parallel
+} // namespace replica::backend::cuda

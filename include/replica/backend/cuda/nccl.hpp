@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "replica/backend/communicator.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
 #include "replica/core/backoff.hpp"
-#include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace replica::backend::cuda {
 
 namespace detail {
 inline void check_nccl(ncclResult_t r, const char* call)
@@ -29,7 +29,7 @@ inline void check_nccl(ncclResult_t r, const char* call)
 }
 } // namespace detail
 
-#define REPLICA_NCCL_CHECK(call) ::replica::parallel::detail::check_nccl((call), #call)
+#define REPLICA_NCCL_CHECK(call) ::replica::backend::cuda::detail::check_nccl((call), #call)
 
 namespace detail {
 struct ReleaseNcclComm {
@@ -37,11 +37,11 @@ struct ReleaseNcclComm {
 };
 } // namespace detail
 // An NCCL communicator of one rank, destroyed with its owner (or aborted: abort()).
-using NcclComm = backend::cuda::Owned<ncclComm_t, detail::ReleaseNcclComm>;
+using NcclComm = Owned<ncclComm_t, detail::ReleaseNcclComm>;
 
 class NcclCommunicator final : public Communicator {
 public:
-    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
     {
         std::vector<int> devices;
         for (const auto& c : ctx_) devices.push_back(c.device().index());
@@ -54,7 +54,7 @@ public:
     // Every GPU of every process: this process's GPUs are global ranks rank * local .. rank * local +
     // local - 1 of size * local (every process must hold as many). Losses are summed through
     // `processes`, which must outlive the communicator.
-    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets, ProcessGroup& processes)
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets, ProcessGroup& processes)
         : ctx_(std::move(contexts)), processes_(&processes)
     {
         const double local = double(ctx_.size());
@@ -119,8 +119,8 @@ private:
         done_.resize(ctx_.size());
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
             events_[r].resize(std::max<std::size_t>(buckets, 1));
-            for (auto& e : events_[r]) e = backend::cuda::make_event(ctx_[r]);
-            done_[r] = backend::cuda::make_event(ctx_[r]);
+            for (auto& e : events_[r]) e = make_event(ctx_[r]);
+            done_[r] = make_event(ctx_[r]);
         }
     }
 
@@ -215,11 +215,11 @@ public:
     }
 
 private:
-    std::vector<backend::cuda::Context> ctx_;
+    std::vector<Context> ctx_;
     std::vector<NcclComm> comms_;   // by rank; a constructor that throws destroys those it made
-    std::vector<std::vector<backend::cuda::Event>> events_;
-    std::vector<backend::cuda::Event> done_;
+    std::vector<std::vector<Event>> events_;
+    std::vector<Event> done_;
     ProcessGroup* processes_ = nullptr;   // several processes
 };
 
-} // namespace replica::parallel
+} // namespace replica::backend::cuda
