@@ -160,13 +160,45 @@ TEST_CASE("Each timed convolution choice is logged once, with what each pass run
     cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
     const cuda::ConvPlan& p = cuda::detail::plan_of<g>(a, 50, n);
     cuda::detail::plan_of<g>(b, 50, n);   // timed already: not logged again
-    const std::string line = out.str();
-    CAPTURE(line);
-    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    std::string line;                     // the convolution's (the products' own cuBLASLt choices have lines too)
+    std::istringstream lines(out.str());
+    int convolutions = 0;
+    for (std::string l; std::getline(lines, l);)
+        if (l.find(": convolution ") != std::string::npos) {
+            ++convolutions;
+            line = l;
+        }
+    CAPTURE(out.str());
+    CHECK(convolutions == 1);
     CHECK(line.find("convolution 20x12x12 -> 50x8x8 (5x5, stride 1x1, pad 0x0), batch 59: cuDNN forward algorithm ") !=
           std::string::npos);
     CHECK(line.find(std::string("forward by ") + (p.gemm_forward ? "products" : "cuDNN") + ", gradients by " +
                     (p.gemm_backward ? "products" : "cuDNN")) != std::string::npos);
+}
+
+TEST_CASE("Each timed cuBLASLt choice is logged once, with every candidate and the one chosen", "[cuda]")
+{
+    REQUIRE_GPU();
+    std::ostringstream out;
+    const OptionScope timed{&cuda::Options::benchmark, true};
+    const OptionScope log{&cuda::Options::log, static_cast<std::ostream*>(&out)};
+    const int in = 37, classes = 11;
+    const std::size_t n = 61;   // shapes no other test uses
+    cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
+    for (cuda::Context* ctx : {&a, &b}) {   // b: timed already, not logged again
+        auto w = ctx->allocate<float>(std::size_t(in) * classes), bias = ctx->allocate<float>(classes);
+        auto x = ctx->allocate<float>(n * in), y = ctx->allocate<float>(n * classes);
+        cuda::linear_forward(*ctx, in, classes, w.data(), bias.data(), x.data(), y.data(), n);
+        ctx->synchronize();
+    }
+    const std::string text = out.str();
+    CAPTURE(text);
+    // One product (D = op(A) op(B) + bias: A 37x11, B 37x61, D 11x61); cuBLASLt offers several FP32
+    // candidates for it (with one, nothing would be timed or logged).
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+    CHECK(text.find(": product A 37x11, B 37x61 -> D 11x61 (") != std::string::npos);
+    CHECK(text.find(" chosen; [0] algo ") != std::string::npos);
+    CHECK(text.find(" [1] algo ") != std::string::npos);
 }
 
 TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; deterministic mode takes cuDNN's choice", "[cuda]")

@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
@@ -49,6 +51,32 @@ inline std::map<MeasuredGemmKey, cublasLtMatmulAlgo_t>& measured_gemm_choices()
 {
     static std::map<MeasuredGemmKey, cublasLtMatmulAlgo_t> choices;
     return choices;
+}
+
+// One line of Options::log: a timed choice among cuBLASLt's heuristic candidates for a product
+// (MeasuredGemmKey's shape), each candidate named by its algorithm id and tile, with its seconds per
+// call as CallTimer::fastest took them (a far slower one's: its first call's; "-": it could not run).
+inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const cublasLtMatmulHeuristicResult_t* found,
+                            const std::vector<double>& took, int chosen)
+{
+    auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t what) {
+        std::uint32_t v = 0;
+        std::size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, what, &v, sizeof v, &written);
+        return std::to_string(v);
+    };
+    const auto& d = key.shape;
+    out << "replica: " << key.device << ": product A " << d[0] << "x" << d[1] << ", B " << d[2] << "x" << d[3] << " -> D " << d[4]
+        << "x" << d[5] << " (ops " << d[6] << ", epilogue " << d[7] << ", alignments " << d[9] << "/" << d[10] << "/" << d[11]
+        << (d[12] ? ", TF32" : "") << "): candidate " << chosen << " of " << took.size() << " chosen;";
+    for (std::size_t i = 0; i < took.size(); ++i) {
+        const bool timed = took[i] < CallTimer::never && took[i] >= 0.0;
+        out << " [" << i << "] algo " << config(found[i].algo, CUBLASLT_ALGO_CONFIG_ID) << " tile "
+            << config(found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) << " "
+            << (timed ? std::to_string(int(took[i] * 1e7 + 0.5) / 10) + "." + std::to_string(int(took[i] * 1e7 + 0.5) % 10) + " us"
+                      : std::string("-"));
+    }
+    out << std::endl;
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
@@ -109,14 +137,16 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
         const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
                                           d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
         CallTimer timer(ctx);
+        std::vector<double> took(std::size_t(usable), CallTimer::never);
         const int k = CallTimer::fastest(usable, [&](int i, double give_up) {
-            return timer.seconds([&] {
+            return took[std::size_t(i)] = timer.seconds([&] {
                 return run_gemm(ctx, g, scratch.floats(0), scratch.floats(1), scratch.floats(2),
                                 bias_length ? scratch.floats(3) : nullptr, found[i].algo,
                                 found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
             }, give_up);
         });
         it = choices.emplace(measured, found[k].algo).first;
+        if (ctx.options().log) log_gemm_choice(*ctx.options().log, measured, found, took, k);
     }
     for (int i = 0; i < usable; ++i)   // the chosen one's workspace
         if (std::memcmp(&found[i].algo, &it->second, sizeof(cublasLtMatmulAlgo_t)) == 0) {

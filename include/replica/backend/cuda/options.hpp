@@ -40,9 +40,11 @@ struct Options {
     // gradient algorithms, and keeps cuDNN for a pass unless the products are 3% faster. Deterministic
     // mode with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
-    // Where each timed convolution choice is written, one line per shape and kind of GPU as it is
-    // made (the layer, cuDNN's chosen algorithms and their times, the product path's times and which
-    // passes take it); nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
+    // Where each timed choice is written, one line per shape and kind of GPU as it is made: for a
+    // convolution, the layer, cuDNN's chosen algorithms and their times, the product path's times and
+    // which passes take it (conv/autotune.hpp); for a cuBLASLt product (a fully connected layer's, or a
+    // convolution's on the product path), every candidate's algorithm, tile and time and the one chosen
+    // (linear.hpp). nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
     std::ostream* log = nullptr;
 };
 
