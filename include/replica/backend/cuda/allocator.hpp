@@ -49,8 +49,11 @@ public:
             }
             reserved_ += bytes;
         }
+        if (const cudaError_t e = cudaMemset(p, 0, bytes); e != cudaSuccess) {
+            free_[bytes].push_back(p);   // kept for reuse, not lost, when the fill fails
+            REPLICA_CHECK(e);
+        }
         size_[p] = bytes;
-        REPLICA_CHECK(cudaMemset(p, 0, bytes));
         return p;
     }
 
