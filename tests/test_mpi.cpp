@@ -2,6 +2,8 @@
 // Every process checks, the ranks agree on the verdict, and the exit code says it:
 //   - fast mode: 3 SGD steps equal the single model's to 1e-5 relative;
 //   - reproducible mode: bit-identical to the single model;
+//   (LeNet, an Inception-like block, and BatchNorm with residual blocks: its statistics summed across
+//   processes in the step);
 //   - rank 0 writes checkpoints, every rank resumes from them, and so does a single process.
 // Each process holds `local` CPU replicas (argument 1, default 1).
 //
@@ -306,6 +308,7 @@ try {
     failures += check<LeNet, SingleThread>(processes, local, 13, "LeNet");
     failures += check<LeNet, Threaded>(processes, local, 13, "LeNet");
     failures += check<ConcatDropoutNet, Threaded>(processes, local, 10, "Concat+Dropout");
+    failures += check<SmallResNet, Threaded>(processes, local, 10, "BatchNorm+Residual");
     failures += check_trainer(processes, local);
     if (local == 1) failures += check_checkpoints(processes);
     int total = 0;
