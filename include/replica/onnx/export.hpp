@@ -120,18 +120,6 @@ struct Mapping<parallel::DataParallel<M, Dispatch>> {
 };
 
 namespace detail {
-// The Sequential whose layers a model runs: itself, or the model a DataParallel or AutoParallel
-// replicates.
-template <class T>
-struct exported_model {
-    using type = T;
-};
-template <class T>
-    requires requires { typename T::replica_type; }
-struct exported_model<T> {
-    using type = typename exported_model<typename T::replica_type>::type;
-};
-
 template <class Shape>
 void describe(::onnx::ValueInfoProto& v, const std::string& name)
 {
@@ -182,7 +170,7 @@ void write_file(const std::string& path, const char* who, Write&& write)
 template <class Model>
 ::onnx::ModelProto to_onnx(const Model& model)
 {
-    using Seq = typename detail::exported_model<Model>::type;
+    using Seq = typename model::replica_of<Model>::type;   // the Sequential whose layers it runs
     static_assert(model::is_sequential<Seq>::value,
                   "export_onnx takes a model: a Sequential<Input<...>, ...>, or a DataParallel or AutoParallel of one");
     using In = typename Seq::input_shape;

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
@@ -66,6 +67,28 @@ std::string emit(Graph& g, const std::string& x, const Slice& s)
 
 namespace detail {
 inline std::int64_t i64(std::size_t v) { return std::int64_t(v); }
+
+// kernel_shape, strides and pads (both ends) of a square window over `rank` spatial dimensions.
+inline std::vector<Attribute> window(std::size_t rank, std::size_t k, std::size_t stride, std::size_t pad)
+{
+    return {ints("kernel_shape", std::vector<std::int64_t>(rank, i64(k))),
+            ints("strides", std::vector<std::int64_t>(rank, i64(stride))),
+            ints("pads", std::vector<std::int64_t>(2 * rank, i64(pad)))};
+}
+
+// A convolution node `op` (Conv, ConvTranspose) on x: the weights (weight_dims, first in params),
+// then with Bias::yes the bias (`out` floats after the weights).
+template <layers::Bias B>
+std::string convolution(Graph& g, const std::string& op, const std::string& x, const std::vector<std::int64_t>& weight_dims,
+                        std::size_t out, const float* params, const std::vector<Attribute>& attributes)
+{
+    std::size_t weights = 1;
+    for (std::int64_t d : weight_dims) weights *= std::size_t(d);
+    const std::string w = g.initializer(op + "_weight", weight_dims, params);
+    if constexpr (B == layers::Bias::yes)
+        return g.node(op, {x, w, g.initializer(op + "_bias", {i64(out)}, params + weights)}, attributes);
+    else return g.node(op, {x, w}, attributes);
+}
 } // namespace detail
 
 template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
@@ -73,15 +96,9 @@ struct Mapping<layers::Conv2d<Out, K, Stride, Pad, B>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
-        using O = typename layers::Conv2d<Out, K, Stride, Pad, B>::template op<In>;
         using detail::i64;
-        const std::string w = g.initializer("conv2d_weight", {i64(Out), i64(In::dims[0]), i64(K), i64(K)}, s.params);
-        const auto attributes = {ints("kernel_shape", {i64(K), i64(K)}), ints("strides", {i64(Stride), i64(Stride)}),
-                                 ints("pads", {i64(Pad), i64(Pad), i64(Pad), i64(Pad)})};
-        if constexpr (B == layers::Bias::yes)
-            return g.node("Conv", {x, w, g.initializer("conv2d_bias", {i64(Out)}, s.params + O::weight_count)},
-                          attributes);
-        else return g.node("Conv", {x, w}, attributes);
+        return detail::convolution<B>(g, "Conv", x, {i64(Out), i64(In::dims[0]), i64(K), i64(K)}, Out, s.params,
+                                      detail::window(2, K, Stride, Pad));
     }
 };
 
@@ -90,15 +107,9 @@ struct Mapping<layers::Conv1d<Out, K, Stride, Pad, B>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
-        using O = typename layers::Conv1d<Out, K, Stride, Pad, B>::template op<In>;
         using detail::i64;
-        const std::string w = g.initializer("conv1d_weight", {i64(Out), i64(In::dims[0]), i64(K)}, s.params);
-        const auto attributes = {ints("kernel_shape", {i64(K)}), ints("strides", {i64(Stride)}),
-                                 ints("pads", {i64(Pad), i64(Pad)})};
-        if constexpr (B == layers::Bias::yes)
-            return g.node("Conv", {x, w, g.initializer("conv1d_bias", {i64(Out)}, s.params + O::weight_count)},
-                          attributes);
-        else return g.node("Conv", {x, w}, attributes);
+        return detail::convolution<B>(g, "Conv", x, {i64(Out), i64(In::dims[0]), i64(K)}, Out, s.params,
+                                      detail::window(1, K, Stride, Pad));
     }
 };
 
@@ -107,17 +118,9 @@ struct Mapping<layers::ConvTranspose2d<Out, K, Stride, Pad, B>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
-        using O = typename layers::ConvTranspose2d<Out, K, Stride, Pad, B>::template op<In>;
         using detail::i64;
-        const std::string w =
-            g.initializer("conv_transpose2d_weight", {i64(In::dims[0]), i64(Out), i64(K), i64(K)}, s.params);
-        const auto attributes = {ints("kernel_shape", {i64(K), i64(K)}), ints("strides", {i64(Stride), i64(Stride)}),
-                                 ints("pads", {i64(Pad), i64(Pad), i64(Pad), i64(Pad)})};
-        if constexpr (B == layers::Bias::yes)
-            return g.node("ConvTranspose",
-                          {x, w, g.initializer("conv_transpose2d_bias", {i64(Out)}, s.params + O::weight_count)},
-                          attributes);
-        else return g.node("ConvTranspose", {x, w}, attributes);
+        return detail::convolution<B>(g, "ConvTranspose", x, {i64(In::dims[0]), i64(Out), i64(K), i64(K)}, Out,
+                                      s.params, detail::window(2, K, Stride, Pad));
     }
 };
 
@@ -183,7 +186,7 @@ struct Mapping<layers::MaxPool1d<K, Stride>> {
     static std::string emit(Graph& g, const std::string& x, const Slice&)
     {
         using detail::i64;
-        return g.node("MaxPool", {x}, {ints("kernel_shape", {i64(K)}), ints("strides", {i64(Stride)})});
+        return g.node("MaxPool", {x}, detail::window(1, K, Stride, 0));
     }
 };
 
@@ -192,10 +195,9 @@ struct Mapping<layers::AvgPool2d<K, Stride, Pad>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice&)
     {
-        using detail::i64;
-        return g.node("AveragePool", {x},
-                      {ints("kernel_shape", {i64(K), i64(K)}), ints("strides", {i64(Stride), i64(Stride)}),
-                       ints("pads", {i64(Pad), i64(Pad), i64(Pad), i64(Pad)}), integer("count_include_pad", 1)});
+        std::vector<Attribute> attributes = detail::window(2, K, Stride, Pad);
+        attributes.push_back(integer("count_include_pad", 1));
+        return g.node("AveragePool", {x}, attributes);
     }
 };
 
