@@ -22,14 +22,14 @@ namespace {
 // without bias, BatchNorm1d on features and on (channels, length), GELU, Sigmoid, Tanh, average
 // pooling with padding, a ceil-rounded max pool with padding, Residual with the identity, a
 // transposed convolution with stride and padding, Identity, Dropout.
-using Vocabulary2d = Sequential<Input<3, 13, 13>,
-                                Conv2d<8, 3, 1, 1, Bias::none>, BatchNorm2d, GELU,            // 8x13x13
-                                MaxPool2dCeil<3, 2, 1>,                                       // 8x7x7
+using Vocabulary2d = Sequential<Input<3, 14, 14>,
+                                Conv2d<8, 3, 1, 1, Bias::none>, BatchNorm2d, GELU,            // 8x14x14
+                                MaxPool2dCeil<3, 2, 1>,              // 8x8x8: the last window is partial
                                 Residual<Sequential<Conv2d<8, 3, 1, 1>, BatchNorm2d, Tanh>>, ReLU,
                                 Concat<Sequential<Conv2d<4, 1>, Sigmoid>, Sequential<Identity>,
-                                       Sequential<AvgPool2d<3, 1, 1>>>,                         // 20x7x7
-                                ConvTranspose2d<6, 3, 2, 1, Bias::none>,                      // 6x13x13
-                                AvgPool2d<2>, Dropout<0.3>, Flatten,                          // 216
+                                       Sequential<AvgPool2d<3, 1, 1>>>,                         // 20x8x8
+                                ConvTranspose2d<6, 3, 2, 1, Bias::none>,                      // 6x15x15
+                                AvgPool2d<2>, Dropout<0.3>, Flatten,                          // 294
                                 Linear<24>, BatchNorm1d, Tanh, Identity, Linear<5>>;
 
 using Vocabulary1d = Sequential<Input<4, 31>,
@@ -42,16 +42,12 @@ using Vocabulary1d = Sequential<Input<4, 31>,
 template <class M>
 void randomise_statistics(M& m, std::uint32_t seed, bool small_variances)
 {
-    std::vector<float> s = m.statistics();
-    if (s.empty()) return;
+    std::vector<float> s = m.statistics();   // a fresh model's: 0 for every mean, 1 for every variance
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    // Layout: per BatchNorm, means (C) then variances (C). Walk it through the model's state: a
-    // variance is never negative, a mean may be, so the values are drawn per BatchNorm by position.
-    std::vector<float> init = s;   // 0 for means, 1 for variances (BatchNorm's initial estimates)
-    for (std::size_t i = 0; i < s.size(); ++i) {
-        if (init[i] == 0.0f) s[i] = 0.6f * u(rng) - 0.3f;
-        else s[i] = small_variances ? std::pow(10.0f, -4.0f + 4.3f * u(rng)) : 0.5f + u(rng);
+    for (float& v : s) {
+        if (v == 0.0f) v = 0.6f * u(rng) - 0.3f;
+        else v = small_variances ? std::pow(10.0f, -4.0f + 4.3f * u(rng)) : 0.5f + u(rng);
     }
     m.set_statistics(s);
 }
