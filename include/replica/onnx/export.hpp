@@ -25,6 +25,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -134,13 +135,14 @@ void describe(::onnx::ValueInfoProto& v, const std::string& name)
 inline void require_finite(std::span<const float> v, const char* what)
 {
     for (std::size_t i = 0; i < v.size(); ++i)
-        core::require(std::isfinite(v[i]), std::string("export_onnx: ") + what + " " + std::to_string(i) + " is " +
-                                               (std::isnan(v[i]) ? "NaN" : "infinite") +
-                                               ": the model diverged; export it from a checkpoint saved before");
+        if (!std::isfinite(v[i]))   // the message only on failure: models hold millions of values
+            throw Error(std::string("export_onnx: ") + what + " " + std::to_string(i) + " is " +
+                        (std::isnan(v[i]) ? "NaN" : "infinite") +
+                        ": the model diverged; export it from a checkpoint saved before");
 }
 
-// Writes `bytes` to path through a temporary file beside it, so that a failed write leaves no partial
-// file under the name.
+// Writes path through write(stream), into a temporary file beside it renamed once complete, so that
+// a failed write leaves no partial file under the name.
 template <class Write>
 void write_file(const std::string& path, const char* who, Write&& write)
 {

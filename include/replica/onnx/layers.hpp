@@ -47,12 +47,14 @@ struct Slice {
     const float* statistics;
 };
 
+namespace detail {
 template <class L>
-inline constexpr bool has_mapping = false;
+inline constexpr bool unmapped = false;   // false, but only once L is known
+} // namespace detail
 
 template <class L>
 struct Mapping {
-    static_assert(has_mapping<L>,
+    static_assert(detail::unmapped<L>,
                   "this layer has no ONNX mapping (the type is the L of Mapping<L> above): specialise "
                   "replica::onnx::Mapping<L> with a static emit<In>(Graph&, x, Slice) that writes its "
                   "operators (onnx/layers.hpp shows how), or export a model without it");
@@ -160,8 +162,8 @@ namespace detail {
 // how ceil_mode treats that window, explicit padding does not. Max pooling ignores padded taps.
 constexpr std::size_t end_pad(std::size_t in, std::size_t k, std::size_t s, std::size_t p, std::size_t out)
 {
-    const std::size_t needed = (out - 1) * s + k - in - p;
-    return (out - 1) * s + k > in + p && needed > p ? needed : p;
+    const std::size_t covered = (out - 1) * s + k;   // where the last window ends, padding at the start included
+    return covered > in + 2 * p ? covered - in - p : p;
 }
 } // namespace detail
 
@@ -185,7 +187,6 @@ struct Mapping<layers::MaxPool1d<K, Stride>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice&)
     {
-        using detail::i64;
         return g.node("MaxPool", {x}, detail::window(1, K, Stride, 0));
     }
 };
