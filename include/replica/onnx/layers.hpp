@@ -93,27 +93,24 @@ std::string convolution(Graph& g, const std::string& op, const std::string& x, c
 }
 } // namespace detail
 
-template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
-struct Mapping<layers::Conv2d<Out, K, Stride, Pad, B>> {
+namespace detail {
+// Conv1d (Rank 1) and Conv2d (Rank 2): weights (Out, C, K[, K]).
+template <std::size_t Rank, std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct ConvMapping {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
-        using detail::i64;
-        return detail::convolution<B>(g, "Conv", x, {i64(Out), i64(In::dims[0]), i64(K), i64(K)}, Out, s.params,
-                                      detail::window(2, K, Stride, Pad));
+        std::vector<std::int64_t> dims{i64(Out), i64(In::dims[0])};
+        dims.resize(2 + Rank, i64(K));
+        return convolution<B>(g, "Conv", x, dims, Out, s.params, window(Rank, K, Stride, Pad));
     }
 };
+} // namespace detail
 
 template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
-struct Mapping<layers::Conv1d<Out, K, Stride, Pad, B>> {
-    template <class In>
-    static std::string emit(Graph& g, const std::string& x, const Slice& s)
-    {
-        using detail::i64;
-        return detail::convolution<B>(g, "Conv", x, {i64(Out), i64(In::dims[0]), i64(K)}, Out, s.params,
-                                      detail::window(1, K, Stride, Pad));
-    }
-};
+struct Mapping<layers::Conv2d<Out, K, Stride, Pad, B>> : detail::ConvMapping<2, Out, K, Stride, Pad, B> {};
+template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct Mapping<layers::Conv1d<Out, K, Stride, Pad, B>> : detail::ConvMapping<1, Out, K, Stride, Pad, B> {};
 
 template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
 struct Mapping<layers::ConvTranspose2d<Out, K, Stride, Pad, B>> {
