@@ -192,7 +192,8 @@ try {
                                              "per layer (timed)")
         ->check(CLI::IsMember(conv_paths))
         ->capture_default_str();
-    app.add_flag("--log-choices", log_choices, "GPUs: print each timed convolution choice to stderr as it is made");
+    app.add_flag("--log-choices", log_choices,
+                 "GPUs: print each timed convolution and product (cuBLASLt) choice to stderr as it is made");
     app.add_flag("--json", json, "print one JSON object");
     if (int code = examples::parse(app, argc, argv)) return code - 1;
 #if defined(REPLICA_CUDA)

@@ -41,6 +41,12 @@ using SmallResNet = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, 
 using SmallResNetPerReplica = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm<2, BatchStats::per_replica>, ReLU,
                                          GlobalAvgPool, Linear<5>>;
 using SmallResNetGlobal = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, GlobalAvgPool, Linear<5>>;
+// BatchNorm inside Concat branches (Inception with batch normalisation).
+using ConcatBatchNormNet =
+    Sequential<Input<2, 8, 8>, Conv2d<6, 3, 1, 1>, BatchNorm2d, ReLU,
+               Concat<Sequential<Conv2d<4, 1, 1, 0, Bias::none>, BatchNorm2d, ReLU>, Sequential<Conv2d<3, 1>, ReLU>,
+                      Sequential<MaxPool2d<3, 1, 1>, Conv2d<2, 1, 1, 0, Bias::none>, BatchNorm2d>>,
+               GlobalAvgPool, Linear<5>>;
 
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>

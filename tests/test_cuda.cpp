@@ -14,6 +14,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -158,13 +160,45 @@ TEST_CASE("Each timed convolution choice is logged once, with what each pass run
     cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
     const cuda::ConvPlan& p = cuda::detail::plan_of<g>(a, 50, n);
     cuda::detail::plan_of<g>(b, 50, n);   // timed already: not logged again
-    const std::string line = out.str();
-    CAPTURE(line);
-    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    std::string line;                     // the convolution's (the products' own cuBLASLt choices have lines too)
+    std::istringstream lines(out.str());
+    int convolutions = 0;
+    for (std::string l; std::getline(lines, l);)
+        if (l.find(": convolution ") != std::string::npos) {
+            ++convolutions;
+            line = l;
+        }
+    CAPTURE(out.str());
+    CHECK(convolutions == 1);
     CHECK(line.find("convolution 20x12x12 -> 50x8x8 (5x5, stride 1x1, pad 0x0), batch 59: cuDNN forward algorithm ") !=
           std::string::npos);
     CHECK(line.find(std::string("forward by ") + (p.gemm_forward ? "products" : "cuDNN") + ", gradients by " +
                     (p.gemm_backward ? "products" : "cuDNN")) != std::string::npos);
+}
+
+TEST_CASE("Each timed cuBLASLt choice is logged once, with every candidate and the one chosen", "[cuda]")
+{
+    REQUIRE_GPU();
+    std::ostringstream out;
+    const OptionScope timed{&cuda::Options::benchmark, true};
+    const OptionScope log{&cuda::Options::log, static_cast<std::ostream*>(&out)};
+    const int in = 37, classes = 11;
+    const std::size_t n = 61;   // shapes no other test uses
+    cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};
+    for (cuda::Context* ctx : {&a, &b}) {   // b: timed already, not logged again
+        auto w = ctx->allocate<float>(std::size_t(in) * classes), bias = ctx->allocate<float>(classes);
+        auto x = ctx->allocate<float>(n * in), y = ctx->allocate<float>(n * classes);
+        cuda::linear_forward(*ctx, in, classes, w.data(), bias.data(), x.data(), y.data(), n);
+        ctx->synchronize();
+    }
+    const std::string text = out.str();
+    CAPTURE(text);
+    // One product (D = op(A) op(B) + bias: A 37x11, B 37x61, D 11x61); cuBLASLt offers several FP32
+    // candidates for it (with one, nothing would be timed or logged).
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+    CHECK(text.find(": product A 37x11, B 37x61 -> D 11x61 (") != std::string::npos);
+    CHECK(text.find(" chosen; [0] algo ") != std::string::npos);
+    CHECK(text.find(" [1] algo ") != std::string::npos);
 }
 
 TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; deterministic mode takes cuDNN's choice", "[cuda]")
@@ -327,12 +361,12 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
     train_step(net, opt, data.batch(0, 64, 0));
     std::size_t reserved = 0;
     net.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) reserved = ctx.state().allocator->reserved_bytes();
+        if constexpr (requires { ctx.reserved_bytes(); }) reserved = ctx.reserved_bytes();
     });
     for (int i = 0; i < 5; ++i) train_step(net, opt, data.batch(0, 64, 0));
     std::size_t after = 0;
     net.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) after = ctx.state().allocator->reserved_bytes();
+        if constexpr (requires { ctx.reserved_bytes(); }) after = ctx.reserved_bytes();
     });
     CHECK(reserved > 0);
     CHECK(after == reserved);
@@ -434,7 +468,7 @@ TEST_CASE("A top-level DataParallel holds as much memory on GPU 0 as on the othe
     std::vector<double> held;
     for (std::size_t r = 0; r < 2; ++r)
         dp.replica(r).visit([&](auto& ctx) {
-            if constexpr (requires { ctx.state(); }) held.push_back(double(ctx.state().allocator->reserved_bytes()));
+            if constexpr (requires { ctx.reserved_bytes(); }) held.push_back(double(ctx.reserved_bytes()));
         });
     REQUIRE(held.size() == 2);
     CAPTURE(held[0], held[1]);
@@ -609,7 +643,7 @@ std::size_t graphs_held(auto& model)
 {
     std::size_t count = 0;
     model.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); }) count = ctx.state().graphs.size();
+        if constexpr (requires { ctx.graph_cache(); }) count = ctx.graph_cache().size();
     });
     return count;
 }
@@ -618,9 +652,7 @@ std::size_t cuts_held(auto& model)
 {
     std::size_t count = 0;
     model.visit([&](auto& ctx) {
-        if constexpr (requires { ctx.state(); })
-            for (const auto& [key, segments] : ctx.state().graphs)
-                for (const auto& s : segments) count += s.cut != cuda::Segment::no_cut;
+        if constexpr (requires { ctx.graph_cache(); }) count += ctx.graph_cache().cuts();
     });
     return count;
 }
@@ -715,9 +747,134 @@ TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at ever
     CHECK(cuts_held(single.replica(1)) == 2 * 2);
 }
 
+// ---- backend contract and owned resources ----
+
+static_assert(backend::Context<cuda::Context> && backend::Context<backend::cpu::Context>);
+static_assert(!backend::Context<int> && !backend::Context<cuda::Stream>);
+static_assert(!std::is_copy_constructible_v<cuda::Event> && std::is_nothrow_move_constructible_v<cuda::Event>);
+static_assert(!std::is_copy_constructible_v<cuda::ConvPlan> && !std::is_copy_constructible_v<cuda::Gemm>);
+
+namespace owned_test {
+// A fake handle kind for Owned, counting what was given back: no GPU needed.
+int given_back = 0;
+struct Give {
+    void operator()(int) const noexcept { ++given_back; }
+};
+using Handle = cuda::Owned<int, Give>;
+Handle make(int raw)
+{
+    if (raw == 3) throw Error("the third handle cannot be made");
+    return Handle(raw);
+}
+// Makes three handles in its member initialisers, as a context's parts do.
+struct Three {
+    Handle a = make(1), b = make(2), c = make(3);
+};
+} // namespace owned_test
+
+TEST_CASE("An object whose third owned handle fails gives back the two it made", "[cuda]")
+{
+    owned_test::given_back = 0;
+    CHECK_THROWS_WITH(owned_test::Three{}, "the third handle cannot be made");
+    CHECK(owned_test::given_back == 2);
+
+    owned_test::given_back = 0;
+    {
+        owned_test::Handle h(7);
+        const int raw = h.release();   // ownership given up: nothing is given back
+        CHECK(raw == 7);
+        CHECK(!h);
+        owned_test::Handle other(8);
+        other = owned_test::Handle(9);   // 8 given back by the assignment
+        CHECK(owned_test::given_back == 1);
+    }
+    CHECK(owned_test::given_back == 2);   // and 9 as `other` goes
+}
+
+TEST_CASE("An owned CUDA handle moves to its new owner and is given back once", "[cuda]")
+{
+    REQUIRE_GPU();
+    cuda::Context ctx{Device::cuda(0)};
+    ctx.activate();
+    cuda::Event a = cuda::make_event();
+    const cudaEvent_t raw = a;
+    REQUIRE(raw != nullptr);
+    cuda::Event b = std::move(a);
+    CHECK(!a);
+    CHECK(b.get() == raw);
+    CHECK(cudaEventRecord(b, ctx.stream()) == cudaSuccess);
+    cuda::Event c = cuda::make_event();
+    c = std::move(b);   // c's own event is given back, b's is now c's
+    CHECK(!b);
+    CHECK(c.get() == raw);
+    CHECK(cudaEventSynchronize(c) == cudaSuccess);
+    c.reset();
+    CHECK(!c);
+
+    cuda::Pinned<double> pinned(3);   // page-locked and value-initialised
+    cudaPointerAttributes where{};
+    REQUIRE(cudaPointerGetAttributes(&where, pinned.data()) == cudaSuccess);
+    CHECK(where.type == cudaMemoryTypeHost);
+    CHECK((pinned[0] == 0.0 && pinned[1] == 0.0 && pinned[2] == 0.0));
+}
+
+TEST_CASE("A context's watchdog is called while the host waits, and stops the wait by throwing", "[cuda]")
+{
+    REQUIRE_GPU();
+    cuda::Context ctx{Device::cuda(0)};
+    ctx.activate();
+    auto slow = [&] {   // 50 ms of host work queued on the compute stream
+        REQUIRE(cudaLaunchHostFunc(ctx.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+                                   nullptr) == cudaSuccess);
+    };
+    int calls = 0;
+    ctx.set_watchdog([&](double waited) {
+        ++calls;
+        if (waited > 0.0) throw Error("stopped by the watchdog");
+    });
+    slow();
+    std::string message;
+    try {
+        ctx.synchronize();
+    } catch (const Error& e) {
+        message = e.what();
+    }
+    CHECK(message == "stopped by the watchdog");
+    CHECK(calls >= 1);
+    cuda::Context copy = ctx;   // copies share the watchdog
+    copy.set_watchdog(nullptr);
+    calls = 0;
+    slow();
+    ctx.synchronize();   // blocks, no watchdog
+    CHECK(calls == 0);
+}
+
+TEST_CASE("The autotuner keeps cuDNN unless a candidate is 3% faster; make_deterministic drops the plans", "[cuda]")
+{
+    REQUIRE_GPU();
+    CHECK(cuda::detail::CallTimer::clearly_faster(1.0, 1.031));
+    CHECK(!cuda::detail::CallTimer::clearly_faster(1.0, 1.029));
+    CHECK(!cuda::detail::CallTimer::clearly_faster(cuda::detail::CallTimer::never, 1.0));
+
+    const OptionScope products{&cuda::Options::conv_path, cuda::ConvPath::gemm_forward};
+    constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};
+    cuda::Context ctx{Device::cuda(0)};
+    const cuda::ConvPlan& p = cuda::detail::plan_of<g>(ctx, 50, 7);
+    CHECK((p.gemm_forward && !p.gemm_backward));   // the path forces the forward pass to the products
+    CHECK((p.x && p.y && p.w && p.conv));          // cuDNN's descriptors, owned by the plan
+    CHECK(p.workspace >= cuda::ProductConv<g>::workspace(50, 7));
+    CHECK(ctx.plan_cache().conv_plans.size() == 1);
+    cuda::make_deterministic(ctx);
+    CHECK(ctx.plan_cache().conv_plans.empty());
+    CHECK(ctx.plan_cache().gemms.empty());
+    const cuda::ConvPlan& q = cuda::detail::plan_of<g>(ctx, 50, 7);   // made again, deterministic
+    CHECK(ctx.plan_cache().conv_plans.size() == 1);
+    CHECK(q.gemm_forward);
+}
+
 // ---- several replicas on one GPU ----
 // A device list that repeats one GPU (cuda:0,cuda:0) gives each replica its own context (streams,
-// allocator, CUDA graphs); their gradients are summed on the GPU in rank order (parallel/shared_gpu.hpp).
+// allocator, CUDA graphs); their gradients are summed on the GPU in rank order (backend/cuda/shared_gpu.hpp).
 
 namespace {
 // One process that claims to be one of two (no other exists: the communicator must refuse first).
@@ -771,7 +928,7 @@ TEST_CASE("Replicas sharing one GPU: the sum adds in rank order into every repli
         any.emplace_back(ctx.back());
     }
     auto comm = parallel::make_communicator(any, 2);
-    REQUIRE(dynamic_cast<parallel::SharedGpuCommunicator*>(comm.get()) != nullptr);
+    REQUIRE(dynamic_cast<backend::cuda::SharedGpuCommunicator*>(comm.get()) != nullptr);
 
     // Magnitudes far apart, so that another order of addition gives other floats.
     const std::vector<std::vector<float>> host{random_vector(n, 31, 1e4f), random_vector(n, 32), random_vector(n, 33, 1e4f)};
@@ -983,6 +1140,42 @@ TEST_CASE("BatchNorm over the global batch: replicas sharing one GPU train as on
         // Captured, cut at each sync point, replayed.
         if (batch > 2) CHECK(graphs_held(dp.replica(0)) == (graphs ? 2u : 0u));
     }
+}
+
+TEST_CASE("Reproducible mode with BatchNorm on GPUs: replicas sharing one GPU give one replica's bits, statistics included",
+          "[cuda][same-gpu][reproducible][batchnorm]")
+{
+    REQUIRE_GPU();
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    CAPTURE(graphs);
+    const RandomBatches<SmallResNet> data(100, 4);
+    SmallResNet one{Device::cuda(0), 1};
+    const auto expected = five_steps(one, data, 7);
+    const auto stats = one.statistics();
+    for (std::size_t n : {2, 3}) {
+        CAPTURE(n);
+        DataParallel<SmallResNet, Threaded> dp{shared_gpu(n), 1};
+        CHECK(differences(five_steps(dp, data, 7), expected) == "");
+        for (std::size_t r = 0; r < n; ++r) CHECK(differences(dp.replica(r).statistics(), stats) == "");
+    }
+    // The CPU's reproducible run: the same function, another backend's float rounding.
+    SmallResNet cpu{Device::cpu(), 1};
+    CHECK(norm_relative(five_steps(cpu, data, 7), expected) < 1e-4);
+    CHECK(norm_relative(cpu.statistics(), stats) < 1e-4);
+}
+
+TEST_CASE("BatchNorm inside Concat branches on the GPU: replicas sharing one GPU train as one GPU", "[cuda][same-gpu][batchnorm]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<ConcatBatchNormNet> data(42, 8);
+    ConcatBatchNormNet one{Device::cuda(0), 3};
+    const auto expected = queued_steps(one, data, 7);
+    DataParallel<ConcatBatchNormNet, Threaded> dp{shared_gpu(3), 3};
+    CHECK(norm_relative(expected, queued_steps(dp, data, 7)) < 1e-5);
+    CHECK(norm_relative(one.statistics(), dp.statistics()) < 1e-5);
+    ConcatBatchNormNet cpu{Device::cpu(), 3};
+    CHECK(norm_relative(queued_steps(cpu, data, 7), expected) < 1e-4);
 }
 
 TEST_CASE("BatchNorm and Residual on the GPU against PyTorch: 3 SGD steps, running estimates, evaluation",

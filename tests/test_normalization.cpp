@@ -163,13 +163,120 @@ TEST_CASE("A DataParallel built from a model keeps its statistics", "[cpu][batch
     for (std::size_t r = 0; r < 3; ++r) CHECK(differences(dp.replica(r).statistics(), stats) == "");
 }
 
-TEST_CASE("The reproducible mode refuses BatchNorm with a clear error", "[cpu][batchnorm]")
+TEST_CASE("Reproducible mode with BatchNorm and Residual: bit-identical on 1-4 replicas, statistics included",
+          "[cpu][batchnorm][reproducible]")
 {
-    const RandomBatches<SmallResNet> data(18, 3);
-    SmallResNet net{Device::cpu()};
-    SGD opt{kSgd};
-    CHECK(error_message([&] { train_step(net, opt, data.batch(0, 8, 0), kReproducible); })
-              .find("reproducible mode does not support BatchNorm") != std::string::npos);
+    // 5 steps of 20 samples in micro-shards of 8, 8 and 4: uneven over every replica count, and a
+    // replica with no shard on 4.
+    const RandomBatches<SmallResNet> data(100, 4);
+    SmallResNet single{Device::cpu(), 1};
+    const auto expected = five_steps(single, data, 7);
+    const auto stats = single.statistics();
+    REQUIRE(differences(stats, SmallResNet{Device::cpu(), 1}.statistics()) != "");   // they moved
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        DataParallel<SmallResNet, Threaded> dp{cpus(replicas), 1};
+        CHECK(differences(five_steps(dp, data, 7), expected) == "");
+        for (std::size_t r = 0; r < replicas; ++r) CHECK(differences(dp.replica(r).statistics(), stats) == "");
+    }
+    SmallResNet again{Device::cpu(), 1};
+    CHECK(differences(five_steps(again, data, 7), expected) == "");   // run to run
+    CHECK(differences(again.statistics(), stats) == "");
+    // Each replica's own statistics: the same shards, so the same bits on any replica count and dispatch.
+    const RandomBatches<SmallResNetPerReplica> own_data(100, 4);
+    SmallResNetPerReplica own{Device::cpu(), 1};
+    const auto own_expected = five_steps(own, own_data, 7);
+    for (std::size_t replicas : {2, 3}) {
+        CAPTURE(replicas);
+        DataParallel<SmallResNetPerReplica, SingleThread> dp{cpus(replicas), 1};
+        CHECK(differences(five_steps(dp, own_data, 7), own_expected) == "");
+        CHECK(differences(dp.statistics(), own.statistics()) == "");
+    }
+}
+
+TEST_CASE("Reproducible mode with BatchNorm: one micro-shard is the whole batch, as in the fast mode",
+          "[cpu][batchnorm][reproducible]")
+{
+    // With shard = batch the shard's statistics are the batch's: the fast mode's step up to the
+    // fixed-point rounding of the gradient (2^-40). Smaller shards normalise with their own (ghost
+    // batch normalisation), which is another function.
+    const RandomBatches<SmallResNet> data(60, 6);
+    SmallResNet fast{Device::cpu(), 2}, whole{Device::cpu(), 2}, ghost{Device::cpu(), 2};
+    const Trained a = three_steps(fast, data, 20);
+    SGD opt_whole{kSgd}, opt_ghost{kSgd};
+    for (std::size_t s = 0; s < 3; ++s) {
+        const std::size_t n = s == 2 ? 19 : 20;
+        train_step(whole, opt_whole, data.batch(s * 20, n, s * 20), {.reproducible = true, .micro_shard = 20});
+        train_step(ghost, opt_ghost, data.batch(s * 20, n, s * 20), {.reproducible = true, .micro_shard = 5});
+    }
+    CHECK(max_relative_difference(a.parameters, parameters(whole)) < 1e-5);
+    CHECK(max_relative_difference(a.statistics, whole.statistics()) < 1e-5);
+    CHECK(max_relative_difference(a.parameters, parameters(ghost)) > 1e-4);
+}
+
+TEST_CASE("Reproducible mode: BatchNorm's running estimates move once a step, to the whole batch's (float64 reference)",
+          "[cpu][batchnorm][reproducible]")
+{
+    // BatchNorm first, as in the float64 test above: batches of 9 in micro-shards of 4, 4 and 1.
+    using Net = Sequential<Input<3, 2, 2>, BatchNorm2d, Flatten, Linear<2>>;
+    constexpr std::size_t n = 9, C = 3, inner = 4;
+    const RandomBatches<Net> data(3 * n, 13);
+    std::vector<double> mean(C, 0.0), var(C, 1.0);
+    for (std::size_t replicas : {1, 3}) {
+        CAPTURE(replicas);
+        DataParallel<Net, Threaded> net{cpus(replicas)};
+        SGD opt{{.lr = 0.1f}};
+        std::fill(mean.begin(), mean.end(), 0.0);
+        std::fill(var.begin(), var.end(), 1.0);
+        for (std::size_t step = 0; step < 3; ++step) {
+            train_step(net, opt, data.batch(step * n, n, step * n), {.reproducible = true, .micro_shard = 4});
+            for (std::size_t c = 0; c < C; ++c) {
+                double s = 0.0, s2 = 0.0;
+                auto at = [&](std::size_t i, std::size_t j) { return double(data.inputs[((step * n + i) * C + c) * inner + j]); };
+                for (std::size_t i = 0; i < n; ++i)
+                    for (std::size_t j = 0; j < inner; ++j) s += at(i, j);
+                const double m = s / double(n * inner);
+                for (std::size_t i = 0; i < n; ++i)
+                    for (std::size_t j = 0; j < inner; ++j) s2 += (at(i, j) - m) * (at(i, j) - m);
+                mean[c] = 0.9 * mean[c] + 0.1 * m;
+                var[c] = 0.9 * var[c] + 0.1 * s2 / double(n * inner - 1);
+            }
+        }
+        const auto s = net.statistics();
+        for (std::size_t c = 0; c < C; ++c) {
+            CAPTURE(c);
+            CHECK(s[c] == Approx(mean[c]).epsilon(1e-5).margin(1e-6));
+            CHECK(s[C + c] == Approx(var[c]).epsilon(1e-5));
+        }
+    }
+}
+
+TEST_CASE("BatchNorm inside Concat branches: statistics over the global batch, and the reproducible mode",
+          "[cpu][batchnorm][parallel]")
+{
+    static_assert(ConcatBatchNormNet::statistics_count == 2 * (6 + 4 + 2));
+    static_assert(ConcatBatchNormNet::syncs == 2 * 3);
+    // The fast mode: DataParallel on 2-4 replicas equals the single model, uneven and idle replicas included.
+    for (std::size_t batch : {7, 3}) {
+        const RandomBatches<ConcatBatchNormNet> data(3 * batch, 8);
+        ConcatBatchNormNet single{Device::cpu(), 3};
+        const Trained want = three_steps(single, data, batch);
+        REQUIRE(differences(want.statistics, ConcatBatchNormNet{Device::cpu(), 3}.statistics()) != "");
+        for (std::size_t replicas : {2, 4}) {
+            CAPTURE(batch, replicas);
+            DataParallel<ConcatBatchNormNet, Threaded> dp{cpus(replicas), 3};
+            const Trained got = three_steps(dp, data, batch);
+            CHECK(max_relative_difference(want.parameters, got.parameters) < 2e-5);
+            CHECK(max_relative_difference(want.statistics, got.statistics) < 2e-5);
+        }
+    }
+    // The reproducible mode: the same bits on 1 and 3 replicas.
+    const RandomBatches<ConcatBatchNormNet> data(100, 4);
+    ConcatBatchNormNet one{Device::cpu(), 1};
+    const auto expected = five_steps(one, data, 7);
+    DataParallel<ConcatBatchNormNet, Threaded> three{cpus(3), 1};
+    CHECK(differences(five_steps(three, data, 7), expected) == "");
+    CHECK(differences(three.statistics(), one.statistics()) == "");
 }
 
 // PyTorch as the reference (tests/pytorch/make_fixtures.py, resnet.txt): a small ResNet-style model

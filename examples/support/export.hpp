@@ -21,6 +21,9 @@
 #include "replica/core/error.hpp"
 #include "replica/data/dataset.hpp"
 #include "support/cli.hpp"
+#if defined(REPLICA_CUDA)
+#include "replica/backend/cuda/options.hpp"
+#endif
 #if REPLICA_EXAMPLES_ONNX
 #include "replica/onnx/export.hpp"
 #endif

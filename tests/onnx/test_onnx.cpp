@@ -19,15 +19,16 @@ using namespace replica;
 namespace {
 
 // Every layer the standard networks do not use, and those they use in other settings: convolutions
-// without bias, BatchNorm1d on features and on (channels, length), GELU, Sigmoid, Tanh, average
-// pooling with padding, a ceil-rounded max pool with padding, Residual with the identity, a
-// transposed convolution with stride and padding, Identity, Dropout.
+// without bias, BatchNorm1d on features and on (channels, length), BatchNorm in two Concat branches and
+// in a residual body, GELU, Sigmoid, Tanh, average pooling with padding, a ceil-rounded max pool with
+// padding, Residual with the identity, a transposed convolution with stride and padding, Identity,
+// Dropout.
 using Vocabulary2d = Sequential<Input<3, 14, 14>,
                                 Conv2d<8, 3, 1, 1, Bias::none>, BatchNorm2d, GELU,            // 8x14x14
                                 MaxPool2dCeil<3, 2, 1>,              // 8x8x8: the last window is partial
                                 Residual<Sequential<Conv2d<8, 3, 1, 1>, BatchNorm2d, Tanh>>, ReLU,
-                                Concat<Sequential<Conv2d<4, 1>, Sigmoid>, Sequential<Identity>,
-                                       Sequential<AvgPool2d<3, 1, 1>>>,                         // 20x8x8
+                                Concat<Sequential<Conv2d<4, 1>, BatchNorm2d, Sigmoid>, Sequential<Identity>,
+                                       Sequential<AvgPool2d<3, 1, 1>, BatchNorm2d>>,            // 20x8x8
                                 ConvTranspose2d<6, 3, 2, 1, Bias::none>,                      // 6x15x15
                                 AvgPool2d<2>, Dropout<0.3>, Flatten,                          // 294
                                 Linear<24>, BatchNorm1d, Tanh, Identity, Linear<5>>;

@@ -38,8 +38,9 @@ struct FixedStatus {
 
 inline Error fixed_range_error(const std::string& value)
 {
-    return Error("a gradient of " + value + " is outside what the reproducible mode can sum exactly (|g| < 2^22): "
-                 "lower the learning rate or check the data for NaN or huge values");
+    return Error("a gradient (or a BatchNorm batch sum) of " + value + " is outside what the reproducible mode can "
+                 "sum exactly (|g| < 2^22): lower the learning rate, normalise the inputs, or check the data for NaN "
+                 "or huge values");
 }
 
 // acc[i] += round(g[i] * 2^40)

@@ -14,8 +14,14 @@
 // likewise, so a model trains the same on any number of replicas (to float tolerance). With
 // BatchStats::per_replica each replica normalises with its own share's statistics, as BatchNorm under
 // PyTorch's DDP does: no collective in the step, but results then depend on the replica count, and
-// the replicas' running estimates drift apart (replica 0's are the model's). One model alone, and the
-// reproducible mode's micro-shards, normalise with their own samples' statistics.
+// the replicas' running estimates drift apart (replica 0's are the model's). One model alone
+// normalises with its batch's statistics.
+//
+// In the reproducible mode each micro-shard normalises with its own samples' statistics (ghost batch
+// normalisation: the shards are the same on any replica count). The running estimates then move once
+// a step, toward the whole batch's mean and unbiased variance: each shard writes its per-channel sums
+// (around the running mean, as averages over a full shard) to ForwardArgs::shard_sums, the model sums
+// them exactly with the gradient, and update_statistics applies them.
 
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +74,13 @@ struct BatchNorm {
         {
             for (std::size_t c = 0; c < C; ++c) s[c] = 0.0f, s[C + c] = 1.0f;
         }
+        // The reproducible mode: the whole batch's mean and variance from the shards' exact sums.
+        template <class Ctx>
+        void update_statistics(Ctx& ctx, float* statistics, const float* sums, std::size_t batch, std::size_t shard)
+        {
+            batch_norm_step_statistics(ctx, sums, statistics, statistics + C, momentum, double(shard) / double(batch),
+                                       double(batch * inner), C);
+        }
 
         // A replica with no samples (model/chain.hpp): zero sums at both sync points; the running
         // estimates move as every replica's do.
@@ -113,8 +126,13 @@ struct BatchNorm {
                 // Sums around the running mean (the same on every replica): less cancellation in the
                 // variance than raw sums of squares.
                 batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch);
-                if constexpr (Stats == BatchStats::global) core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
-                batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
+                if (pass.micro_shard > 0) {   // the running estimates stay as they are until update_statistics
+                    batch_norm_statistics(ctx, sums, running, running + C, 0.0f, eps, mean, invstd, C);
+                    batch_norm_shard_sums(ctx, sums, a.shard_sums, 1.0f / float(pass.micro_shard * inner), C);
+                } else {
+                    if constexpr (Stats == BatchStats::global) core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
+                    batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
+                }
             }
             batch_norm_apply(ctx, a.x, a.y, a.n, C, inner, a.params, a.params + C, mean, invstd, relu);
         }

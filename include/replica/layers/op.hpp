@@ -37,6 +37,11 @@
 //                                             statistics); saved in checkpoints, never updated by an
 //                                             optimizer, updated by training forward passes.
 //   void init_statistics(float* s) const      Their initial values (host memory).
+//   void update_statistics(ctx, statistics, sums, batch, shard)
+//                                             The reproducible mode's update, once a step: sums (laid out
+//                                             like the statistics) is the exact sum, over every micro-
+//                                             shard of a batch of `batch` samples in shards of `shard`,
+//                                             of what training forward passes wrote to shard_sums.
 //   static constexpr std::size_t syncs        Sync points it uses in a training step (core/hook.hpp):
 //                                             it then takes the hook in forward and backward too,
 //                                             forward(ctx, pass, args, hook), backward(ctx, pass, args,
@@ -63,9 +68,11 @@ struct Pass {
     std::uint64_t seed = 0;           // the run's seed: dropout masks
     std::uint64_t first_sample = 0;   // global index of the first sample of this call
     bool training = true;             // dropout on, activations kept for backward
-    // Run the whole call on the model's own device: an op that spans devices does not split it, so
-    // the floats do not depend on how many devices it spans (the reproducible mode's micro-shards).
-    bool whole = false;
+    // Non-zero: this call is one micro-shard of the reproducible mode, of micro_shard samples (the last
+    // of a batch may hold fewer), and its floats must not depend on the device count. An op that spans
+    // devices runs it whole on the model's own device; an op with statistics leaves them as they are
+    // and writes its share of the step's sums to ForwardArgs::shard_sums (see update_statistics).
+    std::size_t micro_shard = 0;
 };
 
 // What an op is built with, once per replica.
@@ -83,6 +90,7 @@ struct ForwardArgs {
     float* saved;          // n * saved_size floats, kept until backward
     float* scratch;        // scratch_size(ctx, n) floats
     float* statistics = nullptr;   // the op's statistics (statistics_count floats), if it has any
+    float* shard_sums = nullptr;   // with pass.micro_shard: statistics_count floats, ASSIGNED
 };
 
 struct BackwardArgs {
@@ -122,6 +130,11 @@ template <class O>
 void init_statistics_of(const O& op, float* s)
 {
     if constexpr (statistics_count_of<O> > 0) op.init_statistics(s);
+}
+template <class O, class Ctx>
+void update_statistics_of(O& op, Ctx& ctx, float* statistics, const float* sums, std::size_t batch, std::size_t shard)
+{
+    if constexpr (statistics_count_of<O> > 0) op.update_statistics(ctx, statistics, sums, batch, shard);
 }
 
 // A layer names an op template. Naming it does not instantiate it, so this holds for every layer

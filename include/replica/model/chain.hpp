@@ -93,6 +93,11 @@ public:
 
     void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
     void init_statistics(float* s) const { parts_.init_statistics(s); }
+    template <class Ctx>
+    void update_statistics(Ctx& ctx, float* s, const float* sums, std::size_t batch, std::size_t shard)
+    {
+        parts_.update_statistics(ctx, s, sums, batch, shard);
+    }
 
     // An op that can apply the ReLU after it (fuses_relu, forward_relu, backward_relu) does, into the
     // ReLU's output, and runs the ReLU's backward in its own: the ReLU is skipped both ways, one pass
@@ -134,13 +139,13 @@ public:
         core::static_for<N>([&](auto i) {
             if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
             constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
-            const ForwardArgs args{.params = a.params + param_offset[i],
-                                   .x = input_of<i>(a.x, a.saved, a.n),
-                                   .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
-                                   .n = a.n,
-                                   .saved = op_saved(a.saved, a.n, i),
-                                   .scratch = a.scratch + 2 * max_inner * a.n,
-                                   .statistics = a.statistics ? a.statistics + statistics_offset[i] : nullptr};
+            ForwardArgs args{.params = a.params + param_offset[i],
+                             .x = input_of<i>(a.x, a.saved, a.n),
+                             .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
+                             .n = a.n,
+                             .saved = op_saved(a.saved, a.n, i),
+                             .scratch = a.scratch + 2 * max_inner * a.n};
+            parts::template place_statistics<i>(a, args);
             if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
                 parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
             else if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
@@ -185,11 +190,7 @@ public:
     template <class Ctx, class Hook>
     void idle_forward(Ctx& ctx, float* statistics, Hook&& hook)
     {
-        core::static_for<N>([&](auto i) {
-            if constexpr (syncs_of<op_t<i>> > 0)
-                parts_.template get<i>().idle_forward(ctx, statistics + statistics_offset[i],
-                                                      core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-        });
+        parts_.idle_forward(ctx, statistics, hook);
     }
     template <class Ctx, class Hook>
     void idle_backward(Ctx& ctx, Hook&& hook)

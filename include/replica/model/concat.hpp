@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
@@ -63,6 +64,8 @@ struct Concat {
         using input_shape = In;
         using output_shape = typename detail::with_channels<channel_offset[B], first_out>::type;
         static constexpr std::size_t param_count = parts::param_count;
+        static constexpr std::size_t statistics_count = parts::statistics_count;
+        static constexpr std::size_t syncs = parts::syncs;
         static constexpr std::uint32_t layer_count = parts::layer_count;
         // Each branch's output, then each branch's own saved state.
         static constexpr std::size_t saved_size = out_offset[B] + saved_offset[B];
@@ -78,22 +81,30 @@ struct Concat {
         }
 
         void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
-
+        void init_statistics(float* s) const { parts_.init_statistics(s); }
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a)
+        void update_statistics(Ctx& ctx, float* s, const float* sums, std::size_t batch, std::size_t shard)
+        {
+            parts_.update_statistics(ctx, s, sums, batch, shard);
+        }
+
+        // hook: its sync points only (core/hook.hpp), for branches that have some.
+        template <class Ctx, class Hook = core::NoHook>
+        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
         {
             core::static_for<B>([&](auto i) {
                 using Out = typename op_t<i>::output_shape;
                 float* out = a.saved + out_offset[i] * a.n;
-                parts_.template get<i>().forward(ctx, pass, ForwardArgs{
-                    .params = a.params + param_offset[i], .x = a.x, .y = out, .n = a.n,
-                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
+                ForwardArgs branch{.params = a.params + param_offset[i], .x = a.x, .y = out, .n = a.n,
+                                   .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)};
+                parts::template place_statistics<i>(a, branch);
+                parts_.template forward<i>(ctx, pass, branch, hook);
                 copy_channels_in(ctx, out, a.n, Out::dims[0], pixels, a.y, output_shape::dims[0], channel_offset[i]);
             });
         }
 
-        template <class Ctx>
-        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a)
+        template <class Ctx, class Hook = core::NoHook>
+        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
         {
             float* dy_branch = a.scratch;
             float* dx_branch = a.scratch + max_out * a.n;
@@ -101,10 +112,10 @@ struct Concat {
                 using Out = typename op_t<i>::output_shape;
                 copy_channels_out(ctx, a.dy, output_shape::dims[0], channel_offset[i], a.n, Out::dims[0], pixels, dy_branch);
                 float* dx = a.dx == nullptr ? nullptr : (i == 0 ? a.dx : dx_branch);
-                parts_.template get<i>().backward(ctx, pass, BackwardArgs{
+                parts_.template backward<i>(ctx, pass, BackwardArgs{
                     .params = a.params + param_offset[i], .x = a.x, .y = a.saved + out_offset[i] * a.n,
                     .dy = dy_branch, .dx = dx, .dparams = a.dparams + param_offset[i], .n = a.n,
-                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)});
+                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)}, hook);
                 if (i != 0 && a.dx != nullptr) add(ctx, dx_branch, a.dx, a.n * In::size);
             });
         }
@@ -116,6 +127,12 @@ struct Concat {
         }
         template <class Ctx>
         void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
+
+        // See Chain::idle_forward; the branches run in order both ways.
+        template <class Ctx, class Hook>
+        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook) { parts_.idle_forward(ctx, statistics, hook); }
+        template <class Ctx, class Hook>
+        void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
     private:
         static float* branch_saved(float* saved, std::size_t n, std::size_t i)

@@ -29,6 +29,7 @@ using layers::LeafOp;
 using layers::Op;
 using layers::Pass;
 using layers::init_statistics_of;
+using layers::update_statistics_of;
 using layers::statistics_count_of;
 using layers::syncs_of;
 
@@ -43,7 +44,7 @@ struct StepInput {
     bool operator==(const StepInput& o) const
     {
         return pass.seed == o.pass.seed && pass.first_sample == o.pass.first_sample && pass.training == o.pass.training &&
-               pass.whole == o.pass.whole && x == o.x && labels == o.labels && n == o.n && loss_scale == o.loss_scale;
+               pass.micro_shard == o.pass.micro_shard && x == o.x && labels == o.labels && n == o.n && loss_scale == o.loss_scale;
     }
 };
 
@@ -129,8 +130,9 @@ concept TrainableModel =
 //                            its loss sum.
 //   forward_train(pass, x, n), backward_from(pass, dy, dx, hook)  the two halves of forward_backward,
 //                            for a replica of a DataParallel nested in a larger model.
-//   queue_shard_gradients(...), finish_shards(losses), set_gradients_exact()  the reproducible mode's
-//                            parts (model/exact_gradient.hpp).
+//   queue_shard_gradients(...), finish_shards(losses), set_gradients_exact(batch, shard)  the
+//                            reproducible mode's parts (model/exact_gradient.hpp), over exact_count
+//                            integers a replica.
 //   copy_state_from(w, state, size, after)  parameters and optimizer state from another replica.
 template <class M>
 concept Replica =
@@ -147,7 +149,8 @@ concept Replica =
         m.backward_from(pass, x, dx, hook);
         { m.queue_shard_gradients(pass, x, labels, n, 1.0f, n, n) } -> std::same_as<std::int64_t*>;
         m.finish_shards(losses);
-        m.set_gradients_exact();
+        m.set_gradients_exact(n, n);
+        { M::exact_count } -> std::convertible_to<std::size_t>;
         { m.gradient_data() } -> std::same_as<float*>;
     };
 

@@ -26,7 +26,7 @@ template <std::size_t InputSize, std::size_t LabelSize>
 class ExactGradient {
 public:
     // Queues the shards of n samples (host memory) on ctx and returns the accumulator (ctx's memory,
-    // `count` integers) for the replicas' exact all-reduce. reserve(m) makes room for the activations of
+    // `count` integers: the gradient and whatever else the shards sum) for the replicas' exact all-reduce. reserve(m) makes room for the activations of
     // m samples; queue_shard(pass, x, labels, m, loss_slot) queues forward, loss and backward of m
     // samples already in ctx's memory, ASSIGNING `gradient` (count floats).
     template <class Ctx, class Reserve, class QueueShard>
@@ -53,7 +53,7 @@ public:
                 const std::size_t begin = k * shard, m = std::min(shard, n - begin);
                 Pass mine = captured ? Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training} : pass;
                 mine.first_sample += begin;
-                mine.whole = true;   // an op spanning devices computes each shard on the model's own
+                mine.micro_shard = shard;
                 queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k]);
                 add_fixed(ctx, gradient, exact_.data(), count);
             }

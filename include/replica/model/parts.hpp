@@ -3,8 +3,8 @@
 // side by side (Concat): the parts, built once with consecutive layer ids; their parameters laid out
 // one after another in the composite's slice (param_offset), their saved state likewise
 // (saved_offset), their statistics (statistics_offset) and sync point ids (sync_offset); the
-// calls that pass a part the hook's sync points when it has any; initialisation; the update; and the
-// parameter sync of parts that hold replicas.
+// calls that pass a part the hook's sync points when it has any; initialisation; the update (and the
+// reproducible mode's update of statistics); and the parameter sync of parts that hold replicas.
 
 #include <algorithm>
 #include <array>
@@ -82,6 +82,21 @@ public:
     {
         core::static_for<N>([&](auto i) { init_statistics_of(std::get<i>(ops_), s + statistics_offset[i]); });
     }
+    // The reproducible mode's once-a-step update of the parts' statistics (layers/op.hpp).
+    template <class Ctx>
+    void update_statistics(Ctx& ctx, float* s, const float* sums, std::size_t batch, std::size_t shard)
+    {
+        core::static_for<N>([&](auto i) {
+            update_statistics_of(std::get<i>(ops_), ctx, s + statistics_offset[i], sums + statistics_offset[i], batch, shard);
+        });
+    }
+    // Part I's statistics and shard sums within the composite's (null when the composite has none).
+    template <std::size_t I>
+    static void place_statistics(const ForwardArgs& outer, ForwardArgs& part)
+    {
+        part.statistics = outer.statistics ? outer.statistics + statistics_offset[I] : nullptr;
+        part.shard_sums = outer.shard_sums ? outer.shard_sums + statistics_offset[I] : nullptr;
+    }
 
     // Part I's forward and backward; a part with sync points gets the hook's (core::SyncOnly).
     template <std::size_t I, class Ctx, class Hook>
@@ -95,6 +110,25 @@ public:
     {
         if constexpr (syncs_of<op<I>> > 0) get<I>().backward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
         else get<I>().backward(ctx, pass, a);
+    }
+
+    // A replica with no samples in a step with sync points (Chain::idle_forward): each part that has
+    // some takes them, in part order, contributing nothing. idle_backward likewise, for composites
+    // whose backward runs the parts in order (Residual, Concat).
+    template <class Ctx, class Hook>
+    void idle_forward(Ctx& ctx, float* statistics, Hook& hook)
+    {
+        core::static_for<N>([&](auto i) {
+            if constexpr (syncs_of<op<i>> > 0)
+                get<i>().idle_forward(ctx, statistics + statistics_offset[i], core::SyncOnly<Hook>{&hook});
+        });
+    }
+    template <class Ctx, class Hook>
+    void idle_backward(Ctx& ctx, Hook& hook)
+    {
+        core::static_for<N>([&](auto i) {
+            if constexpr (syncs_of<op<i>> > 0) get<i>().idle_backward(ctx, core::SyncOnly<Hook>{&hook});
+        });
     }
 
     // Without parts that hold replicas, one pass over the whole slice (an optimizer is elementwise:

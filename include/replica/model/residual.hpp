@@ -69,40 +69,25 @@ struct Residual {
         }
         void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
         void init_statistics(float* s) const { parts_.init_statistics(s); }
+        template <class Ctx>
+        void update_statistics(Ctx& ctx, float* s, const float* sums, std::size_t batch, std::size_t shard)
+        {
+            parts_.update_statistics(ctx, s, sums, batch, shard);
+        }
 
         template <class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state) { parts_.update(ctx, opt, w, g, state); }
         template <class Ctx>
         void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
-        // See Chain::idle_forward.
+        // See Chain::idle_forward; the body, then the shortcut, both ways.
         template <class Ctx, class Hook>
-        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook)
-        {
-            each_syncing([&](auto i) {
-                parts_.template get<i>().idle_forward(ctx, statistics + parts::statistics_offset[i],
-                                                      core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-            });
-        }
+        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook) { parts_.idle_forward(ctx, statistics, hook); }
         template <class Ctx, class Hook>
-        void idle_backward(Ctx& ctx, Hook&& hook)
-        {
-            each_syncing([&](auto i) {
-                parts_.template get<i>().idle_backward(ctx, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-            });
-        }
+        void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
     private:
         friend FusesReluWithHook<op<In>>;
-
-        // f(i) for each part with sync points, in the order forward and backward run them.
-        template <class F>
-        static void each_syncing(F&& f)
-        {
-            core::static_for<projected ? 2 : 1>([&](auto i) {
-                if constexpr (syncs_of<typename parts::template op<i>> > 0) f(i);
-            });
-        }
 
         template <class Ctx, class Hook>
         void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook, bool relu)
@@ -139,9 +124,10 @@ struct Residual {
         template <std::size_t I>
         ForwardArgs part_args(const ForwardArgs& a, float* y) const
         {
-            return ForwardArgs{.params = a.params + parts::param_offset[I], .x = a.x, .y = y, .n = a.n,
-                               .saved = part_saved(a.saved, a.n, I), .scratch = inner_scratch(a.scratch, a.n),
-                               .statistics = a.statistics ? a.statistics + parts::statistics_offset[I] : nullptr};
+            ForwardArgs part{.params = a.params + parts::param_offset[I], .x = a.x, .y = y, .n = a.n,
+                             .saved = part_saved(a.saved, a.n, I), .scratch = inner_scratch(a.scratch, a.n)};
+            parts::template place_statistics<I>(a, part);
+            return part;
         }
         static float* part_saved(float* saved, std::size_t n, std::size_t i)
         {

@@ -129,6 +129,8 @@ public:
     static constexpr std::size_t statistics_count = chain::statistics_count;
     // Sync points of a training step under DataParallel (core/hook.hpp).
     static constexpr std::size_t syncs = chain::syncs;
+    // The reproducible mode's exact accumulator: the gradient, then the statistics' shard sums.
+    static constexpr std::size_t exact_count = param_count + statistics_count;
     static constexpr std::size_t label_size = loss::template label_size<output_shape>;
 
     // On the default device (the first GPU, or the CPU); nested DataParallels use every default device.
@@ -144,7 +146,7 @@ public:
         static_assert(Replica<Sequential>);
         visit([&](auto& ctx) {
             params_ = ctx.template allocate<float>(param_count);
-            grads_ = ctx.template allocate<float>(param_count);
+            grads_ = ctx.template allocate<float>(exact_count);
             stats_ = ctx.template allocate<float>(statistics_count);
         });
         std::vector<float> host(param_count);
@@ -341,20 +343,16 @@ public:
 
     // The reproducible mode in parts (model/exact_gradient.hpp), for DataParallel: queue this model's
     // shards of samples [0, n) (numbered from first_shard) and return its exact accumulator for the
-    // replicas' exact all-reduce; finish_shards() waits and writes each shard's loss; once the
-    // accumulators are summed, set_gradients_exact() turns this one into the gradient.
+    // replicas' exact all-reduce (exact_count integers); finish_shards() waits and writes each shard's
+    // loss; once the accumulators are summed, set_gradients_exact(batch, shard) turns this one into the
+    // gradient and moves the statistics once for the whole batch.
     std::int64_t* queue_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
-        // Each micro-shard would move the running estimates in turn, so they would depend on how
-        // the shards are spread over replicas.
-        core::require(statistics_count == 0,
-                      "the reproducible mode does not support BatchNorm yet (its running estimates would depend on "
-                      "the replica count): train this model without it");
         drop_ahead();
         return visit([&](auto& ctx) {
-            return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), param_count,
+            return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), exact_count,
                                 !chain::spans_devices, [&](std::size_t m) { reserve(ctx, m); },
                                 [&](const Pass& p, const float* xd, const std::int32_t* ld, std::size_t m,
                                     core::LossSlot* slot) { queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}); });
@@ -368,9 +366,12 @@ public:
                           [](const core::LossSlot& s) { return loss::template finish<output_shape>(s); });
         });
     }
-    void set_gradients_exact()
+    void set_gradients_exact(std::size_t batch, std::size_t shard)
     {
-        visit([&](auto& ctx) { exact_.write_gradient(ctx, grads_.data(), param_count); });
+        visit([&](auto& ctx) {
+            exact_.write_gradient(ctx, grads_.data(), exact_count);
+            if constexpr (statistics_count > 0) chain_.update_statistics(ctx, stats_.data(), shard_sums(), batch, shard);
+        });
     }
     // The reproducible mode's gradient for one model: every shard here, summed exactly.
     double reproducible_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
@@ -380,7 +381,7 @@ public:
         shard_loss_.assign((n + shard - 1) / shard, 0.0);
         queue_shard_gradients(pass, x, labels, n, loss_scale, shard, 0);
         finish_shards(shard_loss_.data());
-        set_gradients_exact();
+        set_gradients_exact(n, shard);
         double total = 0.0;
         for (double l : shard_loss_) total += l;
         return total;
@@ -488,7 +489,9 @@ private:
     void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
                     core::LossSlot* slot, Hook&& on_layer)
     {
-        chain_.forward(ctx, pass, forward_args(xd, n), on_layer);
+        ForwardArgs args = forward_args(xd, n);
+        if (pass.micro_shard > 0) args.shard_sums = shard_sums();
+        chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
         chain_.backward(ctx, pass,
                         BackwardArgs{.params = params_.data(), .x = xd, .y = y(), .dy = dy(), .dx = nullptr,
@@ -540,6 +543,7 @@ private:
     float* y() { return arena_.data() + capacity_ * chain::saved_size; }
     float* dy() { return y() + capacity_ * output_shape::size; }
     float* scratch() { return dy() + capacity_ * output_shape::size; }
+    float* shard_sums() { return grads_.data() + param_count; }
 
     std::vector<float> download(const core::Buffer<float>& b, std::size_t n) const
     {
@@ -554,6 +558,8 @@ private:
     std::vector<Device> devices_;
     backend::AnyContext ctx_;
     chain chain_;
+    // grads_ holds the gradient, then (the reproducible mode) the statistics' shard sums: one exact
+    // accumulator sums both.
     core::Buffer<float> params_, grads_, state_, stats_;
     core::Buffer<float> arena_;
     std::size_t capacity_ = 0;

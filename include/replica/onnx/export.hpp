@@ -82,13 +82,11 @@ struct Mapping<model::Concat<Branches...>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
-        static_assert(((layers::statistics_count_of<typename Branches::template op<In>> == 0) && ...),
-                      "a Concat branch with BatchNorm: Concat does not hand its branches statistics, so the "
-                      "model cannot be exported (nor evaluated) as it is; put the BatchNorm after the Concat");
         std::vector<std::string> outputs;
-        const float* params = s.params;
-        ((outputs.push_back(onnx::emit<Branches, In>(g, x, Slice{params, s.statistics})),
-          params += Branches::template op<In>::param_count),
+        Slice branch = s;   // the branches' slices one after another (Parts' layout)
+        ((outputs.push_back(onnx::emit<Branches, In>(g, x, branch)),
+          branch.params += Branches::template op<In>::param_count,
+          branch.statistics += layers::statistics_count_of<typename Branches::template op<In>>),
          ...);
         return g.node("Concat", outputs, {integer("axis", 1)});   // on channels
     }

@@ -168,7 +168,7 @@ public:
         void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a)
         {
             const core::Event input_ready = ctx.mark();
-            const std::size_t active = pass.whole ? 1 : replica_count();
+            const std::size_t active = pass.micro_shard > 0 ? 1 : replica_count();
             set_.each([&](std::size_t r) {
                 if (r >= active) return;
                 const Share s = share(a.n, active, r);
@@ -201,8 +201,8 @@ public:
                 set_.connect(contexts);
             }
             const core::Event grad_ready = ctx.mark();
-            const std::size_t active = pass.whole ? 1 : replica_count();
-            whole_ = pass.whole;
+            const std::size_t active = pass.micro_shard > 0 ? 1 : replica_count();
+            whole_ = pass.micro_shard > 0;
             auto gradient_of = [&](std::size_t r) { return r == 0 ? a.dparams : others_[r - 1].gradient_data(); };
             // Replica r's backward, with `hook` told of each layer's gradient.
             auto replica_backward = [&](std::size_t r, const Share& s, auto&& hook) {
@@ -379,9 +379,9 @@ public:
                                                                 shard, s.offset / shard);
         });
         set_.each([&](std::size_t r) { replicas_[r].finish_shards(shard_loss_.data()); });
-        set_.comm().exact_all_reduce(exact_ptrs_, param_count);
+        set_.comm().exact_all_reduce(exact_ptrs_, M::exact_count);
         set_.comm().sum_across_processes(shard_loss_.data(), shards);   // one contributor per shard: exact
-        set_.each([&](std::size_t r) { replicas_[r].set_gradients_exact(); });
+        set_.each([&](std::size_t r) { replicas_[r].set_gradients_exact(n, shard); });
         double total = 0.0;
         for (double l : shard_loss_) total += l;
         return total;

@@ -12,7 +12,7 @@
 // after `timeout` without an answer it throws Error naming the rank, instead of hanging.
 //
 // GPU replicas do not go through MPI: every GPU of every process joins one NCCL communicator whose
-// unique id rank 0 broadcasts over MPI (parallel/communicators.hpp); only losses are summed over MPI.
+// unique id rank 0 broadcasts over MPI (backend/communicators.hpp); only losses are summed over MPI.
 
 // The C API only: the deprecated C++ bindings warn under -Wextra.
 #define OMPI_SKIP_MPICXX 1

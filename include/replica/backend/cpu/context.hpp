@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "replica/backend/contract.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
@@ -68,6 +69,7 @@ public:
 private:
     Device device_;
 };
+static_assert(backend::Context<Context>);
 
 // Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
 // backend::SerialHostKernels sets it to 1 for a scope (replicas on their own threads; the reproducible

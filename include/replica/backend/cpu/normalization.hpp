@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
 
 namespace replica::backend::cpu {
@@ -34,7 +35,8 @@ inline void batch_norm_sums(const Context&, const float* x, std::size_t n, std::
 }
 
 // From sums (over the whole batch): the batch mean, 1 / sqrt(biased var + eps), and the running
-// estimates moved `momentum` of the way to the mean and the unbiased variance.
+// estimates moved `momentum` of the way to the mean and the unbiased variance (momentum 0: left as
+// they are).
 inline void batch_norm_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
                                   float momentum, float eps, float* mean, float* invstd, std::size_t c)
 {
@@ -45,9 +47,24 @@ inline void batch_norm_statistics(const Context&, const float* sums, float* runn
         const double m = double(running_mean[ch]) + d;
         mean[ch] = float(m);
         invstd[ch] = float(1.0 / std::sqrt(var + double(eps)));
-        const double unbiased = count > 1 ? var * count / (count - 1) : var;
-        running_mean[ch] = float((1.0 - momentum) * running_mean[ch] + momentum * m);
-        running_var[ch] = float((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        if (momentum != 0.0f) move_running(running_mean[ch], running_var[ch], m, var, count, momentum);
+    }
+}
+
+// The reproducible mode. A micro-shard's share of the step's sums: out = sums[0, 2c) * scale.
+inline void batch_norm_shard_sums(const Context&, const float* sums, float* out, float scale, std::size_t c)
+{
+    for (std::size_t i = 0; i < 2 * c; ++i) out[i] = sums[i] * scale;
+}
+// Once a step, from the shards' summed shares: the batch's mean is running_mean + sums[ch] * ratio,
+// its biased variance sums[c + ch] * ratio - (sums[ch] * ratio)^2, over count values.
+inline void batch_norm_step_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
+                                       float momentum, double ratio, double count, std::size_t c)
+{
+    for (std::size_t ch = 0; ch < c; ++ch) {
+        const double d = sums[ch] * ratio;
+        const double var = std::max(0.0, sums[c + ch] * ratio - d * d);
+        move_running(running_mean[ch], running_var[ch], double(running_mean[ch]) + d, var, count, momentum);
     }
 }
 

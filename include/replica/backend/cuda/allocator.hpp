@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "replica/backend/cuda/check.hpp"
+#include "replica/core/tensor.hpp"
 
 namespace replica::backend::cuda {
 
@@ -48,9 +49,22 @@ public:
             }
             reserved_ += bytes;
         }
+        if (const cudaError_t e = cudaMemset(p, 0, bytes); e != cudaSuccess) {
+            free_[bytes].push_back(p);   // kept for reuse, not lost, when the fill fails
+            REPLICA_CHECK(e);
+        }
         size_[p] = bytes;
-        REPLICA_CHECK(cudaMemset(p, 0, bytes));
         return p;
+    }
+
+    // n zero-filled values of T (allocate()), given back to this allocator when the buffer goes; the
+    // buffer must not outlive the allocator.
+    template <class T>
+    core::Buffer<T> buffer(std::size_t n)
+    {
+        if (n == 0) return {};
+        return core::Buffer<T>(static_cast<T*>(allocate(n * sizeof(T))), n,
+                               [](void* m, void* owner) { static_cast<CachingAllocator*>(owner)->release(m); }, this);
     }
 
     void release(void* p)

@@ -1,119 +1,33 @@
 #pragma once
-// The CUDA context of one replica: its device, a compute, a communication and a copy stream, cuDNN,
-// cuBLAS and cuBLASLt handles (the first two bound to the compute stream), a workspace, a caching
-// allocator, and the per-layer plans (cuDNN and cuBLASLt descriptors and algorithms) chosen once per
-// shape. Only under nvcc.
-//
-// Copies of a Context share one state; a Buffer from allocate() must not outlive it.
+// The CUDA context of one replica: its device, streams, library handles, caching allocator, plan
+// cache, CUDA graph cache and reduction memory (state.hpp, one part each). Satisfies the backend
+// contract (backend/contract.hpp) and adds what only CUDA has: CUDA graphs, the copy stream, the
+// library handles and the scratch that layers' kernels use. Only under nvcc.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
-#include <compare>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
-#include <iosfwd>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "replica/backend/contract.hpp"
 #include "replica/backend/cuda/allocator.hpp"
 #include "replica/backend/cuda/check.hpp"
+#include "replica/backend/cuda/handles.hpp"
+#include "replica/backend/cuda/options.hpp"
+#include "replica/backend/cuda/state.hpp"
 #include "replica/core/backoff.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
-#include "replica/core/fixed_point.hpp"
 #include "replica/core/tensor.hpp"
-#include "replica/core/window.hpp"
 
 namespace replica::backend::cuda {
-
-// Process-wide defaults for new contexts (read when a context is made).
-// How a convolution runs (not a transposed one, nor one that our direct kernels take, conv.hpp).
-enum class ConvPath {
-    timed,           // per pass (forward; the two gradients), the faster of cuDNN and the products, timed per
-                     // layer and batch size; needs Options::benchmark, else cudnn
-    cudnn,           // cuDNN's algorithms
-    gemm,            // as products over its windows: im2row, then a fully connected layer over every output pixel
-    gemm_forward,    // the forward pass as products, the gradients by cuDNN (for measurements and tests)
-    gemm_backward,   // the forward pass by cuDNN, the gradients as products (likewise)
-};
-
-struct Options {
-    // TF32 tensor cores for convolutions (PyTorch's default), their products too (ConvPath::gemm);
-    // never for fully connected layers.
-    bool allow_tf32 = true;
-    // Only deterministic cuDNN algorithms, and cuDNN's and cuBLASLt's own heuristic choices: the same
-    // in every context and every run (benchmark is then not used).
-    bool deterministic = false;
-    // Choose each convolution's algorithms and each fully connected layer's products by timing the
-    // candidates of cuDNN's and cuBLASLt's heuristics as a step runs them (timing.hpp), once per shape
-    // and kind of GPU in the process. On an H200 (convolutions): LeNet 0.209 -> 0.179 ms a step,
-    // AlexNet 6.83 -> 6.29, GoogLeNet-32 7.70 -> 7.33; TextCNN and FCN unchanged. A new shape's first
-    // step takes longer (milliseconds per layer, more with conv_path's product path timed too).
-    bool benchmark = true;
-    // Capture a model's training step (forward, loss and backward) in CUDA graphs once per batch
-    // size and staging buffer and replay them, so that a step costs a few launches on the host (LeNet
-    // on an H200: 0.28 instead of 0.84 ms; GoogLeNet-32: 9.2 instead of 11.7 ms). A DataParallel
-    // replica's step is captured in segments, cut where a gradient bucket is complete: its all-reduce
-    // is queued between two segments, eagerly, so it overlaps the rest of backward and no graph holds
-    // a collective. A nested DataParallel runs eagerly; the reproducible mode replays its micro-shards.
-    bool graphs = true;
-    // How convolutions run (ConvPath). `timed` compares, once per shape and kind of GPU, the product
-    // path's forward with cuDNN's timed forward algorithm and its backward with cuDNN's two timed
-    // gradient algorithms, and keeps cuDNN for a pass unless the products are 3% faster. On an H200
-    // it takes LeNet's second layer (20 -> 50 channels, 5 x 5 over 12 x 12), for which cuDNN's best
-    // kernels run at 8 TFLOP/s: LeNet 0.169 -> 0.151 ms a step (batch 32: 0.136 -> 0.123), and
-    // AlexNet's first layer forward only (3 channels: cuDNN runs FP32 kernels): AlexNet 6.06 -> 5.83
-    // once each pass was chosen on its own; GoogLeNet-32 6.96 -> 6.88, then 6.83 -> 6.74; the text CNN
-    // and the FCN run as fast as before. Deterministic mode with `timed`: cuDNN.
-    ConvPath conv_path = ConvPath::timed;
-    // Where each timed convolution choice is written, one line per shape and kind of GPU as it is
-    // made (the layer, cuDNN's chosen algorithms and their times, the product path's times and which
-    // passes take it); nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
-    std::ostream* log = nullptr;
-};
-
-// What a captured step reads from device memory because it changes from step to step (kernel
-// arguments are frozen at capture): the dropout masks' seed and global first sample.
-struct StepParams {
-    std::uint64_t seed = 0, first_sample = 0;
-};
-
-// Graphs are kept per (batch size, staging buffer) of a context.
-struct GraphKey {
-    std::size_t n;
-    int slot;
-    friend auto operator<=>(const GraphKey&, const GraphKey&) = default;
-    // Written out: nvcc 13 leaves the == implied by a defaulted <=> undefined at link time.
-    friend bool operator==(const GraphKey& a, const GraphKey& b) { return a.n == b.n && a.slot == b.slot; }
-};
-
-// One captured part of a step, and what the host does after launching it: call the step's hook
-// with `cut` (a DataParallel replica reduces the buckets complete from there), or at a sync point
-// (core/hook.hpp: sync.data is not null) have it sum sync.count floats at sync.data over the
-// replicas, or nothing.
-struct Segment {
-    static constexpr std::size_t no_cut = ~std::size_t{0};
-    struct SyncPoint {
-        float* data = nullptr;
-        std::size_t count = 0, id = 0;
-    };
-    cudaGraphExec_t exec = nullptr;
-    std::size_t cut = no_cut;
-    SyncPoint sync = {};
-};
-inline Options& default_options()
-{
-    static Options o;
-    return o;
-}
 
 // Every visible GPU, honouring CUDA_VISIBLE_DEVICES; empty when there is none (or no driver).
 inline std::vector<Device> visible_devices()
@@ -128,187 +42,13 @@ inline std::vector<Device> visible_devices()
     return out;
 }
 
-// A cuDNN convolution prepared for one geometry and batch size.
-struct ConvPlan {
-    bool gemm_forward = false, gemm_backward = false;   // which passes run as products over its windows (ConvPath)
-    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-    cudnnFilterDescriptor_t w = nullptr;
-    cudnnConvolutionDescriptor_t conv = nullptr;
-    cudnnConvolutionFwdAlgo_t fwd{};
-    cudnnConvolutionBwdDataAlgo_t bwd_data{};
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-    std::size_t workspace = 0;
-};
+class Context;
+inline void make_deterministic(const Context& ctx);
 
-struct ConvKey {
-    enum Use { convolution, direct, transposed };   // what the plan is for (conv.hpp)
-    core::Window g;
-    int cout;
-    std::size_t n;
-    int use = convolution;
-    friend bool operator<(const ConvKey& a, const ConvKey& b)
-    {
-        auto t = [](const ConvKey& k) {
-            return std::make_tuple(k.g.c, k.g.h, k.g.w, k.g.kh, k.g.kw, k.g.sh, k.g.sw, k.g.ph, k.g.pw, k.g.oh, k.g.ow, k.cout, k.n,
-                                   k.use);
-        };
-        return t(a) < t(b);
-    }
-};
-
-// A matrix product D = op(A) op(B) (+ an epilogue) of fixed shapes through cuBLASLt, FP32 throughout.
-struct Gemm {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    std::size_t workspace = 0;
-    bool usable = false;   // cuBLASLt offers an algorithm (a bias-gradient epilogue may have none)
-    void destroy()
-    {
-        if (desc) cublasLtMatmulDescDestroy(desc);
-        for (auto l : {a, b, d})
-            if (l) cublasLtMatrixLayoutDestroy(l);
-        *this = {};
-    }
-};
-
-// Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
-// alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
-struct GemmKey {
-    enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t, forward_no_bias,
-                forward_relu_no_bias };
-    int kind, in, out;
-    std::size_t n;
-    int align_a, align_b, align_d;
-    bool tf32;   // a convolution's products (conv.hpp) may use TF32, a fully connected layer's never
-    friend auto operator<=>(const GemmKey&, const GemmKey&) = default;
-    friend bool operator==(const GemmKey& a, const GemmKey& b)   // see GraphKey
-    {
-        return a.kind == b.kind && a.in == b.in && a.out == b.out && a.n == b.n && a.align_a == b.align_a &&
-               a.align_b == b.align_b && a.align_d == b.align_d && a.tf32 == b.tf32;
-    }
-};
-
-namespace detail {
-struct State {
-    Device device;
-    Options options;
-    std::string kind;   // detail::device_kind(): what makes two GPUs time the same
-    cudaStream_t stream = nullptr, comm = nullptr, copy = nullptr;
-    cudaEvent_t copied = nullptr;   // the compute stream waits for the copy stream's copies
-    cudnnHandle_t cudnn = nullptr;
-    cublasHandle_t cublas = nullptr;
-    cublasLtHandle_t cublaslt = nullptr;
-    std::unique_ptr<CachingAllocator> allocator;
-    core::Buffer<unsigned char> workspace;
-    // The rows (conv.hpp's product path) that the workspace holds, left by a convolution's forward for
-    // its backward: of input x, window g, n samples. Any later use of the workspace forgets them.
-    struct Rows {
-        const float* x = nullptr;
-        core::Window g{};
-        std::size_t n = 0;
-    } workspace_rows;
-    core::Buffer<float> ones;
-    core::Buffer<double> reduce;          // device scalars for loss and metric reductions
-    double* host_reduce = nullptr;        // pinned mirror
-    core::FixedStatus* fixed_status = nullptr;   // pinned: the reproducible mode's range check
-    cudaEvent_t marker = nullptr;         // re-recorded by mark()
-    cudaEvent_t host_mark[2] = {};        // re-recorded by mark_for_host(k)
-    std::map<ConvKey, ConvPlan> conv_plans;
-    std::map<GemmKey, Gemm> gemms;
-    core::Buffer<float> aligned_bias;     // a fully connected layer's bias, where it is not 16-byte aligned
-    // Set by a communicator spanning processes: called while synchronize() waits (with the seconds
-    // waited so far); it throws to stop waiting for a peer that died or hangs.
-    std::function<void(double)> watchdog;
-    // CUDA graphs (Options::graphs): the replayable steps, the keys seen once (the first step of a
-    // key runs eagerly, growing plans, workspaces and scratch), and the step's parameters.
-    std::map<GraphKey, std::vector<Segment>> graphs;
-    std::map<GraphKey, bool> warmed;
-    bool capturing = false;
-    std::optional<GraphKey> partial;            // the key whose segments are being captured
-    StepParams* step_host = nullptr;            // pinned, one per step slot (two steps may be in flight)
-    core::Buffer<StepParams> step_device;       // one per step slot
-    int step_slot = 0;                          // the slot of the last set_step(): a capture reads its params
-    void* cublas_workspace = nullptr;           // ours, so that cuBLAS allocates nothing inside a capture
-    static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
-
-    // A buffer a captured step uses moved or grew: every graph is stale.
-    void drop_graphs()
-    {
-        for (auto& [key, segments] : graphs)
-            for (auto& s : segments)
-                if (s.exec) cudaGraphExecDestroy(s.exec);   // none where two cuts met
-        graphs.clear();
-        warmed.clear();
-    }
-
-    explicit State(Device d) : device(d), options(default_options())
-    {
-        REPLICA_CHECK(cudaSetDevice(d.index()));
-        REPLICA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        REPLICA_CHECK(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
-        REPLICA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
-        REPLICA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-        REPLICA_CHECK(cudnnCreate(&cudnn));
-        REPLICA_CHECK(cudnnSetStream(cudnn, stream));
-        REPLICA_CHECK(cublasCreate(&cublas));
-        REPLICA_CHECK(cublasSetStream(cublas, stream));
-        REPLICA_CHECK(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH));   // FP32 GEMMs, as PyTorch by default
-        REPLICA_CHECK(cublasLtCreate(&cublaslt));
-        REPLICA_CHECK(cudaMallocHost(&host_reduce, 4 * sizeof(double)));
-        REPLICA_CHECK(cudaMallocHost(&fixed_status, sizeof(core::FixedStatus)));
-        *fixed_status = {};
-        REPLICA_CHECK(cudaMallocHost(&step_host, 2 * sizeof(StepParams)));
-        step_host[0] = step_host[1] = {};
-        REPLICA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
-        for (auto& e : host_mark) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        allocator = std::make_unique<CachingAllocator>(d.index());
-        cublas_workspace = allocator->allocate(kCublasWorkspace);
-        REPLICA_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspace));
-    }
-    State(const State&) = delete;
-    State& operator=(const State&) = delete;
-    void drop_plans()
-    {
-        drop_graphs();
-        for (auto& [key, p] : conv_plans) {
-            cudnnDestroyTensorDescriptor(p.x);
-            cudnnDestroyTensorDescriptor(p.y);
-            cudnnDestroyFilterDescriptor(p.w);
-            cudnnDestroyConvolutionDescriptor(p.conv);
-        }
-        conv_plans.clear();
-        for (auto& [key, g] : gemms) g.destroy();
-        gemms.clear();
-    }
-    ~State()
-    {
-        cudaSetDevice(device.index());
-        cudaStreamSynchronize(stream);
-        drop_plans();   // and the graphs
-        step_device = {};
-        aligned_bias = {};
-        allocator->release(cublas_workspace);
-        cudaFreeHost(step_host);
-        workspace = {};
-        ones = {};
-        reduce = {};
-        cudaFreeHost(host_reduce);
-        cudaFreeHost(fixed_status);
-        cudaEventDestroy(marker);
-        for (auto e : host_mark) cudaEventDestroy(e);
-        cublasLtDestroy(cublaslt);
-        cublasDestroy(cublas);
-        cudnnDestroy(cudnn);
-        cudaStreamSynchronize(copy);
-        cudaEventDestroy(copied);
-        cudaStreamDestroy(copy);
-        cudaStreamDestroy(comm);
-        cudaStreamDestroy(stream);
-    }
-};
-} // namespace detail
-
+// A Context is a handle: copies share one detail::State, and a Buffer from allocate() must not
+// outlive the last copy. Its members are const because they never change which state a handle
+// refers to; many of them change that shared state (plans, scratch, CUDA graphs), as a const
+// shared_ptr lets its pointee change. Layers receive a const Context& for that reason.
 class Context {
 public:
     static constexpr bool host_visible = false;
@@ -319,15 +59,44 @@ public:
 
     const Device& device() const { return state_->device; }
     const Options& options() const { return state_->options; }
-    cudaStream_t stream() const { return state_->stream; }
-    cudaStream_t comm_stream() const { return state_->comm; }
-    cudnnHandle_t cudnn() const { return state_->cudnn; }
-    cublasHandle_t cublas() const { return state_->cublas; }
-    cublasLtHandle_t cublaslt() const { return state_->cublaslt; }
+    cudaStream_t stream() const { return state_->streams.compute(); }
+    cudaStream_t comm_stream() const { return state_->streams.comm(); }
+    cudnnHandle_t cudnn() const { return state_->libraries.cudnn(); }
+    cublasHandle_t cublas() const { return state_->libraries.cublas(); }
+    cublasLtHandle_t cublaslt() const { return state_->libraries.cublaslt(); }
     // cuBLAS's and cuBLASLt's workspace (ours, so that nothing is allocated inside a capture).
-    void* blas_workspace() const { return state_->cublas_workspace; }
-    static constexpr std::size_t blas_workspace_bytes = detail::State::kCublasWorkspace;
-    detail::State& state() const { return *state_; }
+    void* blas_workspace() const { return state_->libraries.blas_workspace(); }
+    static constexpr std::size_t blas_workspace_bytes = Libraries::blas_workspace_bytes;
+
+    // The backend's parts that kernels keep things in (state.hpp): plans and scratch, reductions'
+    // memory. Only the backend's own kernels use them.
+    detail::PlanCache& plan_cache() const { return state_->plans; }
+    detail::Reductions& reductions() const { return state_->reductions; }
+    // The CUDA graphs held, and the device memory the allocator holds (for tests and diagnostics).
+    const detail::GraphCache& graph_cache() const { return state_->graphs; }
+    std::size_t reserved_bytes() const { return state_->allocator.reserved_bytes(); }
+    // True while a step is being captured (nothing may be allocated or timed then).
+    bool capturing() const { return state_->graphs.capturing(); }
+
+    // What makes two GPUs time the same (algorithm choices are kept per kind): model, compute
+    // capability, multiprocessors (a MIG slice has fewer).
+    const std::string& device_kind() const
+    {
+        std::string& kind = state_->kind;
+        if (kind.empty()) {
+            cudaDeviceProp prop{};
+            REPLICA_CHECK(cudaGetDeviceProperties(&prop, device().index()));
+            kind = std::string(prop.name) + " sm" + std::to_string(prop.major * 10 + prop.minor) + " " +
+                   std::to_string(prop.multiProcessorCount);
+        }
+        return kind;
+    }
+
+    // While the host waits for this context's device (synchronize(), synchronize(Event)), it polls
+    // and calls `watchdog` with the seconds waited so far; the watchdog throws to stop waiting (a
+    // communicator across processes: a peer died or hangs). Empty: the host blocks. Set it while no
+    // other thread waits on this context; it is shared by every copy.
+    void set_watchdog(std::function<void(double)> watchdog) { state_->watchdog = std::move(watchdog); }
 
     // Makes this context's device current for the calling thread.
     void activate() const { REPLICA_CHECK(cudaSetDevice(state_->device.index())); }
@@ -339,10 +108,7 @@ public:
         if (n == 0) return {};
         activate();
         synchronize();   // a cached block may still be in use by work queued before it was released
-        void* p = state_->allocator->allocate(n * sizeof(T));
-        return core::Buffer<T>(static_cast<T*>(p), n,
-                               [](void* m, void* owner) { static_cast<CachingAllocator*>(owner)->release(m); },
-                               state_->allocator.get());
+        return state_->allocator.buffer<T>(n);
     }
 
     // Host -> device, finished when it returns (host memory may be reused at once).
@@ -380,76 +146,61 @@ public:
     // waited for it before queueing the step after next).
     void set_step(int slot, std::uint64_t seed, std::uint64_t first_sample) const
     {
-        auto& st = *state_;
-        if (st.step_device.size() == 0) st.step_device = allocate<StepParams>(2);
-        st.step_host[slot] = {seed, first_sample};
-        st.step_slot = slot;
-        REPLICA_CHECK(cudaMemcpyAsync(st.step_device.data() + slot, st.step_host + slot, sizeof(StepParams),
-                                      cudaMemcpyHostToDevice, stream()));
+        auto& graphs = state_->graphs;
+        if (!graphs.has_step_device()) graphs.keep_step_device(allocate<StepParams>(2));
+        const StepParams* host = graphs.set_step(slot, {seed, first_sample});
+        REPLICA_CHECK(cudaMemcpyAsync(graphs.step_device(slot), host, sizeof(StepParams), cudaMemcpyHostToDevice, stream()));
     }
     // While a step is captured: its slot's StepParams in device memory (set_step); otherwise null.
-    const StepParams* step_params() const
-    {
-        return state_->capturing ? state_->step_device.data() + state_->step_slot : nullptr;
-    }
-    const std::vector<Segment>* graph(const GraphKey& key) const
-    {
-        auto it = state_->graphs.find(key);
-        return it == state_->graphs.end() || in_capture(key) ? nullptr : &it->second;
-    }
-    bool in_capture(const GraphKey& key) const { return state_->partial && *state_->partial == key; }
+    const StepParams* step_params() const { return state_->graphs.step_params(); }
+    const std::vector<Segment>* graph(const GraphKey& key) const { return state_->graphs.find(key); }
+    bool in_capture(const GraphKey& key) const { return state_->graphs.in_capture(key); }
     // True the first time a key is seen: that step runs eagerly.
-    bool first_time(const GraphKey& key) const { return !std::exchange(state_->warmed[key], true); }
+    bool first_time(const GraphKey& key) const { return state_->graphs.first_time(key); }
     void begin_capture() const
     {
         activate();
         REPLICA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-        state_->capturing = true;
+        state_->graphs.set_capturing(true);
     }
     // Ends the capture begun last, keeps it as the key's next segment (none if it captured nothing)
     // and launches it.
     void end_segment(const GraphKey& key, std::size_t cut, Segment::SyncPoint sync = {}) const
     {
-        state_->capturing = false;
-        cudaGraph_t g = nullptr;
-        REPLICA_CHECK(cudaStreamEndCapture(stream(), &g));
+        state_->graphs.set_capturing(false);
+        cudaGraph_t raw = nullptr;
+        REPLICA_CHECK(cudaStreamEndCapture(stream(), &raw));
+        Graph captured(raw);
         std::size_t nodes = 0;
-        cudaError_t e = cudaGraphGetNodes(g, nullptr, &nodes);
+        cudaError_t e = cudaGraphGetNodes(captured.get(), nullptr, &nodes);
         cudaGraphExec_t exec = nullptr;
-        if (e == cudaSuccess && nodes > 0) e = cudaGraphInstantiate(&exec, g, 0);
-        cudaGraphDestroy(g);
+        if (e == cudaSuccess && nodes > 0) e = cudaGraphInstantiate(&exec, captured.get(), 0);
+        GraphExec owned(exec);
+        captured.reset();
         REPLICA_CHECK(e);
-        state_->partial = key;
-        if (exec || cut != Segment::no_cut || sync.data) state_->graphs[key].push_back({exec, cut, sync});
-        launch(exec);
+        launch(state_->graphs.add(key, std::move(owned), cut, sync));
     }
     // The capture of `key` is complete: graph(key) replays it from now on.
     void end_capture(const GraphKey& key) const
     {
         end_segment(key, Segment::no_cut);
-        state_->partial.reset();
+        state_->graphs.complete();
     }
     void abandon_capture(const GraphKey& key) const
     {
-        if (state_->capturing) {
+        if (state_->graphs.capturing()) {
             cudaGraph_t g = nullptr;
             if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
             cudaGetLastError();
         }
-        state_->capturing = false;
-        if (auto it = state_->graphs.find(key); it != state_->graphs.end()) {
-            for (auto& s : it->second)
-                if (s.exec) cudaGraphExecDestroy(s.exec);
-            state_->graphs.erase(it);
-        }
-        state_->partial.reset();
+        state_->graphs.abandon(key);
     }
     void launch(cudaGraphExec_t exec) const
     {
         if (exec) REPLICA_CHECK(cudaGraphLaunch(exec, stream()));
     }
     // A buffer captured steps use (the model's activations) moved.
-    void drop_graphs() const { state_->drop_graphs(); }
+    void drop_graphs() const { state_->graphs.drop(); }
 
     // Copies that overlap compute (the next step's input while this one runs): copy_async() queues
     // on the copy stream, which waits for nothing on the compute stream (the caller knows that nothing
@@ -459,12 +210,13 @@ public:
     template <class T>
     void copy_async(T* dst, const T* host, std::size_t n) const
     {
-        if (n) REPLICA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(T), cudaMemcpyDefault, state_->copy));
+        if (n) REPLICA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(T), cudaMemcpyDefault, state_->streams.copy()));
     }
     core::Event end_copies() const
     {
-        REPLICA_CHECK(cudaEventRecord(state_->copied, state_->copy));
-        return {state_->copied};
+        const Streams& s = state_->streams;
+        REPLICA_CHECK(cudaEventRecord(s.copied(), s.copy()));
+        return {s.copied()};
     }
 
     // The host waits for everything queued on the compute stream, or only for what was queued before
@@ -483,8 +235,9 @@ public:
     core::Event mark_for_host(int k) const
     {
         activate();
-        REPLICA_CHECK(cudaEventRecord(state_->host_mark[k], stream()));
-        return {state_->host_mark[k]};
+        const cudaEvent_t e = state_->streams.host_mark(k);
+        REPLICA_CHECK(cudaEventRecord(e, stream()));
+        return {e};
     }
 
     // The work queued so far on the compute stream, for another stream (of any device) to wait for.
@@ -492,8 +245,9 @@ public:
     core::Event mark() const
     {
         activate();
-        REPLICA_CHECK(cudaEventRecord(state_->marker, stream()));
-        return {state_->marker};
+        const cudaEvent_t e = state_->streams.marker();
+        REPLICA_CHECK(cudaEventRecord(e, stream()));
+        return {e};
     }
     // Work queued from now on waits for `e`.
     void wait(core::Event e) const
@@ -501,24 +255,24 @@ public:
         if (e.handle) REPLICA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(e.handle), 0));
     }
 
-    // Scratch for cuDNN and the product path (conv.hpp), grown to the largest request and kept; the
-    // caller may overwrite it.
+    // Scratch for cuDNN and the product path (conv/), grown to the largest request and kept; the
+    // caller may overwrite it (which forgets the rows a convolution's forward left there).
     void* workspace(std::size_t bytes) const
     {
-        state_->workspace_rows = {};
-        auto& w = state_->workspace;
-        if (w.size() < bytes) {
-            state_->drop_graphs();
-            w = allocate<unsigned char>(bytes);
+        auto& plans = state_->plans;
+        plans.workspace_rows = {};
+        if (plans.workspace.size() < bytes) {
+            drop_graphs();
+            plans.workspace = allocate<unsigned char>(bytes);
         }
-        return w.data();
+        return plans.workspace.data();
     }
     // n ones (bias gradients as a GEMV).
     const float* ones(std::size_t n) const
     {
-        auto& o = state_->ones;
+        auto& o = state_->plans.ones;
         if (o.size() < n) {
-            state_->drop_graphs();
+            drop_graphs();
             o = allocate<float>(n);
             std::vector<float> host(n, 1.0f);
             upload(o.data(), host.data(), n);
@@ -527,6 +281,8 @@ public:
     }
 
 private:
+    friend void make_deterministic(const Context& ctx);
+
     // Blocks (no watchdog), or polls with backoff calling the watchdog (a communicator across processes).
     template <class Block, class Query>
     void wait_host(const char* call, Block&& block, Query&& query) const
@@ -564,17 +320,27 @@ private:
 
     std::shared_ptr<detail::State> state_;
 };
+static_assert(backend::Context<Context>);
+
+// An ordering event (no timing) of ctx's device, made current first: for code beside the context
+// (communicators) that orders its work with the context's streams.
+inline Event make_event(const Context& ctx)
+{
+    ctx.activate();
+    return make_event();
+}
 
 // The reproducible mode: from now on only deterministic algorithms, chosen by heuristics (a measured
 // choice can differ from one run to the next). Plans made before (convolutions' and fully connected
-// layers') are dropped and made again.
+// layers') are dropped and made again, and with them the CUDA graphs that ran them.
 inline void make_deterministic(const Context& ctx)
 {
-    auto& s = ctx.state();
+    auto& s = *ctx.state_;
     if (s.options.deterministic) return;
     ctx.synchronize();
     s.options.deterministic = true;
-    s.drop_plans();
+    s.graphs.drop();
+    s.plans.drop_plans();
 }
 
 } // namespace replica::backend::cuda

@@ -218,7 +218,7 @@ inline void add(const Context& ctx, const float* src, float* dst, std::size_t co
 inline void add_fixed(const Context& ctx, const float* g, std::int64_t* acc, std::size_t count)
 {
     kernels::add_fixed<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count,
-                                                                                      ctx.state().fixed_status);
+                                                                                      ctx.reductions().fixed_status.data());
     detail::check_launch("add_fixed");
 }
 inline void fixed_to_float(const Context& ctx, const std::int64_t* acc, float* g, std::size_t count)
@@ -233,7 +233,7 @@ inline void zero_fixed(const Context& ctx, std::int64_t* acc, std::size_t count)
 // Call after synchronising the stream.
 inline void check_fixed(const Context& ctx)
 {
-    core::FixedStatus& s = *ctx.state().fixed_status;
+    core::FixedStatus& s = ctx.reductions().fixed_status[0];
     if (!s.bad) return;
     s.bad = 0;
     throw core::fixed_range_error(std::to_string(s.value));
@@ -241,8 +241,8 @@ inline void check_fixed(const Context& ctx)
 
 namespace detail {
 // rows x `row` values from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), in four-float
-// moves where every row start is 16-byte aligned. A kernel, not cudaMemcpy2DAsync: GoogLeNet's
-// channel slices (a few kB a row) copied at 0.7 TB/s that way on an H200.
+// moves where every row start is 16-byte aligned. A kernel, not cudaMemcpy2DAsync, which is slow
+// for rows of a few kB (GoogLeNet's channel slices; docs/benchmarks.md).
 inline void copy_rows(const Context& ctx, const float* src, std::size_t src_pitch, float* dst, std::size_t dst_pitch,
                       std::size_t row, std::size_t rows)
 {

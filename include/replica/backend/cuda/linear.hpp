@@ -1,17 +1,15 @@
 #pragma once
 // Fully connected layer on the GPU through cuBLASLt (column-major: a row-major (r, c) matrix is a
 // column-major (c, r) one). y (n, out) = x (n, in) W^T + b, W (out, in); FP32 products (no TF32, as
-// PyTorch by default; a convolution run as products, conv.hpp, asks for TF32 where it may). The bias, and a ReLU that follows (Chain fuses it), are added in the product's
-// epilogue; the bias gradient comes from the weight gradient's epilogue (BGRADB) where cuBLASLt
-// offers one and db is 16-byte aligned, else from a GEMV. A layer's parameters sit at any float
-// offset of the flat parameter vector: every product is planned for the alignment of its pointers
-// (cuBLASLt then offers only algorithms that can use them), and a bias that is not 16-byte aligned
-// is copied to an aligned buffer first (PyTorch, too, uses the bias epilogue only on aligned biases).
-// Plans are made once per product, shape and alignment and kept in the context. Algorithms:
-// cuBLASLt's heuristic choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in
-// deterministic mode). With cublasSgemm, a bias pass and a separate ReLU, LeNet's two layers took 57
-// of its 190 us a step on an H200: split-K products (64 x 500 x 10 as a GEMM and a 6 us reduction)
-// and 1-2 us kernels between them.
+// PyTorch by default; a convolution run as products, conv/products.hpp, asks for TF32 where it may).
+// The bias, and a ReLU that follows (Chain fuses it), are added in the product's epilogue; the bias
+// gradient comes from the weight gradient's epilogue (BGRADB) where cuBLASLt offers one and db is
+// 16-byte aligned, else from a GEMV. A layer's parameters sit at any float offset of the flat
+// parameter vector: every product is planned for the alignment of its pointers (cuBLASLt then offers
+// only algorithms that can use them), and a bias that is not 16-byte aligned is copied to an aligned
+// buffer first (PyTorch, too, uses the bias epilogue only on aligned biases). Plans are made once per
+// product, shape and alignment and kept in the context's plan cache. Algorithms: cuBLASLt's heuristic
+// choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in deterministic mode).
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -22,7 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
@@ -52,6 +53,32 @@ inline std::map<MeasuredGemmKey, cublasLtMatmulAlgo_t>& measured_gemm_choices()
     return choices;
 }
 
+// One line of Options::log: a timed choice among cuBLASLt's heuristic candidates for a product
+// (MeasuredGemmKey's shape), each candidate named by its algorithm id and tile, with its seconds per
+// call as CallTimer::fastest took them (a far slower one's: its first call's; "-": it could not run).
+inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const cublasLtMatmulHeuristicResult_t* found,
+                            const std::vector<double>& took, int chosen)
+{
+    auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t what) {
+        std::uint32_t v = 0;
+        std::size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, what, &v, sizeof v, &written);
+        return std::to_string(v);
+    };
+    const auto& d = key.shape;
+    out << "replica: " << key.device << ": product A " << d[0] << "x" << d[1] << ", B " << d[2] << "x" << d[3] << " -> D " << d[4]
+        << "x" << d[5] << " (ops " << d[6] << ", epilogue " << d[7] << ", alignments " << d[9] << "/" << d[10] << "/" << d[11]
+        << (d[12] ? ", TF32" : "") << "): candidate " << chosen << " of " << took.size() << " chosen;";
+    for (std::size_t i = 0; i < took.size(); ++i) {
+        const bool timed = took[i] < CallTimer::never && took[i] >= 0.0;
+        out << " [" << i << "] algo " << config(found[i].algo, CUBLASLT_ALGO_CONFIG_ID) << " tile "
+            << config(found[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) << " "
+            << (timed ? std::to_string(int(took[i] * 1e7 + 0.5) / 10) + "." + std::to_string(int(took[i] * 1e7 + 0.5) % 10) + " us"
+                      : std::string("-"));
+    }
+    out << std::endl;
+}
+
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
 inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const float* a, const float* b, float* d,
                                const float* bias, const cublasLtMatmulAlgo_t& algo, std::size_t workspace)
@@ -70,16 +97,15 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
                       cublasLtEpilogue_t epilogue, std::size_t bias_length, const GemmKey& key)
 {
     Gemm g;
-    REPLICA_CHECK(cublasLtMatmulDescCreate(&g.desc, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    g.desc = make_matmul_desc(key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F);
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    REPLICA_CHECK(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_32F, a.rows, a.cols, std::int64_t(a.rows)));
-    REPLICA_CHECK(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_32F, b.rows, b.cols, std::int64_t(b.rows)));
-    REPLICA_CHECK(cublasLtMatrixLayoutCreate(&g.d, CUDA_R_32F, d.rows, d.cols, std::int64_t(d.rows)));
+    g.a = make_matrix_layout(CUDA_R_32F, a.rows, a.cols, std::int64_t(a.rows));
+    g.b = make_matrix_layout(CUDA_R_32F, b.rows, b.cols, std::int64_t(b.rows));
+    g.d = make_matrix_layout(CUDA_R_32F, d.rows, d.cols, std::int64_t(d.rows));
 
-    cublasLtMatmulPreference_t pref = nullptr;
-    REPLICA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const MatmulPreference pref = make_matmul_preference();
     const std::size_t most = Context::blas_workspace_bytes;
     REPLICA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &most, sizeof most));
     const std::uint32_t align[] = {std::uint32_t(key.align_a), std::uint32_t(key.align_b), std::uint32_t(key.align_d)};
@@ -91,11 +117,10 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     cublasLtMatmulHeuristicResult_t found[kMax] = {};
     int count = 0;
     const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), g.desc, g.a, g.b, g.d, g.d, pref, kMax, found, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
     int usable = 0;   // the successful results, in cuBLASLt's order
     for (int i = 0; h == CUBLAS_STATUS_SUCCESS && i < count; ++i)
         if (found[i].state == CUBLAS_STATUS_SUCCESS) found[usable++] = found[i];
-    if (usable == 0) return g;   // destroyed by the plan's owner
+    if (usable == 0) return g;
     g.usable = true;
     g.algo = found[0].algo;
     g.workspace = found[0].workspaceSize;
@@ -112,14 +137,16 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
         const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
                                           d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
         CallTimer timer(ctx);
+        std::vector<double> took(std::size_t(usable), CallTimer::never);
         const int k = CallTimer::fastest(usable, [&](int i, double give_up) {
-            return timer.seconds([&] {
+            return took[std::size_t(i)] = timer.seconds([&] {
                 return run_gemm(ctx, g, scratch.floats(0), scratch.floats(1), scratch.floats(2),
                                 bias_length ? scratch.floats(3) : nullptr, found[i].algo,
                                 found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
             }, give_up);
         });
         it = choices.emplace(measured, found[k].algo).first;
+        if (ctx.options().log) log_gemm_choice(*ctx.options().log, measured, found, took, k);
     }
     for (int i = 0; i < usable; ++i)   // the chosen one's workspace
         if (std::memcmp(&found[i].algo, &it->second, sizeof(cublasLtMatmulAlgo_t)) == 0) {
@@ -141,7 +168,7 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
                                const void* b, const void* d, bool tf32)
 {
     const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d), tf32};
-    auto& gemms = ctx.state().gemms;
+    auto& gemms = ctx.plan_cache().gemms;
     if (auto it = gemms.find(key); it != gemms.end()) return it->second;
     const std::uint64_t i = std::uint64_t(in), o = std::uint64_t(out), m = n;
     Gemm g;
@@ -169,12 +196,10 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
         g = make_gemm(ctx, {o, m}, CUBLAS_OP_T, {i, o}, CUBLAS_OP_T, {m, i}, CUBLASLT_EPILOGUE_DEFAULT, 0, key);
         break;
     }
-    if (!g.usable && kind != GemmKey::weight_grad_bias) {   // that one has a GEMV to fall back on
-        g.destroy();
+    if (!g.usable && kind != GemmKey::weight_grad_bias)   // that one has a GEMV to fall back on
         throw Error("cuBLASLt offers no algorithm for a fully connected layer of " + std::to_string(in) + " -> " +
                     std::to_string(out) + " over " + std::to_string(n) + " samples");
-    }
-    return gemms.emplace(key, g).first->second;
+    return gemms.emplace(key, std::move(g)).first->second;
 }
 
 inline void run(const Context& ctx, const Gemm& g, const float* a, const float* b, float* d, const float* bias = nullptr)
@@ -186,9 +211,9 @@ inline void run(const Context& ctx, const Gemm& g, const float* a, const float* 
 inline const float* aligned_bias(const Context& ctx, const float* b, int out)
 {
     if (alignment(b) >= 16) return b;
-    auto& buffer = ctx.state().aligned_bias;
+    auto& buffer = ctx.plan_cache().aligned_bias;
     if (buffer.size() < std::size_t(out)) {
-        ctx.state().drop_graphs();   // they read the old buffer
+        ctx.drop_graphs();   // they read the old buffer
         buffer = ctx.allocate<float>(std::size_t(out));
     }
     REPLICA_CHECK(cudaMemcpyAsync(buffer.data(), b, sizeof(float) * std::size_t(out), cudaMemcpyDeviceToDevice, ctx.stream()));

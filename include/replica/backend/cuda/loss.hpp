@@ -47,8 +47,8 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const float* logi
 }
 
 // The same for classifiers (one label per sample, pixels == 1): a block per sample, its threads
-// striding over the classes, reduced in shared memory in a fixed order. (One thread per sample went
-// through AlexNet's 1000 classes serially: 0.37 ms per step for 128 samples.)
+// striding over the classes, reduced in shared memory in a fixed order (a thread per sample would go
+// through a thousand classes serially).
 __global__ void softmax_cross_entropy_rows(int classes, const float* logits, const std::int32_t* labels, float scale,
                                            float* dlogits, double* loss, double* bad_label)
 {
@@ -122,7 +122,7 @@ inline constexpr std::size_t kSumParts = 128, kSumPerPart = 8192;
 // Two flags, then count doubles, then room for sum_fixed's partial sums.
 inline double* element_scratch(const Context& ctx, std::size_t count)
 {
-    auto& b = ctx.state().reduce;
+    auto& b = ctx.reductions().device;
     if (b.size() < count + 2 + kSumParts) {
         ctx.drop_graphs();
         ctx.synchronize();
@@ -152,8 +152,8 @@ inline void sum_fixed(const Context& ctx, const double* v, std::size_t count, do
 } // namespace detail
 
 // Queues the loss and gradient kernels; the last writes the result into *slot (page-locked host
-// memory, written by the kernel rather than copied: a copy to the host in the middle of a step held
-// the next kernel back by about 8 us on an H200): read it after synchronize().
+// memory, written by the kernel rather than copied: a copy to the host in the middle of a step holds
+// the next kernel back): read it after synchronize().
 inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
                                   const std::int32_t* labels, std::size_t n, float scale, float* dlogits,
                                   core::LossSlot* slot)
@@ -192,7 +192,7 @@ inline std::size_t count_correct(const Context& ctx, int classes, int pixels, co
     kernels::correct<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(classes, pixels, logits, labels, count, hit);
     detail::check_launch("correct");
     detail::sum_fixed(ctx, hit, count, hit + count);
-    double* host = ctx.state().host_reduce;
+    double* host = ctx.reductions().host.data();
     REPLICA_CHECK(cudaMemcpyAsync(host + 2, hit + count, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
     ctx.synchronize();
     return std::size_t(host[2] + 0.5);

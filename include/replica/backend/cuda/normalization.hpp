@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
@@ -85,9 +86,23 @@ __global__ void batch_norm_statistics(const float* sums, float* running_mean, fl
     const double m = double(running_mean[ch]) + d;
     mean[ch] = float(m);
     invstd[ch] = float(1.0 / sqrt(var + double(eps)));
-    const double unbiased = count > 1 ? var * count / (count - 1) : var;
-    running_mean[ch] = float((1.0 - momentum) * running_mean[ch] + momentum * m);
-    running_var[ch] = float((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+    if (momentum != 0.0f) move_running(running_mean[ch], running_var[ch], m, var, count, momentum);
+}
+
+__global__ void batch_norm_shard_sums(const float* sums, float* out, float scale, std::size_t c)
+{
+    const std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+    if (i < 2 * c) out[i] = sums[i] * scale;
+}
+
+__global__ void batch_norm_step_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
+                                           double ratio, double count, std::size_t c)
+{
+    const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+    if (ch >= c) return;
+    const double d = sums[ch] * ratio;
+    const double s2 = sums[c + ch] * ratio - d * d;
+    move_running(running_mean[ch], running_var[ch], double(running_mean[ch]) + d, s2 > 0.0 ? s2 : 0.0, count, momentum);
 }
 
 __global__ void batch_norm_running(const float* running_mean, const float* running_var, float eps, float* mean,
@@ -189,6 +204,20 @@ inline void batch_norm_statistics(const Context& ctx, const float* sums, float* 
     kernels::batch_norm_statistics<<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         sums, running_mean, running_var, momentum, eps, mean, invstd, c);
     detail::check_launch("batch_norm_statistics");
+}
+
+// The reproducible mode (see the CPU backend's): a micro-shard's share, and the once-a-step update.
+inline void batch_norm_shard_sums(const Context& ctx, const float* sums, float* out, float scale, std::size_t c)
+{
+    kernels::batch_norm_shard_sums<<<detail::blocks_for(2 * c), detail::kThreads, 0, ctx.stream()>>>(sums, out, scale, c);
+    detail::check_launch("batch_norm_shard_sums");
+}
+inline void batch_norm_step_statistics(const Context& ctx, const float* sums, float* running_mean, float* running_var,
+                                       float momentum, double ratio, double count, std::size_t c)
+{
+    kernels::batch_norm_step_statistics<<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
+        sums, running_mean, running_var, momentum, ratio, count, c);
+    detail::check_launch("batch_norm_step_statistics");
 }
 
 inline void batch_norm_running(const Context& ctx, const float* running_mean, const float* running_var, float eps,

@@ -4,8 +4,7 @@
 // element sums the gradients of the windows that picked it, so no atomics and the same result every
 // run. The kernels are templates on the window, so that their index arithmetic divides by constants
 // (a 64-bit division by a value known only at run time costs dozens of instructions), and on the
-// index type, 32-bit where it fits, with windows unrolled (max pooling backward of GoogLeNet's first
-// pool at batch 32 on an H200: 261 us with 64-bit indices and loops, 171 us so, 55 us with tiles).
+// index type, 32-bit where it fits, with windows unrolled.
 
 #include <cstddef>
 
@@ -68,9 +67,7 @@ __device__ inline void covering(int i, int k, int s, int p, int out, int& lo, in
 // rows then columns. A thread takes a tile of neighbouring input elements, which share most of their
 // windows, and reads each window's gradient (and maximum's position) once for the tile rather than
 // once per element: GoogLeNet's first pool (3 x 3, stride 2), 8 reads for 4 elements instead of 8 for
-// one; one H200, batch 32: 171 -> 55 us; AlexNet's first at 128: 171 -> 76 us; the text CNN's
-// (1 x 3, stride 3): 163 -> 65 us. The sums keep their order, so the bits are those of one element a
-// thread. Along an axis the tile is `stride` elements (2 at stride 1, 1 on an axis of one element,
+// one. The sums keep their order, so the bits are those of one element a thread. Along an axis the tile is `stride` elements (2 at stride 1, 1 on an axis of one element,
 // at most 4).
 __host__ __device__ constexpr int tile_of(int extent, int stride)
 {

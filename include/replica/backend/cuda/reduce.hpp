@@ -1,5 +1,5 @@
 #pragma once
-// Sums of several buffers of one GPU, for replicas that share it (parallel/shared_gpu.hpp): every
+// Sums of several buffers of one GPU, for replicas that share it (backend/cuda/shared_gpu.hpp): every
 // buffer becomes the element-wise sum of all of them, added in a fixed order, (b0 + b1) + b2 + ...,
 // so the result is the same bits whichever thread queues it and equals the host communicator's sum
 // of the same floats. Only under nvcc.

@@ -1,6 +1,6 @@
 #pragma once
 // Choosing among a library's algorithms by timing them as a training step runs them
-// (Options::benchmark): cuDNN's convolution algorithms (conv.hpp) and cuBLASLt's matrix products
+// (Options::benchmark): cuDNN's convolution algorithms (conv/cudnn.hpp) and cuBLASLt's matrix products
 // (linear.hpp). Each candidate of the library's own heuristic list is called four times in a CUDA
 // graph and the graph replayed (called eagerly when graphs are off, so that the library's host work
 // counts too); the fastest is kept unless the library's first choice is within 3%, so that near ties
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/handles.hpp"
 
 namespace replica::backend::cuda::detail {
 
@@ -27,32 +28,18 @@ namespace replica::backend::cuda::detail {
 // allocator would keep it).
 class TimingScratch {
 public:
-    TimingScratch(const Context& ctx, std::initializer_list<std::size_t> bytes) : stream_(ctx.stream())
+    TimingScratch(const Context& ctx, std::initializer_list<std::size_t> bytes)
     {
-        core::require(!ctx.state().capturing, "an algorithm was chosen while a step was captured in a CUDA graph");
+        core::require(!ctx.capturing(), "an algorithm was chosen while a step was captured in a CUDA graph");
         ctx.activate();
-        for (std::size_t b : bytes) {
-            void* p = nullptr;
-            if (b) {
-                REPLICA_CHECK(cudaMallocAsync(&p, b, stream_));
-                REPLICA_CHECK(cudaMemsetAsync(p, 0, b, stream_));   // the kernels' times do not depend on values
-            }
-            blocks_.push_back(p);
-        }
+        // The kernels' times do not depend on values: zeros.
+        for (std::size_t b : bytes) blocks_.push_back(make_async_block(b, ctx.stream()));
     }
-    TimingScratch(const TimingScratch&) = delete;
-    TimingScratch& operator=(const TimingScratch&) = delete;
-    ~TimingScratch()
-    {
-        for (void* p : blocks_)
-            if (p) cudaFreeAsync(p, stream_);
-    }
-    float* floats(std::size_t i) const { return static_cast<float*>(blocks_[i]); }
-    void* bytes(std::size_t i) const { return blocks_[i]; }
+    float* floats(std::size_t i) const { return static_cast<float*>(blocks_[i].get()); }
+    void* bytes(std::size_t i) const { return blocks_[i].get(); }
 
 private:
-    cudaStream_t stream_;
-    std::vector<void*> blocks_;
+    std::vector<AsyncDeviceBlock> blocks_;
 };
 
 // The most workspace a candidate may ask for: a quarter of the free memory, and at most `most`.
@@ -67,18 +54,7 @@ class CallTimer {
 public:
     static constexpr double never = 1e30;
 
-    explicit CallTimer(const Context& ctx) : ctx_(ctx)
-    {
-        REPLICA_CHECK(cudaEventCreate(&start_));
-        REPLICA_CHECK(cudaEventCreate(&stop_));
-    }
-    CallTimer(const CallTimer&) = delete;
-    CallTimer& operator=(const CallTimer&) = delete;
-    ~CallTimer()
-    {
-        cudaEventDestroy(start_);
-        cudaEventDestroy(stop_);
-    }
+    explicit CallTimer(const Context& ctx) : ctx_(ctx), start_(make_event(cudaEventDefault)), stop_(make_event(cudaEventDefault)) {}
 
     // Of `count` candidates, the one to keep: time(i, give_up) gives candidate i's seconds per call
     // (seconds() below); candidate 0, the library's first choice, stays unless another is 3% faster.
@@ -97,8 +73,13 @@ public:
                 chosen = i;
             }
         }
-        return best * 1.03 < first ? chosen : 0;
+        return clearly_faster(best, first) ? chosen : 0;
     }
+
+    // Whether `seconds` beat `incumbent` by more than the margin that keeps near ties with the
+    // incumbent (the library's first choice, or cuDNN against the products), so that they do not
+    // change from run to run.
+    static bool clearly_faster(double seconds, double incumbent) { return seconds * 1.03 < incumbent; }
 
     // Seconds per call of run() (which queues one call on the context's stream and says whether it
     // could) as a step runs it; `never` if it cannot run or be captured; the first timed call's
@@ -115,22 +96,23 @@ public:
         if (once > give_up) return once;
         double best = never;
         if (ctx_.options().graphs) {
-            cudaGraph_t g = nullptr;
-            cudaGraphExec_t exec = nullptr;
             REPLICA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
             bool ok = true;
             for (int k = 0; k < kCalls; ++k) ok = ok && run();
-            if (cudaStreamEndCapture(s, &g) == cudaSuccess && ok && g && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess) {
-                REPLICA_CHECK(cudaGraphLaunch(exec, s));   // warm
+            cudaGraph_t raw = nullptr;
+            const bool ended = cudaStreamEndCapture(s, &raw) == cudaSuccess;
+            const Graph g(raw);
+            cudaGraphExec_t raw_exec = nullptr;
+            if (ended && ok && g && cudaGraphInstantiate(&raw_exec, g.get(), 0) == cudaSuccess) {
+                const GraphExec exec(raw_exec);
+                REPLICA_CHECK(cudaGraphLaunch(exec.get(), s));   // warm
                 for (int r = 0; r < kRounds; ++r) {
                     REPLICA_CHECK(cudaEventRecord(start_, s));
-                    REPLICA_CHECK(cudaGraphLaunch(exec, s));
+                    REPLICA_CHECK(cudaGraphLaunch(exec.get(), s));
                     REPLICA_CHECK(cudaEventRecord(stop_, s));
                     best = std::min(best, elapsed() / kCalls);
                 }
             }
-            if (exec) cudaGraphExecDestroy(exec);
-            if (g) cudaGraphDestroy(g);
             cudaGetLastError();   // a failed capture leaves an error to clear, and the stream usable
         } else {
             for (int r = 0; r < kRounds; ++r) {
@@ -156,21 +138,11 @@ private:
     }
 
     const Context& ctx_;
-    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+    Event start_, stop_;
 };
 
-// What makes two GPUs time the same: model, compute capability, multiprocessors (a MIG slice has fewer).
-inline const std::string& device_kind(const Context& ctx)
-{
-    std::string& kind = ctx.state().kind;
-    if (kind.empty()) {
-        cudaDeviceProp prop{};
-        REPLICA_CHECK(cudaGetDeviceProperties(&prop, ctx.device().index()));
-        kind = std::string(prop.name) + " sm" + std::to_string(prop.major * 10 + prop.minor) + " " +
-               std::to_string(prop.multiProcessorCount);
-    }
-    return kind;
-}
+// What makes two GPUs time the same (Context::device_kind).
+inline const std::string& device_kind(const Context& ctx) { return ctx.device_kind(); }
 
 // Held while a choice is looked up or timed: one thread times a shape, the others then reuse it.
 inline std::mutex& measured_mutex()

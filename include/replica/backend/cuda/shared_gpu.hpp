@@ -30,49 +30,26 @@
 #include <utility>
 #include <vector>
 
+#include "replica/backend/communicator.hpp"
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/reduce.hpp"
-#include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
-
-namespace detail {
-// A CUDA event of a context's device, timing off; destroyed with its owner.
-class OwnedEvent {
-public:
-    explicit OwnedEvent(const backend::cuda::Context& ctx)
-    {
-        ctx.activate();
-        REPLICA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    }
-    OwnedEvent(OwnedEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-    OwnedEvent& operator=(OwnedEvent&&) = delete;
-    OwnedEvent(const OwnedEvent&) = delete;
-    OwnedEvent& operator=(const OwnedEvent&) = delete;
-    ~OwnedEvent()
-    {
-        if (event_ != nullptr) cudaEventDestroy(event_);
-    }
-    cudaEvent_t get() const { return event_; }
-
-private:
-    cudaEvent_t event_ = nullptr;
-};
-} // namespace detail
+namespace replica::backend::cuda {
 
 class SharedGpuCommunicator final : public Communicator {
 public:
     // One context per replica, all of one GPU; buckets: how many gradient buckets a step reduces.
-    SharedGpuCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets)
+    SharedGpuCommunicator(std::vector<Context> contexts, std::size_t buckets)
         : ctx_(checked(std::move(contexts))), rounds_(std::max<std::size_t>(buckets, 1)),
-          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(ctx_.front()),
-          exact_summed_(ctx_.front())
+          joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(make_event(ctx_.front())),
+          exact_summed_(make_event(ctx_.front()))
     {
         produced_.resize(ctx_.size());
         for (auto& events : produced_)
-            for (std::size_t b = 0; b < rounds_.size(); ++b) events.emplace_back(ctx_.front());
-        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.emplace_back(ctx_.front());
+            for (std::size_t b = 0; b < rounds_.size(); ++b) events.push_back(make_event(ctx_.front()));
+        for (std::size_t r = 0; r < ctx_.size(); ++r) written_.push_back(make_event(ctx_.front()));
         for (auto& round : rounds_) round.buffers.assign(ctx_.size(), nullptr);
     }
     SharedGpuCommunicator(const SharedGpuCommunicator&) = delete;
@@ -164,7 +141,7 @@ public:
             REPLICA_CHECK(cudaEventRecord(written_[r].get(), ctx_[r].stream()));
             REPLICA_CHECK(cudaStreamWaitEvent(first, written_[r].get(), 0));
         }
-        backend::cuda::sum_into_each(buffers, count, first);
+        sum_into_each(buffers, count, first);
         REPLICA_CHECK(cudaEventRecord(exact_summed_.get(), first));
         for (std::size_t r = 1; r < size(); ++r) REPLICA_CHECK(cudaStreamWaitEvent(ctx_[r].stream(), exact_summed_.get(), 0));
     }
@@ -176,12 +153,12 @@ private:
         std::vector<float*> buffers;   // by rank
     };
 
-    static std::vector<backend::cuda::Context> checked(std::vector<backend::cuda::Context> ctx)
+    static std::vector<Context> checked(std::vector<Context> ctx)
     {
         core::require(!ctx.empty(), "a communicator needs at least one replica");
-        core::require(ctx.size() <= backend::cuda::max_summed_buffers,
+        core::require(ctx.size() <= max_summed_buffers,
                       std::to_string(ctx.size()) + " replicas on " + ctx.front().device().name() + ": at most " +
-                          std::to_string(backend::cuda::max_summed_buffers) + " replicas can share one GPU");
+                          std::to_string(max_summed_buffers) + " replicas can share one GPU");
         for (const auto& c : ctx)
             core::require(c.device() == ctx.front().device(),
                           "SharedGpuCommunicator: every replica must be on one GPU (got " + ctx.front().device().name() +
@@ -204,20 +181,20 @@ private:
     {
         const cudaStream_t comm = ctx_.front().comm_stream();
         for (std::size_t r = 0; r < size(); ++r) REPLICA_CHECK(cudaStreamWaitEvent(comm, produced_[r][bucket].get(), 0));
-        backend::cuda::sum_into_each(buffers, count, comm);
+        sum_into_each(buffers, count, comm);
         REPLICA_CHECK(cudaEventRecord(summed_.get(), comm));
     }
 
-    std::vector<backend::cuda::Context> ctx_;
-    std::vector<Round> rounds_;                           // by bucket
-    std::vector<std::vector<std::size_t>> joined_;        // [rank][bucket]: sums the rank has joined
-    std::vector<std::vector<detail::OwnedEvent>> produced_;   // [rank][bucket]: the rank's bucket is written
-    detail::OwnedEvent summed_;                           // after the last float sum queued
-    std::vector<detail::OwnedEvent> written_;             // exact_all_reduce: rank r's buffer written (r > 0)
-    detail::OwnedEvent exact_summed_;                     // exact_all_reduce: after the sum
+    std::vector<Context> ctx_;
+    std::vector<Round> rounds_;                                 // by bucket
+    std::vector<std::vector<std::size_t>> joined_;              // [rank][bucket]: sums the rank has joined
+    std::vector<std::vector<Event>> produced_;   // [rank][bucket]: the rank's bucket is written
+    Event summed_;                               // after the last float sum queued
+    std::vector<Event> written_;                 // exact_all_reduce: rank r's buffer written (r > 0)
+    Event exact_summed_;                         // exact_all_reduce: after the sum
     std::mutex mutex_;
     std::condition_variable cv_;
     bool aborted_ = false;
 };
 
-} // namespace replica::parallel
+} // namespace replica::backend::cuda

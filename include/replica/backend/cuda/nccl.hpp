@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "replica/backend/communicator.hpp"
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/handles.hpp"
 #include "replica/core/backoff.hpp"
-#include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace replica::backend::cuda {
 
 namespace detail {
 inline void check_nccl(ncclResult_t r, const char* call)
@@ -28,23 +29,32 @@ inline void check_nccl(ncclResult_t r, const char* call)
 }
 } // namespace detail
 
-#define REPLICA_NCCL_CHECK(call) ::replica::parallel::detail::check_nccl((call), #call)
+#define REPLICA_NCCL_CHECK(call) ::replica::backend::cuda::detail::check_nccl((call), #call)
+
+namespace detail {
+struct ReleaseNcclComm {
+    void operator()(ncclComm_t c) const noexcept { ncclCommDestroy(c); }
+};
+} // namespace detail
+// An NCCL communicator of one rank, destroyed with its owner (or aborted: abort()).
+using NcclComm = Owned<ncclComm_t, detail::ReleaseNcclComm>;
 
 class NcclCommunicator final : public Communicator {
 public:
-    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
     {
         std::vector<int> devices;
         for (const auto& c : ctx_) devices.push_back(c.device().index());
-        comms_.resize(ctx_.size());
-        REPLICA_NCCL_CHECK(ncclCommInitAll(comms_.data(), int(ctx_.size()), devices.data()));
+        std::vector<ncclComm_t> made(ctx_.size(), nullptr);
+        REPLICA_NCCL_CHECK(ncclCommInitAll(made.data(), int(ctx_.size()), devices.data()));
+        for (ncclComm_t c : made) comms_.emplace_back(c);
         make_events(buckets);
     }
 
     // Every GPU of every process: this process's GPUs are global ranks rank * local .. rank * local +
     // local - 1 of size * local (every process must hold as many). Losses are summed through
     // `processes`, which must outlive the communicator.
-    NcclCommunicator(std::vector<backend::cuda::Context> contexts, std::size_t buckets, ProcessGroup& processes)
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets, ProcessGroup& processes)
         : ctx_(std::move(contexts)), processes_(&processes)
     {
         const double local = double(ctx_.size());
@@ -57,7 +67,6 @@ public:
         if (processes.rank() == 0) REPLICA_NCCL_CHECK(ncclGetUniqueId(&id));
         processes.broadcast(&id, sizeof id);
         const int ranks = int(ctx_.size()) * processes.size(), first = int(ctx_.size()) * processes.rank();
-        comms_.resize(ctx_.size());
         // Non-blocking initialisation, polled, so that a process that died before joining stops the
         // others after the group's timeout instead of leaving them in ncclCommInitRank for ever.
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -65,13 +74,16 @@ public:
         REPLICA_NCCL_CHECK(ncclGroupStart());
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
             ctx_[r].activate();
-            REPLICA_NCCL_CHECK(ncclCommInitRankConfig(&comms_[r], ranks, id, first + int(r), &config));
+            ncclComm_t c = nullptr;
+            const ncclResult_t made = ncclCommInitRankConfig(&c, ranks, id, first + int(r), &config);
+            comms_.emplace_back(c);   // owned before a failure throws
+            REPLICA_NCCL_CHECK(made);
         }
         REPLICA_NCCL_CHECK(ncclGroupEnd());
         for (std::size_t r = 0; r < ctx_.size(); ++r) settle(r, "creating the NCCL communicator");
         make_events(buckets);
         for (std::size_t r = 0; r < ctx_.size(); ++r)
-            ctx_[r].state().watchdog = [this, r](double waited) { watch(r, waited); };
+            ctx_[r].set_watchdog([this, r](double waited) { watch(r, waited); });
     }
 
 private:
@@ -84,7 +96,7 @@ private:
         const core::Backoff wait;
         for (;;) {
             ncclResult_t state = ncclInProgress;
-            if (comms_[r] != nullptr) REPLICA_NCCL_CHECK(ncclCommGetAsyncError(comms_[r], &state));
+            if (comms_[r]) REPLICA_NCCL_CHECK(ncclCommGetAsyncError(comms_[r], &state));
             if (state == ncclSuccess) return;
             const bool late = wait.waited() > double(processes_->timeout().count());
             if (state == ncclInProgress && !late) {
@@ -106,10 +118,9 @@ private:
         events_.resize(ctx_.size());
         done_.resize(ctx_.size());
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
-            ctx_[r].activate();
             events_[r].resize(std::max<std::size_t>(buckets, 1));
-            for (auto& e : events_[r]) REPLICA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-            REPLICA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+            for (auto& e : events_[r]) e = make_event(ctx_[r]);
+            done_[r] = make_event(ctx_[r]);
         }
     }
 
@@ -117,7 +128,7 @@ private:
     void watch(std::size_t r, double waited)
     {
         ncclResult_t state = ncclSuccess;
-        if (comms_[r] != nullptr) ncclCommGetAsyncError(comms_[r], &state);
+        if (comms_[r]) ncclCommGetAsyncError(comms_[r], &state);
         const bool failed = state != ncclSuccess && state != ncclInProgress;
         const double limit = double(processes_->timeout().count());
         if (!failed && waited <= limit) return;
@@ -136,12 +147,12 @@ public:
     ~NcclCommunicator() override
     {
         for (std::size_t r = 0; r < ctx_.size(); ++r) {
-            ctx_[r].state().watchdog = nullptr;
+            ctx_[r].set_watchdog(nullptr);
             cudaSetDevice(ctx_[r].device().index());
             cudaStreamSynchronize(ctx_[r].comm_stream());
-            for (auto e : events_[r]) cudaEventDestroy(e);
-            cudaEventDestroy(done_[r]);
-            if (comms_[r] != nullptr) ncclCommDestroy(comms_[r]);
+            events_[r].clear();
+            done_[r].reset();
+            comms_[r].reset();
         }
     }
 
@@ -194,9 +205,8 @@ public:
 
     void abort() override
     {
-        for (auto c : comms_)
-            if (c != nullptr) ncclCommAbort(c);
-        comms_.assign(comms_.size(), nullptr);
+        for (auto& c : comms_)
+            if (c) ncclCommAbort(c.release());
     }
 
     void sum_across_processes(double* data, std::size_t count) override
@@ -205,11 +215,11 @@ public:
     }
 
 private:
-    std::vector<backend::cuda::Context> ctx_;
-    std::vector<ncclComm_t> comms_;
-    std::vector<std::vector<cudaEvent_t>> events_;
-    std::vector<cudaEvent_t> done_;
+    std::vector<Context> ctx_;
+    std::vector<NcclComm> comms_;   // by rank; a constructor that throws destroys those it made
+    std::vector<std::vector<Event>> events_;
+    std::vector<Event> done_;
     ProcessGroup* processes_ = nullptr;   // several processes
 };
 
-} // namespace replica::parallel
+} // namespace replica::backend::cuda

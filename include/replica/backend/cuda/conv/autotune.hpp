@@ -1,0 +1,186 @@
+#pragma once
+// The one autotuner of convolutions: for each layer (window, filters, batch size and what the plan
+// is for) it makes the plan that says which candidate (conv/candidate.hpp) runs each pass, forward
+// and backward (the two gradients), and with which algorithms:
+// - cuDNN's algorithms for each pass: its heuristic choice, or, with Options::benchmark (and not
+//   deterministic), its candidates timed as a step runs them (conv/cudnn.hpp, timing.hpp);
+// - for a plain convolution, by ConvPath: the products (conv/products.hpp) for a pass where they
+//   are at least 3% faster than cuDNN's timed algorithms (`timed`), or where the path says so;
+// - the direct kernels (conv/direct.hpp) by a rule on the shape (detail::direct_conv), not timed.
+// A candidate that cannot run or be captured in a CUDA graph is timed as CallTimer::never and so
+// never chosen. Deterministic mode keeps cuDNN's heuristic choice (deterministic algorithms) and
+// never the products' timed choice. Timed choices are kept process-wide per kind of GPU and shape
+// (measured_mutex guards them): a model's replicas on identical GPUs run the same algorithms, and a
+// second model reuses the times. Options::log receives a line per choice as it is made. Only under nvcc.
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/conv/candidate.hpp"
+#include "replica/backend/cuda/conv/cudnn.hpp"
+#include "replica/backend/cuda/conv/direct.hpp"
+#include "replica/backend/cuda/conv/products.hpp"
+#include "replica/backend/cuda/timing.hpp"
+
+namespace replica::backend::cuda::detail {
+
+// Timed choices (Options::benchmark), process-wide: by kind of GPU, shape and the options that
+// change what is timed.
+struct MeasuredConvKey {
+    std::string device;   // device_kind()
+    ConvKey conv;
+    bool tf32, graphs;
+    friend bool operator<(const MeasuredConvKey& a, const MeasuredConvKey& b)
+    {
+        if (a.device != b.device) return a.device < b.device;
+        if (a.conv < b.conv) return true;
+        if (b.conv < a.conv) return false;
+        return std::tie(a.tf32, a.graphs) < std::tie(b.tf32, b.graphs);
+    }
+};
+// What was timed for one key and what was chosen: cuDNN's algorithms (with their seconds) and, for
+// ConvPath::timed, the products' seconds and the passes they take; not timed yet while
+// `products_timed` is false.
+struct ConvAlgorithms {
+    CudnnAlgorithms cudnn;
+    PassSeconds products;
+    bool products_timed = false, gemm_forward = false, gemm_backward = false;
+};
+
+// One line of Options::log: a timed choice, the layer named input -> output (a transposed
+// convolution's window maps its output to its input: CudnnConvTranspose). The algorithms are
+// those of the cuDNN convolution; a transposed layer runs its forward pass by backward data.
+inline void log_choice(std::ostream& out, const std::string& device, const ConvKey& key, const ConvAlgorithms& a)
+{
+    const core::Window& g = key.g;
+    auto us = [](double s) { return s >= CallTimer::never ? std::string("-") : std::to_string(int(s * 1e6 + 0.5)) + " us"; };
+    const std::string conv_in = std::to_string(g.c) + "x" + std::to_string(g.h) + "x" + std::to_string(g.w),
+                      conv_out = std::to_string(key.cout) + "x" + std::to_string(g.oh) + "x" + std::to_string(g.ow);
+    const bool transposed = key.use == ConvKey::transposed;
+    out << "replica: " << device << (transposed ? ": transposed convolution " : ": convolution ")
+        << (transposed ? conv_out : conv_in) << " -> " << (transposed ? conv_in : conv_out) << " (" << g.kh << "x" << g.kw
+        << ", stride " << g.sh << "x" << g.sw << ", pad " << g.ph << "x" << g.pw << "), batch " << key.n
+        << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
+        << int(a.cudnn.bwd_data) << ", filter " << int(a.cudnn.bwd_filter) << ") " << us(a.cudnn.seconds.backward);
+    if (a.products_timed)
+        out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
+            << (a.gemm_forward ? "products" : "cuDNN") << ", gradients by " << (a.gemm_backward ? "products" : "cuDNN");
+    out << std::endl;
+}
+inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
+{
+    static std::map<MeasuredConvKey, ConvAlgorithms> choices;
+    return choices;
+}
+
+
+// Which passes of a plain convolution run as products (ConvPath), into p; true if the products were
+// timed by this call (to be logged). `timed`: cuDNN's algorithms were timed (ConvPath::timed needs
+// that, else cuDNN everywhere).
+inline bool choose_products(const Context& ctx, ConvPlan& p, const MeasuredConvKey& measured, bool timed, int cout,
+                            std::size_t n, PassSeconds (*products_seconds)(const Context&, int, std::size_t))
+{
+    const ConvPath path = ctx.options().conv_path;
+    if (path != ConvPath::timed || !timed) {
+        p.gemm_forward = path == ConvPath::gemm || path == ConvPath::gemm_forward;
+        p.gemm_backward = path == ConvPath::gemm || path == ConvPath::gemm_backward;
+        return false;
+    }
+    auto take_choice = [&] {   // the process-wide choice into this plan; false while not timed yet
+        std::lock_guard lock(measured_mutex());
+        const ConvAlgorithms& a = measured_conv_choices().at(measured);
+        p.gemm_forward = a.gemm_forward;
+        p.gemm_backward = a.gemm_backward;
+        return a.products_timed;
+    };
+    if (take_choice()) return false;
+    // Not under the lock: the products are planned (and timed) under it first. Products that cannot
+    // run here (no cuBLASLt algorithm, no memory) are not chosen.
+    PassSeconds t{CallTimer::never, CallTimer::never};
+    try {
+        t = products_seconds(ctx, cout, n);
+    } catch (const Error&) {
+        cudaGetLastError();
+    }
+    bool fresh = false;
+    {
+        std::lock_guard lock(measured_mutex());
+        ConvAlgorithms& a = measured_conv_choices().at(measured);
+        if (!a.products_timed) {   // each pass on its own; near ties stay with cuDNN, as in CallTimer
+            a.products = t;
+            a.gemm_forward = CallTimer::clearly_faster(t.forward, a.cudnn.seconds.forward);
+            a.gemm_backward = CallTimer::clearly_faster(t.backward, a.cudnn.seconds.backward);
+            a.products_timed = true;
+            fresh = true;
+        }
+    }
+    take_choice();
+    return fresh;
+}
+
+// The plan for a convolution of window g with `cout` filters over n samples, kept in the context's
+// plan cache: x (n, g.c, g.h, g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow). For a plain
+// convolution (use), products_seconds times its products' passes (ProductConv<g>::time), so that
+// ConvPath::timed can choose them. The workspace is grown here, not inside a step.
+inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n,
+                                 ConvKey::Use use = ConvKey::convolution,
+                                 PassSeconds (*products_seconds)(const Context&, int, std::size_t) = nullptr)
+{
+    auto& plans = ctx.plan_cache().conv_plans;
+    const ConvKey key{g, cout, n, use};
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+
+    ConvPlan p;
+    describe(ctx, p, g, cout, n);
+    const CudnnCandidates candidates(ctx, p);
+    const bool det = ctx.options().deterministic;
+    // Deterministic mode: cuDNN's choice, the same in every context and every run.
+    const bool timed = ctx.options().benchmark && !det;
+    const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
+    bool fresh = false;   // this call timed something (Options::log)
+    CudnnAlgorithms chosen;
+    if (!timed) {
+        chosen = cudnn_heuristic(candidates, det);
+    } else {
+        std::lock_guard lock(measured_mutex());
+        auto& choices = measured_conv_choices();
+        auto it = choices.find(measured);
+        if (it == choices.end()) {
+            ConvAlgorithms a;
+            a.cudnn = cudnn_timed(ctx, p, candidates, g, cout, n);
+            it = choices.emplace(measured, a).first;
+            fresh = true;
+        }
+        chosen = it->second.cudnn;
+    }
+    p.fwd = chosen.fwd;
+    p.bwd_data = chosen.bwd_data;
+    p.bwd_filter = chosen.bwd_filter;
+    if (use == ConvKey::convolution && products_seconds)
+        fresh = choose_products(ctx, p, measured, timed, cout, n, products_seconds) || fresh;
+    p.workspace = std::max(cudnn_workspace(ctx, p), p.gemm_forward || p.gemm_backward ? gemm_workspace(g, cout, n) : 0);
+    if (fresh && ctx.options().log) {
+        std::lock_guard lock(measured_mutex());
+        log_choice(*ctx.options().log, measured.device, key, measured_conv_choices().at(measured));
+    }
+    ctx.workspace(p.workspace);   // grow now, not inside a step
+    return plans.emplace(key, std::move(p)).first->second;
+}
+
+// The plan of a convolution layer (conv.hpp): for the direct kernels' shapes, the cuDNN plan their
+// input gradient (and a forward pass too large for them) uses; otherwise cuDNN's and the products'.
+template <core::Window g>
+const ConvPlan& plan_of(const Context& ctx, int cout, std::size_t n)
+{
+    if constexpr (direct_conv<g>) return conv_plan(ctx, g, cout, n, ConvKey::direct);
+    else return conv_plan(ctx, g, cout, n, ConvKey::convolution, &ProductConv<g>::time);
+}
+
+} // namespace replica::backend::cuda::detail
