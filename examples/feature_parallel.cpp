@@ -5,12 +5,14 @@
 //
 //   feature_parallel --devices cpu:0,cpu:1 --steps 30
 //   feature_parallel --devices cuda:0,cuda:1          (built as feature_parallel_cuda)
+//   feature_parallel --export features.onnx           (built with libonnx-dev: ONNX after training)
 
 #include <cstdio>
 #include <exception>
 
 #include "replica/replica.hpp"
 #include "support/cli.hpp"
+#include "support/export.hpp"
 
 using namespace replica;
 
@@ -33,7 +35,10 @@ try {
         ->capture_default_str();
     examples::count_option(app, "--steps", steps, "training steps", 1, 1000000);
     examples::count_option(app, "--batch-size", batch, "global batch size", 1, 4096);
+    examples::ExportFlag exporter;
+    exporter.add(app);
     if (int code = examples::parse(app, argc, argv)) return code - 1;
+    exporter.prepare();
     const auto devices = examples::checked_devices(device_list);
 
     Net net{devices};   // the nested DataParallel replicates Features over every device of the list
@@ -64,6 +69,7 @@ try {
     }
     const Metrics m = evaluate(net, task);
     std::printf("loss %.4f -> %.4f, training-set accuracy %.3f\n", first, loss, m.accuracy);
+    exporter.write(net, task);   // the nested DataParallel's model is written once
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

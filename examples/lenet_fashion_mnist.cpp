@@ -7,6 +7,8 @@
 //   lenet_fashion_mnist --model resnet20 --optimizer adamw
 //   lenet_fashion_mnist --devices cpu:0,cpu:1 --dispatch threaded --scaling weak
 //   mpirun -np 2 lenet_fashion_mnist                     # two processes, each with half the devices
+//   lenet_fashion_mnist --export lenet.onnx              # then the trained model as ONNX (built with
+//                                                        # libonnx-dev), and lenet.onnx.reference
 //
 // Each model has its own defaults (epochs, batch size, learning rate, weight decay, schedule); the
 // flags override them, and the first line printed says what was used.
@@ -23,6 +25,7 @@
 #include "replica/replica.hpp"
 #include "replica/train/trainer.hpp"
 #include "support/cli.hpp"
+#include "support/export.hpp"
 #include "support/processes.hpp"
 
 using namespace replica;
@@ -39,6 +42,7 @@ struct Settings {
     bool resume = false, scale_lr = false, skip_nonfinite = false;
     examples::DeviceFlags dev;
     examples::ReproducibleFlags repro;
+    examples::ExportFlag exporter;
     std::unique_ptr<parallel::ProcessGroup> processes;
 };
 
@@ -108,6 +112,7 @@ int train(Settings& s, Opt opt)
         std::printf("%zu steps skipped for a NaN or infinite loss\n", history.skipped_steps);
     const Metrics test = evaluate(model, test_set);
     if (first) std::printf("test accuracy: %.4f\n", test.accuracy);
+    if (first) s.exporter.write(model, test_set);
     return 0;
 }
 
@@ -168,7 +173,9 @@ try {
     s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
     app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
     s.repro.add(app);
+    s.exporter.add(app);
     if (int code = examples::parse(app, argc, argv)) return code - 1;
+    s.exporter.prepare();
     fill_defaults(s);
     if (s.model == "resnet20") return train_with_optimizer<ResNet20>(s);
     return train_with_optimizer<LeNet>(s);

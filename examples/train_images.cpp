@@ -28,6 +28,7 @@
 #include "replica/replica.hpp"
 #include "replica/train/trainer.hpp"
 #include "support/cli.hpp"
+#include "support/export.hpp"
 #include "support/processes.hpp"
 
 using namespace replica;
@@ -38,6 +39,7 @@ struct Settings {
     std::uint64_t seed = 1;
     std::string data, model = "lenet", checkpoint;
     bool resume = false, scale_lr = false;
+    examples::ExportFlag exporter;   // the ONNX model's input is normalised as the validation images are
     examples::DeviceFlags dev;
     examples::ReproducibleFlags repro;
     std::size_t image_size = 0, crop_padding = 0, history_every = 10;
@@ -156,6 +158,7 @@ int run(const Settings& s)
         if (first) std::printf("validation accuracy: %.4f\n", m.accuracy);
     }
     if (first && !csv.empty()) std::printf("plot the curves: scripts/plot-history %s\n", csv.c_str());
+    if (first) s.exporter.write(model, validation);
     return 0;
 }
 
@@ -216,7 +219,9 @@ try {
     s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
     app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
     s.repro.add(app);
+    s.exporter.add(app);
     if (int code = examples::parse(app, argc, argv)) return code - 1;
+    s.exporter.prepare();
 
     const auto it = networks.find(s.model);
     if (it == networks.end()) throw Error("unknown --model '" + s.model + "': use " + names);

@@ -21,6 +21,15 @@ base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-d
 # Image files (data::ImageFolder, the train_images example) and drawing the curves (scripts/plot-history).
 image_packages=(libpng-dev libjpeg62-turbo-dev)
 plot_packages=(python3-matplotlib)
+# ONNX export (replica/onnx/) and its check: libonnx's protobuf types, Debian's onnx.checker.
+onnx_packages=(libonnx-dev libprotobuf-dev python3-onnx)
+
+# Node and npm, for ONNX Runtime from npm (tests/onnx/check.py): Debian's, unless a node is installed
+# already (NodeSource's nodejs carries its own npm and conflicts with Debian's npm package).
+ensure_node() {
+    command -v node >/dev/null && command -v npm >/dev/null && return 0
+    ensure_packages nodejs npm
+}
 
 # Whether this machine has an NVIDIA GPU the programs could use (nvidia-smi lists one, or the driver's
 # device file exists).

@@ -50,6 +50,14 @@ CASES = [
     (bench, ["--devices", "cpu:0,"], 2, ["has an empty item"]),
     (feature, ["--devices", "cpu:0,"], 2, ["has an empty item"]),
     (feature, ["--steps", ""], 2, ["--steps"]),
+    (lenet, ["--export", ""], 2, ["--export", "an empty value is not allowed"]),
+    # Without the ONNX part the flag is refused on the command line; with it, a folder that does not
+    # exist is refused before training.
+    (lenet, ["--export", "/nonexistent/m.onnx"], 2 if os.environ.get("REPLICA_NO_ONNX") else 1,
+     ["built without ONNX export"] if os.environ.get("REPLICA_NO_ONNX") else
+     ["--export /nonexistent/m.onnx: the folder /nonexistent does not exist"]),
+    (feature, ["--export", "/nonexistent/m.onnx"], 2 if os.environ.get("REPLICA_NO_ONNX") else 1,
+     ["built without ONNX export"] if os.environ.get("REPLICA_NO_ONNX") else ["the folder /nonexistent does not exist"]),
     # Runs refused after the command line: the batch against the data set, divergence.
     (lenet, SMALL + ["--devices", "cpu:0", "--batch-size", "300"], 1, ["--batch-size 300 is larger than the 256 training samples",
                                                  "use --batch-size 256 or less"]),

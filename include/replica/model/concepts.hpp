@@ -154,4 +154,16 @@ concept Replica =
         { m.gradient_data() } -> std::same_as<float*>;
     };
 
+// The model whose layers M runs: M::replica_type for a DataParallel or an AutoParallel, else M
+// itself (a Sequential). Its chain is M's parameter layout.
+template <class M>
+struct replica_of {
+    using type = M;
+};
+template <class M>
+    requires requires { typename M::replica_type; }
+struct replica_of<M> {
+    using type = typename M::replica_type;
+};
+
 } // namespace replica::model

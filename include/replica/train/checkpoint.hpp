@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "replica/core/error.hpp"
+#include "replica/model/concepts.hpp"
 #include "replica/train/history.hpp"
 
 namespace replica::train {
@@ -115,28 +116,13 @@ inline std::string optimizer_name(std::uint32_t id)
     return "unknown optimizer id " + std::to_string(id);
 }
 
-namespace detail {
-
-// The model type a checkpoint describes: M::replica_type for DataParallel and AutoParallel, else M.
-template <class M>
-struct replica_of {
-    using type = M;
-};
-template <class M>
-    requires requires { typename M::replica_type; }
-struct replica_of<M> {
-    using type = typename M::replica_type;
-};
-
-} // namespace detail
-
 // A model that can be saved and loaded: a Sequential<Input<...>, ...>, or a DataParallel or
 // AutoParallel of one. Its parameter layout is replica_of<M>::type::chain.
 template <class M>
 concept Checkpointable = requires(M& m, const M& cm, std::span<const float> values) {
     { M::param_count } -> std::convertible_to<std::size_t>;
-    { detail::replica_of<M>::type::chain::layer_count } -> std::convertible_to<std::uint64_t>;
-    { detail::replica_of<M>::type::chain::param_offset.size() } -> std::convertible_to<std::size_t>;
+    { model::replica_of<M>::type::chain::layer_count } -> std::convertible_to<std::uint64_t>;
+    { model::replica_of<M>::type::chain::param_offset.size() } -> std::convertible_to<std::size_t>;
     { cm.parameters() } -> std::same_as<std::vector<float>>;
     { cm.optimizer_state() } -> std::same_as<std::vector<float>>;
     m.set_parameters(values);
@@ -150,7 +136,7 @@ constexpr std::uint64_t model_signature()
 {
     static_assert(Checkpointable<M>, "model_signature<M>: M must be a model, a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
-    using chain = typename detail::replica_of<M>::type::chain;
+    using chain = typename model::replica_of<M>::type::chain;
     std::uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](std::uint64_t v) {
         for (int i = 0; i < 8; ++i) {

@@ -1,0 +1,256 @@
+#pragma once
+// Mapping<L>: how layer L is written as ONNX operators, one specialisation per layer.
+//
+// A mapping offers
+//   template <class In>
+//   static std::string emit(Graph& g, const std::string& x, const Slice& s);
+// which adds to g the nodes computing L's output in inference form (Dropout off, BatchNorm on its
+// running estimates) from tensor x, of shape (N, In dims...), and returns the name of the output,
+// (N, output_shape dims...). s holds the layer's parameters (param_count floats, laid out as the op
+// lays them out) and its statistics (statistics_count floats), host memory. A layer with no mapping
+// stops the compilation at Mapping<ThatLayer>; specialise Mapping for it (in namespace
+// replica::onnx) to export it. Composites (Sequential, Concat, Residual, a nested DataParallel) are
+// in onnx/export.hpp.
+//
+// What maps to what (opset 17):
+//   Conv1d, Conv2d            Conv (weights (Out, C, K[, K]); bias when Bias::yes)
+//   ConvTranspose2d           ConvTranspose (weights (C, Out, K, K))
+//   Linear                    Gemm (transB = 1)
+//   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, epsilon 1e-5)
+//   MaxPool1d, MaxPool2d      MaxPool; Rounding::ceil as explicit end padding (no ceil_mode)
+//   AvgPool2d                 AveragePool (count_include_pad = 1)
+//   GlobalAvgPool             GlobalAveragePool, Flatten
+//   ReLU, Sigmoid, Tanh       Relu, Sigmoid, Tanh
+//   GELU                      x * 0.5 * (1 + Erf(x / sqrt 2)) (opset 17 has no Gelu)
+//   Flatten                   Flatten (axis 1)
+//   Dropout, Identity         nothing: the output is the input
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replica/layers/activation.hpp"
+#include "replica/layers/conv.hpp"
+#include "replica/layers/linear.hpp"
+#include "replica/layers/normalization.hpp"
+#include "replica/layers/op.hpp"
+#include "replica/layers/pool.hpp"
+#include "replica/onnx/graph.hpp"
+
+namespace replica::onnx {
+
+// A layer's parameters and statistics in the model's flat host copies.
+struct Slice {
+    const float* params;
+    const float* statistics;
+};
+
+namespace detail {
+template <class L>
+inline constexpr bool unmapped = false;   // false, but only once L is known
+} // namespace detail
+
+template <class L>
+struct Mapping {
+    static_assert(detail::unmapped<L>,
+                  "this layer has no ONNX mapping (the type is the L of Mapping<L> above): specialise "
+                  "replica::onnx::Mapping<L> with a static emit<In>(Graph&, x, Slice) that writes its "
+                  "operators (onnx/layers.hpp shows how), or export a model without it");
+};
+
+// Layer L on input shape In: the nodes of its mapping.
+template <class L, class In>
+std::string emit(Graph& g, const std::string& x, const Slice& s)
+{
+    return Mapping<L>::template emit<In>(g, x, s);
+}
+
+namespace detail {
+inline std::int64_t i64(std::size_t v) { return std::int64_t(v); }
+
+// kernel_shape, strides and pads (both ends) of a square window over `rank` spatial dimensions.
+inline std::vector<Attribute> window(std::size_t rank, std::size_t k, std::size_t stride, std::size_t pad)
+{
+    return {ints("kernel_shape", std::vector<std::int64_t>(rank, i64(k))),
+            ints("strides", std::vector<std::int64_t>(rank, i64(stride))),
+            ints("pads", std::vector<std::int64_t>(2 * rank, i64(pad)))};
+}
+
+// A convolution node `op` (Conv, ConvTranspose) on x: the weights (weight_dims, first in params),
+// then with Bias::yes the bias (`out` floats after the weights).
+template <layers::Bias B>
+std::string convolution(Graph& g, const std::string& op, const std::string& x, const std::vector<std::int64_t>& weight_dims,
+                        std::size_t out, const float* params, const std::vector<Attribute>& attributes)
+{
+    std::size_t weights = 1;
+    for (std::int64_t d : weight_dims) weights *= std::size_t(d);
+    const std::string w = g.initializer(op + "_weight", weight_dims, params);
+    if constexpr (B == layers::Bias::yes)
+        return g.node(op, {x, w, g.initializer(op + "_bias", {i64(out)}, params + weights)}, attributes);
+    else return g.node(op, {x, w}, attributes);
+}
+} // namespace detail
+
+namespace detail {
+// Conv1d (Rank 1) and Conv2d (Rank 2): weights (Out, C, K[, K]).
+template <std::size_t Rank, std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct ConvMapping {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        std::vector<std::int64_t> dims{i64(Out), i64(In::dims[0])};
+        dims.resize(2 + Rank, i64(K));
+        return convolution<B>(g, "Conv", x, dims, Out, s.params, window(Rank, K, Stride, Pad));
+    }
+};
+} // namespace detail
+
+template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct Mapping<layers::Conv2d<Out, K, Stride, Pad, B>> : detail::ConvMapping<2, Out, K, Stride, Pad, B> {};
+template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct Mapping<layers::Conv1d<Out, K, Stride, Pad, B>> : detail::ConvMapping<1, Out, K, Stride, Pad, B> {};
+
+template <std::size_t Out, std::size_t K, std::size_t Stride, std::size_t Pad, layers::Bias B>
+struct Mapping<layers::ConvTranspose2d<Out, K, Stride, Pad, B>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        using detail::i64;
+        return detail::convolution<B>(g, "ConvTranspose", x, {i64(In::dims[0]), i64(Out), i64(K), i64(K)}, Out,
+                                      s.params, detail::window(2, K, Stride, Pad));
+    }
+};
+
+template <std::size_t Out>
+struct Mapping<layers::Linear<Out>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        using O = typename layers::Linear<Out>::template op<In>;
+        using detail::i64;
+        const std::string w = g.initializer("linear_weight", {i64(Out), i64(In::size)}, s.params);   // (Out, in)
+        const std::string b = g.initializer("linear_bias", {i64(Out)}, s.params + O::weight_count);
+        return g.node("Gemm", {x, w, b}, {integer("transB", 1)});
+    }
+};
+
+template <std::size_t Rank, layers::BatchStats Stats>
+struct Mapping<layers::BatchNorm<Rank, Stats>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        constexpr std::size_t C = In::dims[0];
+        const std::int64_t c = detail::i64(C);
+        // Parameters: weight, bias; statistics: running mean, running variance.
+        const std::string scale = g.initializer("batch_norm_weight", {c}, s.params);
+        const std::string bias = g.initializer("batch_norm_bias", {c}, s.params + C);
+        const std::string mean = g.initializer("batch_norm_running_mean", {c}, s.statistics);
+        const std::string var = g.initializer("batch_norm_running_var", {c}, s.statistics + C);
+        return g.node("BatchNormalization", {x, scale, bias, mean, var},
+                      {real("epsilon", layers::BatchNorm<Rank, Stats>::eps)});
+    }
+};
+
+namespace detail {
+// The end padding that makes floor rounding give `out` windows: replica's Rounding::ceil keeps a
+// last partial window that starts inside the input (PyTorch's rule); ONNX Runtimes have differed in
+// how ceil_mode treats that window, explicit padding does not. Max pooling ignores padded taps.
+constexpr std::size_t end_pad(std::size_t in, std::size_t k, std::size_t s, std::size_t p, std::size_t out)
+{
+    const std::size_t covered = (out - 1) * s + k;   // where the last window ends, padding at the start included
+    return covered > in + 2 * p ? covered - in - p : p;
+}
+} // namespace detail
+
+template <std::size_t K, std::size_t Stride, std::size_t Pad, layers::Rounding Round>
+struct Mapping<layers::MaxPool2d<K, Stride, Pad, Round>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        using Out = typename layers::MaxPool2d<K, Stride, Pad, Round>::template op<In>::output_shape;
+        using detail::i64;
+        const std::size_t eh = detail::end_pad(In::dims[1], K, Stride, Pad, Out::dims[1]);
+        const std::size_t ew = detail::end_pad(In::dims[2], K, Stride, Pad, Out::dims[2]);
+        return g.node("MaxPool", {x},
+                      {ints("kernel_shape", {i64(K), i64(K)}), ints("strides", {i64(Stride), i64(Stride)}),
+                       ints("pads", {i64(Pad), i64(Pad), i64(eh), i64(ew)})});
+    }
+};
+
+template <std::size_t K, std::size_t Stride>
+struct Mapping<layers::MaxPool1d<K, Stride>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        return g.node("MaxPool", {x}, detail::window(1, K, Stride, 0));
+    }
+};
+
+template <std::size_t K, std::size_t Stride, std::size_t Pad>
+struct Mapping<layers::AvgPool2d<K, Stride, Pad>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        std::vector<Attribute> attributes = detail::window(2, K, Stride, Pad);
+        attributes.push_back(integer("count_include_pad", 1));
+        return g.node("AveragePool", {x}, attributes);
+    }
+};
+
+template <>
+struct Mapping<layers::GlobalAvgPool> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        return g.node("Flatten", {g.node("GlobalAveragePool", {x})}, {integer("axis", 1)});   // (N, C, 1, 1) -> (N, C)
+    }
+};
+
+template <>
+struct Mapping<layers::ReLU> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&) { return g.node("Relu", {x}); }
+};
+template <>
+struct Mapping<layers::Sigmoid> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&) { return g.node("Sigmoid", {x}); }
+};
+template <>
+struct Mapping<layers::Tanh> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&) { return g.node("Tanh", {x}); }
+};
+template <>
+struct Mapping<layers::GELU> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        const std::string phi = g.node("Add", {g.node("Erf", {g.node("Div", {x, g.scalar("sqrt2", std::sqrt(2.0f))})}),
+                                               g.scalar("one", 1.0f)});
+        return g.node("Mul", {g.node("Mul", {x, phi}), g.scalar("half", 0.5f)});
+    }
+};
+
+template <>
+struct Mapping<layers::Flatten> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        return g.node("Flatten", {x}, {integer("axis", 1)});
+    }
+};
+template <>
+struct Mapping<layers::Identity> {
+    template <class In>
+    static std::string emit(Graph&, const std::string& x, const Slice&) { return x; }
+};
+template <double P>
+struct Mapping<layers::Dropout<P>> {
+    template <class In>
+    static std::string emit(Graph&, const std::string& x, const Slice&) { return x; }
+};
+
+} // namespace replica::onnx
