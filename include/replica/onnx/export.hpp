@@ -23,19 +23,15 @@
 //   8 bytes "RPLREF01" | u32 input rank r | u32 output rank s | u64 input dims (r, N first) |
 //   u64 output dims (s, N first) | f32 inputs | f32 outputs
 
-#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <span>
 #include <string>
-#include <system_error>
 #include <type_traits>
 #include <vector>
 
+#include "replica/core/atomic_file.hpp"
 #include "replica/core/error.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/model/concat.hpp"
@@ -139,30 +135,11 @@ inline void require_finite(std::span<const float> v, const char* what)
                         ": the model diverged; export it from a checkpoint saved before");
 }
 
-// Writes path through write(stream), into a temporary file beside it renamed once complete, so that
-// a failed write leaves no partial file under the name.
-template <class Write>
-void write_file(const std::string& path, const char* who, Write&& write)
+// Writes bytes to path atomically (core/atomic_file.hpp): a failed write leaves no partial file.
+inline void write_file(const std::string& path, const char* who, std::span<const unsigned char> bytes)
 {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        core::require(bool(f), std::string(who) + ": cannot write '" + path + "' (" + std::strerror(errno) +
-                                   "): check that its folder exists and is writable");
-        write(f);
-        f.flush();
-        if (!f) {
-            f.close();
-            std::filesystem::remove(tmp);
-            throw Error(std::string(who) + ": writing '" + path + "' failed (disk full?)");
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::filesystem::remove(tmp);
-        throw Error(std::string(who) + ": cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-    }
+    core::write_file_atomically(path, bytes, std::string(who) + ": cannot write '" + path + "'",
+                                "a file already there is unchanged");
 }
 } // namespace detail
 
@@ -211,10 +188,11 @@ template <class Model>
 template <class Model>
 void export_onnx(const Model& model, const std::string& path)
 {
-    const ::onnx::ModelProto m = to_onnx(model);
-    detail::write_file(path, "export_onnx", [&](std::ofstream& f) {
-        core::require(m.SerializeToOstream(&f), "export_onnx: protobuf could not serialise the model to '" + path + "'");
-    });
+    std::string bytes;
+    core::require(to_onnx(model).SerializeToString(&bytes),
+                  "export_onnx: protobuf could not serialise the model to '" + path + "'");
+    detail::write_file(path, "export_onnx",
+                       {reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
 }
 
 // Writes n samples x (host memory, n * input size floats) and the model's predict() outputs for them
@@ -227,24 +205,27 @@ void write_reference(Model& model, const float* x, std::size_t n, const std::str
     core::require(n > 0, "write_reference: give at least one sample");
     std::vector<float> y(n * Out::size);
     model.predict(x, n, y.data());
-    detail::write_file(path, "write_reference", [&](std::ofstream& f) {
-        const auto put = [&](const void* p, std::size_t bytes) { f.write(static_cast<const char*>(p), std::streamsize(bytes)); };
-        put("RPLREF01", 8);
-        const std::uint32_t ranks[2] = {std::uint32_t(In::rank + 1), std::uint32_t(Out::rank + 1)};
-        put(ranks, sizeof ranks);
-        const auto dims = [&](const auto& d) {
-            const std::uint64_t batch = n;
-            put(&batch, sizeof batch);
-            for (std::size_t v : d) {
-                const std::uint64_t u = v;
-                put(&u, sizeof u);
-            }
-        };
-        dims(In::dims);
-        dims(Out::dims);
-        put(x, n * In::size * sizeof(float));
-        put(y.data(), y.size() * sizeof(float));
-    });
+    std::vector<unsigned char> bytes;
+    const auto put = [&](const void* p, std::size_t size) {
+        const auto* c = static_cast<const unsigned char*>(p);
+        bytes.insert(bytes.end(), c, c + size);
+    };
+    put("RPLREF01", 8);
+    const std::uint32_t ranks[2] = {std::uint32_t(In::rank + 1), std::uint32_t(Out::rank + 1)};
+    put(ranks, sizeof ranks);
+    const auto dims = [&](const auto& d) {
+        const std::uint64_t batch = n;
+        put(&batch, sizeof batch);
+        for (std::size_t v : d) {
+            const std::uint64_t u = v;
+            put(&u, sizeof u);
+        }
+    };
+    dims(In::dims);
+    dims(Out::dims);
+    put(x, n * In::size * sizeof(float));
+    put(y.data(), y.size() * sizeof(float));
+    detail::write_file(path, "write_reference", bytes);
 }
 
 } // namespace replica::onnx

@@ -45,9 +45,6 @@
 
 #include <zlib.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -65,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "replica/core/atomic_file.hpp"
 #include "replica/core/error.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/train/history.hpp"
@@ -241,54 +239,21 @@ inline std::string hex64(std::uint64_t v)
     return text;
 }
 
-// Writes `bytes` to `path` atomically (see the file comment). Throws Error naming the path and the OS error.
+// Writes `bytes` to `path` atomically (core/atomic_file.hpp), creating missing parent directories
+// first. Throws Error naming the path and the OS error.
 inline void write_file_atomically(const std::filesystem::path& path, std::span<const unsigned char> bytes)
 {
-    namespace fs = std::filesystem;
     const std::string name = path.string();
-    const std::string advice = ": check that the directory is writable and has free space";
-    const fs::path parent = path.parent_path();
+    const std::filesystem::path parent = path.parent_path();
     if (!parent.empty()) {
         std::error_code ec;
-        fs::create_directories(parent, ec);
+        std::filesystem::create_directories(parent, ec);
         if (ec)
             throw Error("cannot write checkpoint " + name + ": creating its directory " + parent.string() +
-                        " failed: " + ec.message() + advice);
+                        " failed: " + ec.message() + ": check that the directory is writable and has free space");
     }
-
-    fs::path tmp = path;
-    tmp += ".tmp";
-    std::FILE* file = std::fopen(tmp.c_str(), "wb");
-    if (!file)
-        throw Error("cannot write checkpoint " + name + ": creating " + tmp.string() + " failed: " +
-                    std::strerror(errno) + "; the previous checkpoint, if any, is unchanged" + advice);
-    // Takes errno first: closing and removing may change it.
-    auto fail = [&](const std::string& step) {
-        const int err = errno;
-        if (file) std::fclose(file);
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        throw Error("cannot write checkpoint " + name + ": " + step + " failed: " + std::strerror(err) +
-                    "; the previous checkpoint, if any, is unchanged" + advice);
-    };
-    errno = 0;
-    if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) fail("writing " + tmp.string());
-    if (std::fflush(file) != 0) fail("flushing " + tmp.string());
-    if (::fsync(::fileno(file)) != 0) fail("syncing " + tmp.string());
-    const int closed = std::fclose(file);
-    file = nullptr;
-    if (closed != 0) fail("closing " + tmp.string());
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming " + tmp.string() + " to " + name);
-
-    const fs::path dir = parent.empty() ? fs::path(".") : parent;
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (fd < 0 || ::fsync(fd) != 0) {
-        const int err = errno;
-        if (fd >= 0) ::close(fd);
-        throw Error("checkpoint " + name + " was written, but syncing its directory " + dir.string() +
-                    " failed: " + std::strerror(err) + "; it may not survive a power loss" + advice);
-    }
-    ::close(fd);
+    core::write_file_atomically(path, bytes, "cannot write checkpoint " + name,
+                                "the previous checkpoint, if any, is unchanged");
 }
 
 // Opens a checkpoint for reading. Throws Error when it is missing or cannot be opened.
