@@ -103,10 +103,12 @@ Results run_layer(Ctx& ctx, std::size_t n, const model::Pass& pass)
     auto dx_d = ctx.template allocate<float>(n * In::size + 1);
     auto dp_d = ctx.template allocate<float>(O::param_count + 1);
     auto saved = ctx.template allocate<float>(n * O::saved_size + 1);
+    auto kept = ctx.template allocate<float>(n * O::kept_size + 1);
     auto scratch = ctx.template allocate<float>(op.scratch_size(ctx, n) + 1);
-    op.forward(ctx, pass, model::ForwardArgs{p_d.data(), x_d.data(), y_d.data(), n, saved.data(), scratch.data()});
-    op.backward(ctx, pass, model::BackwardArgs{p_d.data(), x_d.data(), y_d.data(), dy_d.data(), dx_d.data(), dp_d.data(), n,
-                                               saved.data(), scratch.data()});
+    op.forward(ctx, pass, model::ForwardArgs<>{p_d.data(), p_d.data(), x_d.data(), y_d.data(), n, saved.data(), kept.data(),
+                                             scratch.data()});
+    op.backward(ctx, pass, model::BackwardArgs<>{p_d.data(), p_d.data(), x_d.data(), y_d.data(), dy_d.data(), dx_d.data(),
+                                               dp_d.data(), n, saved.data(), kept.data(), scratch.data()});
     Results r{std::vector<float>(n * Out::size), std::vector<float>(n * In::size), std::vector<float>(O::param_count)};
     ctx.download(r.y.data(), y_d.data(), r.y.size());
     ctx.download(r.dx.data(), dx_d.data(), r.dx.size());
@@ -1303,9 +1305,9 @@ TEST_CASE("CUDA activations equal PyTorch's forward and input gradient", "[cuda]
         auto y_d = ctx.template allocate<float>(41), dx_d = ctx.template allocate<float>(41);
         ctx.upload(x_d.data(), x.data(), 41);
         ctx.upload(dy_d.data(), dy.data(), 41);
-        op.forward(ctx, model::Pass{}, model::ForwardArgs{nullptr, x_d.data(), y_d.data(), 1, nullptr, nullptr});
-        op.backward(ctx, model::Pass{},
-                    model::BackwardArgs{nullptr, x_d.data(), y_d.data(), dy_d.data(), dx_d.data(), nullptr, 1, nullptr, nullptr});
+        op.forward(ctx, model::Pass{}, model::ForwardArgs<>{nullptr, nullptr, x_d.data(), y_d.data(), 1, nullptr, nullptr, nullptr});
+        op.backward(ctx, model::Pass{}, model::BackwardArgs<>{nullptr, nullptr, x_d.data(), y_d.data(), dy_d.data(), dx_d.data(),
+                                                            nullptr, 1, nullptr, nullptr, nullptr});
         std::vector<float> y(41), dx(41);
         ctx.download(y.data(), y_d.data(), 41);
         ctx.download(dx.data(), dx_d.data(), 41);

@@ -95,7 +95,11 @@ using LeNetBody = Sequential<Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool
 static_assert(std::is_same_v<out_of<LeNetBody, Shape<1, 28, 28>>, Shape<10>>);
 static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::param_count == 431080);
 static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::layer_count == 8);
-static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::saved_size == 2 * 3 * 3);
+static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::kept_size == 2 * 3 * 3);
+static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::saved_size == 0);
+// Max pooling's argmax positions are saved state (floats); the outputs a chain keeps are activations.
+static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::saved_size == 2);
+static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::kept_size == 2 * 3 * 3);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
@@ -159,11 +163,12 @@ struct Bound {
     Ctx ctx{Device::cpu()};
     O op;
     std::size_t n;
-    std::vector<float> params, y, saved, scratch, statistics;
+    std::vector<float> params, y, saved, kept, scratch, statistics;
 
     explicit Bound(std::size_t n_, std::uint32_t layer_id = 3)
         : op(build(layer_id)), n(n_), params(O::param_count), y(n_ * Out::size),
-          saved(n_ * O::saved_size), scratch(op.scratch_size(ctx, n_)), statistics(model::statistics_count_of<O>)
+          saved(n_ * O::saved_size), kept(n_ * O::kept_size), scratch(op.scratch_size(ctx, n_)),
+          statistics(model::statistics_count_of<O>)
     {
         model::init_statistics_of(op, statistics.data());
     }
@@ -172,14 +177,15 @@ struct Bound {
     {
         std::fill(y.begin(), y.end(), kNaN);
         std::fill(saved.begin(), saved.end(), kNaN);
+        std::fill(kept.begin(), kept.end(), kNaN);
         std::fill(scratch.begin(), scratch.end(), kNaN);
         // From the initial statistics each time: a training forward moves BatchNorm's running
         // estimates, which shift its sums (to rounding); the loss is then a function of x and the
         // parameters alone.
         model::init_statistics_of(op, statistics.data());
-        op.forward(ctx, pass, model::ForwardArgs{.params = params.data(), .x = x, .y = y.data(), .n = n,
-                                                 .saved = saved.data(), .scratch = scratch.data(),
-                                                 .statistics = statistics.data()});
+        op.forward(ctx, pass, model::ForwardArgs<>{.params = params.data(), .weights = params.data(), .x = x, .y = y.data(),
+                                                 .n = n, .saved = saved.data(), .kept = kept.data(),
+                                                 .scratch = scratch.data(), .statistics = statistics.data()});
     }
 
     // dx (may be null) and dparams are poisoned first: backward must assign them.
@@ -188,9 +194,9 @@ struct Bound {
         if (dx) std::fill(dx, dx + n * In::size, kNaN);
         std::fill(dparams, dparams + O::param_count, kNaN);
         std::fill(scratch.begin(), scratch.end(), kNaN);
-        op.backward(ctx, pass, model::BackwardArgs{.params = params.data(), .x = x, .y = y.data(), .dy = dy,
-                                                   .dx = dx, .dparams = dparams, .n = n, .saved = saved.data(),
-                                                   .scratch = scratch.data()});
+        op.backward(ctx, pass, model::BackwardArgs<>{.params = params.data(), .weights = params.data(), .x = x,
+                                                   .y = y.data(), .dy = dy, .dx = dx, .dparams = dparams, .n = n,
+                                                   .saved = saved.data(), .kept = kept.data(), .scratch = scratch.data()});
     }
 };
 
@@ -496,7 +502,7 @@ TEST_CASE("Identity, Sigmoid, Tanh and GELU gradients match finite differences",
     check_gradients<GELU, Shape<3, 4, 5>>(2);
     // Inside a model: the activations read what the layer before wrote, and Identity, a view, is
     // skipped between two ops.
-    static_assert(model::Chain<Shape<6>, Linear<5>, Identity, GELU, Linear<3>>::skipped_view<1>);
+    static_assert(model::Chain<Shape<6>, float, Linear<5>, Identity, GELU, Linear<3>>::skipped_view<1>);
     check_gradients<Sequential<Linear<5>, Identity, GELU, Linear<4>, Sigmoid, Linear<3>, Tanh>, Shape<6>>(3);
 }
 
@@ -537,13 +543,13 @@ TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][lay
         3, {}, {.kinks = true});
     // Flatten is a view: skipped between two ops (Net above; twice in a row here), run where it starts
     // a chain (its backward then copies the gradient into dx) or ends one (it writes the caller's y).
-    using NetChain = model::Chain<Shape<2, 6, 6>, Conv2d<4, 3, 1, 1>, ReLU, MaxPool2d<2>, Flatten, Linear<5>>;
+    using NetChain = model::Chain<Shape<2, 6, 6>, float, Conv2d<4, 3, 1, 1>, ReLU, MaxPool2d<2>, Flatten, Linear<5>>;
     static_assert(NetChain::skipped_view<3>);
-    static_assert(model::Chain<Shape<2, 5, 5>, Conv2d<3, 3>, Flatten, Flatten, Linear<4>>::skipped_view<2>);
+    static_assert(model::Chain<Shape<2, 5, 5>, float, Conv2d<3, 3>, Flatten, Flatten, Linear<4>>::skipped_view<2>);
     check_gradients<Sequential<Conv2d<3, 3>, Flatten, Flatten, Linear<4>>, Shape<2, 5, 5>>(2);
-    static_assert(model::Chain<Shape<2, 3, 3>, Flatten, Linear<4>>::skipped_view<0>);
+    static_assert(model::Chain<Shape<2, 3, 3>, float, Flatten, Linear<4>>::skipped_view<0>);
     check_gradients<Sequential<Flatten, Linear<4>>, Shape<2, 3, 3>>(3);
-    static_assert(!model::Chain<Shape<2, 5, 5>, Conv2d<3, 3>, ReLU, Flatten>::skipped_view<2>);
+    static_assert(!model::Chain<Shape<2, 5, 5>, float, Conv2d<3, 3>, ReLU, Flatten>::skipped_view<2>);
     check_gradients<Sequential<Conv2d<3, 3>, ReLU, Flatten>, Shape<2, 5, 5>>(2, {}, {.kinks = true});
 }
 
@@ -555,7 +561,7 @@ TEST_CASE("BatchNorm gradients in training match finite differences", "[cpu][lay
     check_gradients<BatchNorm1d, Shape<3, 6>>(2);
     // Fused with the ReLU after it (a Chain applies it in the same pass).
     using Fused = Sequential<BatchNorm2d, ReLU>;
-    static_assert(model::Chain<Shape<3, 4, 5>, BatchNorm2d, ReLU>::fuses_next_relu<0>);
+    static_assert(model::Chain<Shape<3, 4, 5>, float, BatchNorm2d, ReLU>::fuses_next_relu<0>);
     check_gradients<Fused, Shape<3, 4, 5>>(3, {}, {.kinks = true});
     check_gradients<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<2, 1>>, Shape<2, 5, 5>>(3, {}, {.kinks = true});
 }
@@ -571,7 +577,7 @@ TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient
     using Projection = Sequential<Conv2d<4, 1, 2, 0>, BatchNorm2d>;
     static_assert(std::is_same_v<out_of<Residual<Down, Projection>, Shape<2, 6, 6>>, Shape<4, 3, 3>>);
     check_gradients<Residual<Down, Projection>, Shape<2, 6, 6>>(2, {}, {.kinks = true});
-    static_assert(model::Chain<Shape<2, 6, 6>, Residual<Down, Projection>, ReLU>::fuses_next_relu<0>);
+    static_assert(model::Chain<Shape<2, 6, 6>, float, Residual<Down, Projection>, ReLU>::fuses_next_relu<0>);
     check_gradients<Sequential<Residual<Down, Projection>, ReLU, Residual<Sequential<Conv2d<4, 3, 1, 1>>>, ReLU>,
                     Shape<2, 6, 6>>(2, {}, {.kinks = true});
 }
@@ -908,7 +914,7 @@ static_assert(op_of<Sequential<Conv2d<4, 3, 1, 1, Bias::none>, ReLU>, Shape<2, 6
 // The default is unchanged: a bias per output channel.
 static_assert(std::is_same_v<Conv2d<4, 3>, Conv2d<4, 3, 1, 0, Bias::yes>>);
 // A ReLU after a convolution without bias is still fused into it.
-static_assert(model::Chain<Shape<2, 6, 6>, Conv2d<4, 3, 1, 1, Bias::none>, ReLU>::fuses_next_relu<0>);
+static_assert(model::Chain<Shape<2, 6, 6>, float, Conv2d<4, 3, 1, 1, Bias::none>, ReLU>::fuses_next_relu<0>);
 
 // Layer Without (a convolution without bias, alone or followed by a ReLU) against With (the same
 // with a bias), both from the same initialisation (same seed and layer id) and the same perturbed

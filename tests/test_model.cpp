@@ -46,9 +46,10 @@ TEST_CASE("Sequential runs its layers in order", "[cpu]")
     using L = Linear<4>::op<Shape<48>>;
     std::vector<float> a(3 * 48), b(3 * 48), y(3 * 4), scratch(C{{}}.scratch_size(ctx, 3));
     const model::Pass eval{.training = false};
-    C{{}}.forward(ctx, eval, {w.data(), data.inputs.data(), a.data(), 3, nullptr, scratch.data()});
+    C{{}}.forward(ctx, eval, {w.data(), w.data(), data.inputs.data(), a.data(), 3, nullptr, nullptr, scratch.data()});
     for (std::size_t i = 0; i < a.size(); ++i) b[i] = std::max(a[i], 0.0f);
-    L{{}}.forward(ctx, eval, {w.data() + C::param_count, b.data(), y.data(), 3, nullptr, nullptr});
+    L{{}}.forward(ctx, eval, {w.data() + C::param_count, w.data() + C::param_count, b.data(), y.data(), 3, nullptr, nullptr,
+                              nullptr});
     CHECK(out == y);
 }
 

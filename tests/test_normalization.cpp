@@ -304,13 +304,14 @@ TEST_CASE("BatchNorm and Residual against PyTorch: forward, gradients, running e
     const auto x = to_float(f.at("x")), dy = to_float(f.at("dy"));
     auto params = net.parameters(), statistics = net.statistics();
     std::vector<float> y(n * 5), dx(n * Net::input_shape::size), dparams(Net::param_count),
-        saved(n * Net::chain::saved_size), scratch(chain.scratch_size(ctx, n));
-    chain.forward(ctx, model::Pass{}, model::ForwardArgs{.params = params.data(), .x = x.data(), .y = y.data(), .n = n,
-                                                         .saved = saved.data(), .scratch = scratch.data(),
-                                                         .statistics = statistics.data()});
-    chain.backward(ctx, model::Pass{}, model::BackwardArgs{.params = params.data(), .x = x.data(), .y = y.data(),
-                                                           .dy = dy.data(), .dx = dx.data(), .dparams = dparams.data(),
-                                                           .n = n, .saved = saved.data(), .scratch = scratch.data()});
+        saved(n * Net::chain::saved_size), kept(n * Net::chain::kept_size), scratch(chain.scratch_size(ctx, n));
+    chain.forward(ctx, model::Pass{}, model::ForwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
+                                                         .y = y.data(), .n = n, .saved = saved.data(), .kept = kept.data(),
+                                                         .scratch = scratch.data(), .statistics = statistics.data()});
+    chain.backward(ctx, model::Pass{}, model::BackwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
+                                                           .y = y.data(), .dy = dy.data(), .dx = dx.data(),
+                                                           .dparams = dparams.data(), .n = n, .saved = saved.data(),
+                                                           .kept = kept.data(), .scratch = scratch.data()});
     const double ey = max_error(y, f.at("y")), edx = max_error(dx, f.at("dx")), edp = max_error(dparams, f.at("dparams")),
                  est = max_error(statistics, f.at("statistics_after_forward"));
     CAPTURE(ey, edx, edp, est);

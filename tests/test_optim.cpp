@@ -107,11 +107,13 @@ TEST_CASE("Activations match PyTorch's forward and input gradient", "[cpu][optim
         INFO(name);
         typename L::template op<In> op{model::Build{.layer_id = 0, .devices = cpu}};
         std::vector<float> y(41, NAN), dx(41, NAN);
-        op.forward(ctx, model::Pass{}, model::ForwardArgs{.params = nullptr, .x = x.data(), .y = y.data(), .n = 1,
-                                                          .saved = nullptr, .scratch = nullptr});
-        op.backward(ctx, model::Pass{}, model::BackwardArgs{.params = nullptr, .x = x.data(), .y = y.data(), .dy = dy.data(),
-                                                            .dx = dx.data(), .dparams = nullptr, .n = 1, .saved = nullptr,
-                                                            .scratch = nullptr});
+        op.forward(ctx, model::Pass{}, model::ForwardArgs<>{.params = nullptr, .weights = nullptr, .x = x.data(),
+                                                          .y = y.data(), .n = 1, .saved = nullptr, .kept = nullptr,
+                                                          .scratch = nullptr});
+        op.backward(ctx, model::Pass{}, model::BackwardArgs<>{.params = nullptr, .weights = nullptr, .x = x.data(),
+                                                            .y = y.data(), .dy = dy.data(), .dx = dx.data(),
+                                                            .dparams = nullptr, .n = 1, .saved = nullptr,
+                                                            .kept = nullptr, .scratch = nullptr});
         // Float rounding of the libm functions: a few ulp of values of magnitude <= 5.
         CHECK(max_error(y, f.at(name + "_y")) < 2e-6);
         CHECK(max_error(dx, f.at(name + "_dx")) < 2e-6);

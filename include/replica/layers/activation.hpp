@@ -16,7 +16,7 @@
 namespace replica::layers {
 
 struct ReLU {
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
@@ -25,12 +25,12 @@ struct ReLU {
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             relu_forward(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             if (a.dx) relu_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
         }
@@ -41,7 +41,7 @@ struct ReLU {
 // Rule::backward(ctx, x, y, dy, dx, count) (from the input, the output, or both).
 template <class Rule>
 struct Elementwise {
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
@@ -49,12 +49,12 @@ struct Elementwise {
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             Rule::forward(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             if (a.dx) Rule::backward(ctx, a.x, a.y, a.dy, a.dx, a.n * In::size);
         }
@@ -63,28 +63,28 @@ struct Elementwise {
 
 namespace detail {
 struct SigmoidRule {   // dx = dy * y * (1 - y), from the output
-    template <class Ctx>
-    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { sigmoid_forward(ctx, x, y, n); }
-    template <class Ctx>
-    static void backward(Ctx& ctx, const float*, const float* y, const float* dy, float* dx, std::size_t n)
+    template <class Ctx, class T>
+    static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { sigmoid_forward(ctx, x, y, n); }
+    template <class Ctx, class T>
+    static void backward(Ctx& ctx, const T*, const T* y, const T* dy, T* dx, std::size_t n)
     {
         sigmoid_backward(ctx, y, dy, dx, n);
     }
 };
 struct TanhRule {   // dx = dy * (1 - y^2), from the output
-    template <class Ctx>
-    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { tanh_forward(ctx, x, y, n); }
-    template <class Ctx>
-    static void backward(Ctx& ctx, const float*, const float* y, const float* dy, float* dx, std::size_t n)
+    template <class Ctx, class T>
+    static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { tanh_forward(ctx, x, y, n); }
+    template <class Ctx, class T>
+    static void backward(Ctx& ctx, const T*, const T* y, const T* dy, T* dx, std::size_t n)
     {
         tanh_backward(ctx, y, dy, dx, n);
     }
 };
 struct GeluRule {   // dx = dy * (Phi(x) + x * phi(x)), from the input
-    template <class Ctx>
-    static void forward(Ctx& ctx, const float* x, float* y, std::size_t n) { gelu_forward(ctx, x, y, n); }
-    template <class Ctx>
-    static void backward(Ctx& ctx, const float* x, const float*, const float* dy, float* dx, std::size_t n)
+    template <class Ctx, class T>
+    static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { gelu_forward(ctx, x, y, n); }
+    template <class Ctx, class T>
+    static void backward(Ctx& ctx, const T* x, const T*, const T* dy, T* dx, std::size_t n)
     {
         gelu_backward(ctx, x, dy, dx, n);
     }
@@ -99,7 +99,7 @@ template <double P>
 struct Dropout {
     static_assert(P >= 0.0 && P < 1.0, "Dropout probability must be in [0, 1)");
 
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
@@ -107,7 +107,7 @@ struct Dropout {
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a) const
         {
             if (pass.training && P > 0.0)
                 dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.x, a.y, a.n, In::size);
@@ -115,7 +115,7 @@ struct Dropout {
                 copy(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a) const
         {
             if (!a.dx) return;
             if (pass.training && P > 0.0)
@@ -129,7 +129,7 @@ struct Dropout {
 // Identity: y = x. A view (op.hpp): between two ops of a model it does not run at all; first or last
 // in a model it copies (its output, or its input gradient, is the caller's buffer).
 struct Identity {
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = In;
@@ -138,12 +138,12 @@ struct Identity {
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             copy(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
         }
@@ -152,7 +152,7 @@ struct Identity {
 
 // Flatten: (dims...) -> (product of dims). The data does not move.
 struct Flatten {
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = Shape<In::size>;
@@ -163,12 +163,12 @@ struct Flatten {
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             copy(ctx, a.x, a.y, a.n * In::size);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
         }

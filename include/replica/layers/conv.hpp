@@ -40,7 +40,7 @@ constexpr T* bias_of(T* p, std::size_t weights)
 
 // A convolution over the window that its geometry G gives (G::window, G::input_shape, G::output_shape,
 // G::weight_count, G::fan_in): Conv1d's and Conv2d's op, which differ only in their geometry.
-template <std::size_t Out, class G, Bias B>
+template <std::size_t Out, class G, Bias B, class T>
 struct ConvOp : LeafOp {
     using input_shape = typename G::input_shape;
     using output_shape = typename G::output_shape;
@@ -52,32 +52,32 @@ struct ConvOp : LeafOp {
     using LeafOp::LeafOp;
     void init(float* p, std::uint64_t seed) const { conv_init(p, seed, id, weight_count, bias_count, G::fan_in); }
     template <class Ctx>
-    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window>(ctx, Out, n); }
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_scratch_size<window, T>(ctx, Out, n); }
     template <class Ctx>
-    void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+    void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
     {
-        conv_forward<window>(ctx, Out, a.params, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, false);
+        conv_forward<window>(ctx, Out, a.weights, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, false);
     }
     // Forward followed by a ReLU, which then does not run: the bias and the ReLU take one pass; in
     // backward, the ReLU's rule runs in the bias-gradient pass. Without a bias, each backend applies
     // the ReLU and its rule where it saves most (backend/*/conv.hpp).
     static constexpr bool fuses_relu = true;
     template <class Ctx>
-    void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+    void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
     {
-        conv_forward<window>(ctx, Out, a.params, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, true);
+        conv_forward<window>(ctx, Out, a.weights, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, true);
     }
     template <class Ctx>
-    void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+    void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
     {
-        conv_backward<window>(ctx, Out, a.params, a.x, a.dy, a.dx, a.dparams, bias_of<B>(a.dparams, weight_count), a.n,
+        conv_backward<window>(ctx, Out, a.weights, a.x, a.dy, a.dx, a.dparams, bias_of<B>(a.dparams, weight_count), a.n,
                               a.scratch);
     }
     // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
     template <class Ctx>
-    void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
+    void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, T* dz) const
     {
-        conv_backward_relu<window>(ctx, Out, a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams,
+        conv_backward_relu<window>(ctx, Out, a.weights, a.x, a.y, a.dy, dz, a.dx, a.dparams,
                                    bias_of<B>(a.dparams, weight_count), a.n, a.scratch);
     }
 };
@@ -118,15 +118,15 @@ struct Conv1dGeometry {
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
 struct Conv2d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv2d needs at least one output channel, a kernel and a stride");
-    template <class In>
-    using op = detail::ConvOp<Out, detail::Conv2dGeometry<In, Out, K, Stride, Pad>, B>;
+    template <class In, class T = float>
+    using op = detail::ConvOp<Out, detail::Conv2dGeometry<In, Out, K, Stride, Pad>, B, T>;
 };
 
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
 struct Conv1d {
     static_assert(Out > 0 && K > 0 && Stride > 0, "Conv1d needs at least one output channel, a kernel and a stride");
-    template <class In>
-    using op = detail::ConvOp<Out, detail::Conv1dGeometry<In, Out, K, Stride, Pad>, B>;
+    template <class In, class T = float>
+    using op = detail::ConvOp<Out, detail::Conv1dGeometry<In, Out, K, Stride, Pad>, B, T>;
 };
 
 template <std::size_t Out, std::size_t K, std::size_t Stride = 1, std::size_t Pad = 0, Bias B = Bias::yes>
@@ -134,7 +134,7 @@ struct ConvTranspose2d {
     static_assert(Out > 0 && K > 0 && Stride > 0,
                   "ConvTranspose2d needs at least one output channel, a kernel and a stride");
 
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         static_assert(In::rank == 3, "ConvTranspose2d needs a (channels, height, width) input");
         static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
@@ -156,17 +156,20 @@ struct ConvTranspose2d {
             detail::conv_init(p, seed, id, weight_count, bias_count, Out * K * K);
         }
         template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return conv_transpose_scratch_size<window>(ctx, C, n); }
-        template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            conv_transpose_forward<window>(ctx, C, a.params, detail::bias_of<B>(a.params, weight_count), a.x, a.y, a.n,
+            return conv_transpose_scratch_size<window, T>(ctx, C, n);
+        }
+        template <class Ctx>
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
+        {
+            conv_transpose_forward<window>(ctx, C, a.weights, detail::bias_of<B>(a.params, weight_count), a.x, a.y, a.n,
                                            a.scratch);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
-            conv_transpose_backward<window>(ctx, C, a.params, a.x, a.dy, a.dx, a.dparams,
+            conv_transpose_backward<window>(ctx, C, a.weights, a.x, a.dy, a.dx, a.dparams,
                                             detail::bias_of<B>(a.dparams, weight_count), a.n, a.scratch);
         }
     };

@@ -13,7 +13,7 @@ template <std::size_t Out>
 struct Linear {
     static_assert(Out > 0, "Linear needs at least one output");
 
-    template <class In>
+    template <class In, class T = float>
     struct op : LeafOp {
         static_assert(In::rank == 1,
                       "Linear needs a flat (features) input: put Flatten before it (or GlobalAvgPool)");
@@ -29,28 +29,28 @@ struct Linear {
             init_uniform(p, param_count, 1.0f / std::sqrt(float(N)), seed, id);
         }
         template <class Ctx>
-        void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.params, a.params + weight_count, a.x, a.y, a.n);
+            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n);
         }
         template <class Ctx>
-        void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+        void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
-            linear_backward(ctx, int(N), int(Out), a.params, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n);
+            linear_backward(ctx, int(N), int(Out), a.weights, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n);
         }
         // Forward followed by a ReLU, which then does not run: on a GPU the product adds the bias and
         // applies the ReLU as it writes (one kernel instead of three).
         static constexpr bool fuses_relu = true;
         template <class Ctx>
-        void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+        void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.params, a.params + weight_count, a.x, a.y, a.n, true);
+            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n, true);
         }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
-        void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs& a, float* dz) const
+        void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, T* dz) const
         {
-            linear_backward_relu(ctx, int(N), int(Out), a.params, a.x, a.y, a.dy, dz, a.dx, a.dparams,
+            linear_backward_relu(ctx, int(N), int(Out), a.weights, a.x, a.y, a.dy, dz, a.dx, a.dparams,
                                  a.dparams + weight_count, a.n);
         }
     };

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "replica/core/loss_slot.hpp"
 #include "replica/core/shape.hpp"
@@ -33,10 +34,11 @@ struct SoftmaxCrossEntropy {
     static constexpr std::size_t label_size = Out::size / Out::dims[0];
 
     // Queues the sum of the losses of n samples into *slot (read it with finish() once the context has
-    // synchronized); dlogits (may be null) = d(scale * sum) / dlogits.
-    template <ShapeType Out, class Ctx>
-    static void forward_backward(Ctx& ctx, const float* logits, const std::int32_t* labels, std::size_t n,
-                                 float scale, float* dlogits, core::LossSlot* slot)
+    // synchronized); dlogits (may be null) = d(scale * sum) / dlogits. Logits and their gradient are the
+// model's activations (float, bf16 or fp16); the sums are float.
+    template <ShapeType Out, class Ctx, class T>
+    static void forward_backward(Ctx& ctx, const T* logits, const std::int32_t* labels, std::size_t n,
+                                 float scale, std::type_identity_t<T>* dlogits, core::LossSlot* slot)
     {
         static_assert(Out::rank == 1 || Out::rank == 3,
                       "SoftmaxCrossEntropy needs (classes) or (classes, height, width) outputs");
@@ -65,8 +67,8 @@ struct SoftmaxCrossEntropy {
     template <ShapeType Out>
     static double finish(const core::LossSlot& slot) { return slot.value(int(classes<Out>)); }
 
-    template <ShapeType Out, class Ctx>
-    static std::size_t correct(Ctx& ctx, const float* logits, const std::int32_t* labels, std::size_t n)
+    template <ShapeType Out, class Ctx, class T>
+    static std::size_t correct(Ctx& ctx, const T* logits, const std::int32_t* labels, std::size_t n)
     {
         return count_correct(ctx, int(classes<Out>), int(label_size<Out>), logits, labels, n);
     }

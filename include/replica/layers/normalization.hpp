@@ -50,8 +50,8 @@ struct BatchNorm {
     static constexpr float eps = 1e-5f;
     static constexpr float momentum = 0.1f;
 
-    template <class In>
-    struct op : LeafOp, FusesReluWithHook<op<In>> {
+    template <class In, class T = float>
+    struct op : LeafOp, FusesReluWithHook<op<In, T>, T> {
         static_assert(detail::batch_norm_accepts<In, Rank>(),
                       "BatchNorm2d needs a (channels, height, width) input and BatchNorm1d a (features) or "
                       "(channels, length) one: pick the one that matches the layer before it");
@@ -101,7 +101,7 @@ struct BatchNorm {
         }
 
     private:
-        friend FusesReluWithHook<op<In>>;
+        friend FusesReluWithHook<op<In, T>, T>;
 
         // work_: [forward sums (2C + 1: sum of x - shift, of its square, the count) | mean (C) |
         // 1 / sqrt(var + eps) (C) | backward sums (2C)], on the op's device, made at its first call.
@@ -113,7 +113,7 @@ struct BatchNorm {
         }
 
         template <class Ctx, class Hook>
-        void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook, bool relu)
+        void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook, bool relu)
         {
             float* w = work(ctx);
             float* sums = w;
@@ -138,7 +138,7 @@ struct BatchNorm {
         }
 
         template <class Ctx, class Hook>
-        void run_backward(Ctx& ctx, const Pass&, const BackwardArgs& a, const float* dy, Hook& hook)
+        void run_backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, const T* dy, Hook& hook)
         {
             float* w = work(ctx);
             const float* count = w + 2 * C;

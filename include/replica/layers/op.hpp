@@ -2,22 +2,28 @@
 // The op contract: what a layer is, and what the ops it yields offer the models that run them.
 //
 // A *layer* is a type with static hyper-parameters (Conv2d<20, 5>). Bound to the shape of one input
-// sample it yields an *op*, `typename L::template op<In>`, which the model instantiates once per replica:
+// sample and to the element type T of the model's activations (float, bf16 or fp16: core/number.hpp)
+// it yields an *op*, `typename L::template op<In, T>` (T defaults to float), which the model
+// instantiates once per replica:
 //
 //   using input_shape, output_shape          Shapes of one sample.
 //   static constexpr std::size_t param_count  Parameters, laid out contiguously in the model's flat buffer.
 //   static constexpr std::uint32_t layer_count Layer ids it uses (a leaf uses one, a nested model its sum).
-//   static constexpr std::size_t saved_size   Floats per sample it keeps from forward to backward,
-//                                             beyond its output (a nested model's inner activations).
+//   static constexpr std::size_t saved_size   Floats per sample of its own state from forward to backward
+//                                             (max pooling's argmax positions).
+//   static constexpr std::size_t kept_size    Activations (values of T) per sample it keeps from forward
+//                                             to backward beyond its output (a nested model's inner
+//                                             outputs).
 //   static constexpr bool spans_devices       Whether it runs work on devices beyond its model's (an op
 //                                             that holds replicas: a nested DataParallel); the model then
 //                                             runs its steps eagerly and applies updates op by op.
 //   explicit op(const Build&)                 Built once per replica; never per step.
-//   std::size_t scratch_size(ctx, n)          Scratch floats one call on n samples needs. Scratch holds
+//   std::size_t scratch_size(ctx, n)          Scratch floats one call on n samples needs (values of T
+//                                             that it keeps there count as floats_for<T>). Scratch holds
 //                                             nothing between calls.
 //   void init(float* params, seed)            Writes initial parameters (host memory).
-//   void forward(ctx, pass, ForwardArgs)      Writes y (n, output_shape) and its saved state.
-//   void backward(ctx, pass, BackwardArgs)    ASSIGNS dparams and dx (the input gradient; dx may be null
+//   void forward(ctx, pass, ForwardArgs<T>)   Writes y (n, output_shape) and its saved state.
+//   void backward(ctx, pass, BackwardArgs<T>) ASSIGNS dparams and dx (the input gradient; dx may be null
 //                                             when nobody needs it). Reads x, y, dy and saved state as
 //                                             forward left them.
 //
@@ -82,28 +88,46 @@ struct Build {
     std::size_t first_sync = 0;           // first sync point id of the op (ops with syncs)
 };
 
+// Parameters are float (the master copy that optimizers update, and their gradients); activations,
+// their gradients and the weights that products read are T. With T = float, weights are the
+// parameters themselves; otherwise the model's copy of them in T, refreshed after every change.
+template <class T = float>
 struct ForwardArgs {
     const float* params;   // the op's parameters
-    const float* x;        // (n, input_shape)
-    float* y;              // (n, output_shape)
+    const T* weights;      // the same parameters in T (for convolutions and fully connected layers)
+    const T* x;            // (n, input_shape)
+    T* y;                  // (n, output_shape)
     std::size_t n;
     float* saved;          // n * saved_size floats, kept until backward
+    T* kept;               // n * kept_size values, kept until backward
     float* scratch;        // scratch_size(ctx, n) floats
     float* statistics = nullptr;   // the op's statistics (statistics_count floats), if it has any
     float* shard_sums = nullptr;   // with pass.micro_shard: statistics_count floats, ASSIGNED
 };
 
+template <class T = float>
 struct BackwardArgs {
     const float* params;
-    const float* x;        // (n, input_shape), as given to forward
-    const float* y;        // (n, output_shape), as forward wrote it
-    const float* dy;       // (n, output_shape)
-    float* dx;             // (n, input_shape) assigned; null when not needed
+    const T* weights;
+    const T* x;            // (n, input_shape), as given to forward
+    const T* y;            // (n, output_shape), as forward wrote it
+    const T* dy;           // (n, output_shape)
+    T* dx;                 // (n, input_shape) assigned; null when not needed
     float* dparams;        // param_count floats, assigned
     std::size_t n;
     float* saved;
+    T* kept;
     float* scratch;
 };
+
+// Floats of scratch that `count` values of T take; a 16-bit region is rounded up to 16 bytes so that
+// what follows it stays aligned.
+template <class T>
+constexpr std::size_t floats_for(std::size_t count)
+{
+    if constexpr (sizeof(T) == sizeof(float)) return count;
+    else return (count * sizeof(T) + 15) / 16 * (16 / sizeof(float));
+}
 
 template <class O>
 concept Op = requires {
@@ -112,6 +136,7 @@ concept Op = requires {
     { O::param_count } -> std::convertible_to<std::size_t>;
     { O::layer_count } -> std::convertible_to<std::uint32_t>;
     { O::saved_size } -> std::convertible_to<std::size_t>;
+    { O::kept_size } -> std::convertible_to<std::size_t>;
     { O::spans_devices } -> std::convertible_to<bool>;
 } && std::constructible_from<O, const Build&>;
 
@@ -146,6 +171,7 @@ concept Layer = requires { typename L::template op<Shape<1>>; };
 struct LeafOp {
     static constexpr std::uint32_t layer_count = 1;
     static constexpr std::size_t saved_size = 0;
+    static constexpr std::size_t kept_size = 0;
     static constexpr bool spans_devices = false;
     std::uint32_t id;
     explicit LeafOp(const Build& b) : id(b.layer_id) {}
@@ -156,27 +182,27 @@ struct LeafOp {
 // The entry points of an op that takes the hook (it has sync points, or parts that may) and can apply
 // the ReLU after it (fuses_relu), from its own run_forward(ctx, pass, args, hook, relu) and
 // run_backward(ctx, pass, args, dy, hook), dy being its output's gradient.
-template <class D>
+template <class D, class T>
 struct FusesReluWithHook {
     static constexpr bool fuses_relu = true;
     template <class Ctx, class Hook = core::NoHook>
-    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
     {
         self().run_forward(ctx, pass, a, hook, false);
     }
     template <class Ctx, class Hook = core::NoHook>
-    void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+    void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
     {
         self().run_forward(ctx, pass, a, hook, true);
     }
     template <class Ctx, class Hook = core::NoHook>
-    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook&& hook = {})
     {
         self().run_backward(ctx, pass, a, a.dy, hook);
     }
     // a.y and a.dy are the ReLU's output and gradient; dz receives the op's own output gradient.
     template <class Ctx, class Hook = core::NoHook>
-    void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs& a, float* dz, Hook&& hook = {})
+    void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook&& hook = {})
     {
         relu_backward(ctx, a.y, a.dy, dz, a.n * D::output_shape::size);
         self().run_backward(ctx, pass, a, dz, hook);

@@ -29,7 +29,7 @@ enum class PoolKind { max, average };
 
 // Max pooling keeps, per output, the position of its maximum within the input plane (saved state,
 // exact as a float up to 2^24 positions), so backward routes gradients without searching again.
-template <PoolKind Kind, class In, class Out, core::Window G>
+template <PoolKind Kind, class In, class Out, core::Window G, class T>
 struct PoolOp : LeafOp {
     static_assert(std::size_t(G.h) * std::size_t(G.w) < (std::size_t(1) << 24), "pooling planes above 2^24 pixels");
     using input_shape = In;
@@ -39,13 +39,13 @@ struct PoolOp : LeafOp {
     using LeafOp::LeafOp;
     void init(float*, std::uint64_t) const {}
     template <class Ctx>
-    void forward(Ctx& ctx, const Pass&, const ForwardArgs& a) const
+    void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
     {
         if constexpr (Kind == PoolKind::max) max_pool_forward<G>(ctx, a.x, a.y, a.saved, a.n);
         else avg_pool_forward<G>(ctx, a.x, a.y, a.n);
     }
     template <class Ctx>
-    void backward(Ctx& ctx, const Pass&, const BackwardArgs& a) const
+    void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
     {
         if (!a.dx) return;
         if constexpr (Kind == PoolKind::max) max_pool_backward<G>(ctx, a.saved, a.dy, a.dx, a.n);
@@ -53,7 +53,7 @@ struct PoolOp : LeafOp {
     }
 };
 
-template <PoolKind Kind, std::size_t K, std::size_t S, std::size_t P, Rounding R, class In>
+template <PoolKind Kind, std::size_t K, std::size_t S, std::size_t P, Rounding R, class In, class T>
 struct Pool2d {
     static_assert(In::rank == 3, "2-D pooling needs a (channels, height, width) input");
     static constexpr std::size_t C = In::dims[0], H = In::dims[1], W = In::dims[2];
@@ -63,16 +63,17 @@ struct Pool2d {
     static constexpr std::size_t OH = pooled(H, K, S, P, R), OW = pooled(W, K, S, P, R);
     using type = PoolOp<Kind, In, Shape<C, OH, OW>,
                         core::Window{int(C), int(H), int(W), int(K), int(K), int(S), int(S), int(P), int(P),
-                                     int(OH), int(OW)}>;
+                                     int(OH), int(OW)},
+                        T>;
 };
 } // namespace detail
 
 template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, Rounding Round = Rounding::floor>
 struct MaxPool2d {
     static_assert(K > 0 && Stride > 0, "MaxPool2d needs a window and a stride");
-    template <class In>
-    struct op : detail::Pool2d<detail::PoolKind::max, K, Stride, Pad, Round, In>::type {
-        using detail::Pool2d<detail::PoolKind::max, K, Stride, Pad, Round, In>::type::type;
+    template <class In, class T = float>
+    struct op : detail::Pool2d<detail::PoolKind::max, K, Stride, Pad, Round, In, T>::type {
+        using detail::Pool2d<detail::PoolKind::max, K, Stride, Pad, Round, In, T>::type::type;
     };
 };
 
@@ -82,20 +83,21 @@ using MaxPool2dCeil = MaxPool2d<K, Stride, Pad, Rounding::ceil>;
 template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0>
 struct AvgPool2d {
     static_assert(K > 0 && Stride > 0, "AvgPool2d needs a window and a stride");
-    template <class In>
-    struct op : detail::Pool2d<detail::PoolKind::average, K, Stride, Pad, Rounding::floor, In>::type {
-        using detail::Pool2d<detail::PoolKind::average, K, Stride, Pad, Rounding::floor, In>::type::type;
+    template <class In, class T = float>
+    struct op : detail::Pool2d<detail::PoolKind::average, K, Stride, Pad, Rounding::floor, In, T>::type {
+        using detail::Pool2d<detail::PoolKind::average, K, Stride, Pad, Rounding::floor, In, T>::type::type;
     };
 };
 
 template <std::size_t K, std::size_t Stride = K>
 struct MaxPool1d {
     static_assert(K > 0 && Stride > 0, "MaxPool1d needs a window and a stride");
-    template <class In>
+    template <class In, class T = float>
     struct op : detail::PoolOp<detail::PoolKind::max, In,
                                Shape<In::dims[0], (In::dims[In::rank - 1] - K) / Stride + 1>,
                                core::Window{int(In::dims[0]), 1, int(In::dims[In::rank - 1]), 1, int(K), 1,
-                                            int(Stride), 0, 0, 1, int((In::dims[In::rank - 1] - K) / Stride + 1)}> {
+                                            int(Stride), 0, 0, 1, int((In::dims[In::rank - 1] - K) / Stride + 1)},
+                               T> {
         static_assert(In::rank == 2, "MaxPool1d needs a (channels, length) input; use MaxPool2d for images");
         static_assert(K <= In::dims[In::rank - 1],
                       "MaxPool1d window is longer than its input: use a smaller window or fewer layers before it");
@@ -104,10 +106,11 @@ struct MaxPool1d {
 };
 
 struct GlobalAvgPool {
-    template <class In>
+    template <class In, class T = float>
     struct op : detail::PoolOp<detail::PoolKind::average, In, Shape<In::dims[0]>,
                                core::Window{int(In::dims[0]), int(In::dims[1 % In::rank]), int(In::dims[2 % In::rank]),
-                                            int(In::dims[1 % In::rank]), int(In::dims[2 % In::rank]), 1, 1, 0, 0, 1, 1}> {
+                                            int(In::dims[1 % In::rank]), int(In::dims[2 % In::rank]), 1, 1, 0, 0, 1, 1},
+                               T> {
         static_assert(In::rank == 3, "GlobalAvgPool needs a (channels, height, width) input");
         using op::PoolOp::PoolOp;
     };

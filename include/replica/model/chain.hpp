@@ -1,11 +1,13 @@
 #pragma once
-// Chain<In, Layers...>: the op of layers applied one after the other, starting from shape In.
-// It is what Sequential runs, as a model and as a layer nested in another model.
+// Chain<In, T, Layers...>: the op of layers applied one after the other, starting from shape In, with
+// activations of type T (float, bf16, fp16). It is what Sequential runs, as a model and as a layer
+// nested in another model.
 //
 // Layout (per sample, compile time): parameters of layer i at param_offset[i]; the outputs of every
-// layer but the last, then every layer's own saved state, in `saved`. Backward walks the layers in
-// reverse with two ping-pong gradient buffers in scratch, and calls hook(param_offset[i]) once layer
-// i's parameter gradients are final, so that DataParallel can reduce them while the rest runs.
+// layer but the last, then every layer's own kept activations, in `kept`; every layer's saved state
+// in `saved`. Backward walks the layers in reverse with two ping-pong gradient buffers in scratch,
+// and calls hook(param_offset[i]) once layer i's parameter gradients are final, so that DataParallel
+// can reduce them while the rest runs.
 
 #include <algorithm>
 #include <array>
@@ -22,17 +24,17 @@
 namespace replica::model {
 
 namespace detail {
-template <class In, class... Ls>
+template <class In, class T, class... Ls>
 struct bind_all {
     using type = std::tuple<>;
     using output_shape = In;
 };
-template <class In, class L, class... Rest>
-struct bind_all<In, L, Rest...> {
+template <class In, class T, class L, class... Rest>
+struct bind_all<In, T, L, Rest...> {
     static_assert(Layer<L>, "every entry of a model after Input must be a layer, such as Conv2d<20, 5>, "
                             "ReLU or a nested Sequential<...>");
-    using first = typename L::template op<In>;
-    using rest = bind_all<typename first::output_shape, Rest...>;
+    using first = bound_op<L, In, T>;
+    using rest = bind_all<typename first::output_shape, T, Rest...>;
     using type = decltype(std::tuple_cat(std::declval<std::tuple<first>>(), std::declval<typename rest::type>()));
     using output_shape = typename rest::output_shape;
 };
@@ -45,9 +47,9 @@ struct parts_of<std::tuple<Os...>> {
 };
 } // namespace detail
 
-template <class In, class... Layers>
+template <class In, class T, class... Layers>
 class Chain {
-    using parts = typename detail::parts_of<typename detail::bind_all<In, Layers...>::type>::type;
+    using parts = typename detail::parts_of<typename detail::bind_all<In, T, Layers...>::type>::type;
     static constexpr std::size_t N = sizeof...(Layers);
     template <std::size_t I>
     using op_t = typename parts::template op<I>;
@@ -62,19 +64,20 @@ class Chain {
 
 public:
     using input_shape = In;
-    using output_shape = typename detail::bind_all<In, Layers...>::output_shape;
+    using output_shape = typename detail::bind_all<In, T, Layers...>::output_shape;
+    using storage = T;
 
     static constexpr auto param_offset = parts::param_offset;
     static constexpr auto id_offset = parts::id_offset;
     static constexpr std::array<std::size_t, N + 1> act_offset = act_offsets_(seq{});
-    static constexpr auto saved_offset = parts::saved_offset;
 
     static constexpr auto statistics_offset = parts::statistics_offset;
     static constexpr std::size_t param_count = parts::param_count;
     static constexpr std::size_t statistics_count = parts::statistics_count;
     static constexpr std::size_t syncs = parts::syncs;
     static constexpr std::uint32_t layer_count = parts::layer_count;
-    static constexpr std::size_t saved_size = act_offset[N] + saved_offset[N];
+    static constexpr std::size_t saved_size = parts::saved_offset[N];
+    static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
@@ -87,9 +90,12 @@ public:
     auto& layer() { return parts_.template get<I>(); }
     static constexpr std::size_t size() { return N; }
 
-    // [two ping-pong gradient buffers | the layers' scratch]
+    // [two ping-pong gradient buffers (T) | the layers' scratch]
     template <class Ctx>
-    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return 2 * max_inner * n + parts_.scratch_size(ctx, n); }
+    std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
+    {
+        return floats_for<T>(2 * max_inner * n) + parts_.scratch_size(ctx, n);
+    }
 
     void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
     void init_statistics(float* s) const { parts_.init_statistics(s); }
@@ -125,27 +131,23 @@ public:
     }();
     // What op I reads: the output of the last op before it that is not a skipped view.
     template <std::size_t I>
-    static const float* input_of(const float* x, float* saved, std::size_t n)
+    static const T* input_of(const T* x, T* kept, std::size_t n)
     {
         if constexpr (I == 0) return x;
-        else if constexpr (skipped_view<I - 1>) return input_of<I - 1>(x, saved, n);
-        else return activation(saved, n, I - 1);
+        else if constexpr (skipped_view<I - 1>) return input_of<I - 1>(x, kept, n);
+        else return activation(kept, n, I - 1);
     }
 
     // hook: its sync points only (core/hook.hpp); a chain's gradient offsets are backward's.
     template <class Ctx, class Hook = core::NoHook>
-    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
     {
         core::static_for<N>([&](auto i) {
             if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
             constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
-            ForwardArgs args{.params = a.params + param_offset[i],
-                             .x = input_of<i>(a.x, a.saved, a.n),
-                             .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
-                             .n = a.n,
-                             .saved = op_saved(a.saved, a.n, i),
-                             .scratch = a.scratch + 2 * max_inner * a.n};
-            parts::template place_statistics<i>(a, args);
+            const ForwardArgs<T> args = parts::template forward_args<i>(
+                a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), act_offset[N],
+                inner_scratch(a.scratch, a.n));
             if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
                 parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
             else if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
@@ -154,29 +156,23 @@ public:
     }
 
     template <class Ctx, class Hook = core::NoHook>
-    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook&& hook = {})
     {
-        float* ping[2] = {a.scratch, a.scratch + max_inner * a.n};
-        const float* dy = a.dy;
+        T* ping[2] = {reinterpret_cast<T*>(a.scratch), reinterpret_cast<T*>(a.scratch) + max_inner * a.n};
+        const T* dy = a.dy;
         core::static_for_reverse<N>([&](auto i) {
             // A fused ReLU's backward runs in the op before's; a view between two ops hands dy through.
             if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
-                float* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
-                const BackwardArgs args{.params = a.params + param_offset[i],
-                                        .x = input_of<i>(a.x, a.saved, a.n),
-                                        .y = last + 1 == N ? a.y : activation(a.saved, a.n, last),
-                                        .dy = dy,
-                                        .dx = dx,
-                                        .dparams = a.dparams + param_offset[i],
-                                        .n = a.n,
-                                        .saved = op_saved(a.saved, a.n, i),
-                                        .scratch = a.scratch + 2 * max_inner * a.n};
+                T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
+                const BackwardArgs<T> args = parts::template backward_args<i>(
+                    a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx,
+                    act_offset[N], inner_scratch(a.scratch, a.n));
                 if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
-                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i),
+                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.kept, a.n, i),
                                                            core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
                 else if constexpr (fuses_next_relu<i>)
-                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.saved, a.n, i));
+                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.kept, a.n, i));
                 else parts_.template backward<i>(ctx, pass, args, hook);
                 dy = dx;
             }
@@ -208,11 +204,8 @@ public:
     void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
 private:
-    static float* activation(float* saved, std::size_t n, std::size_t i) { return saved + act_offset[i] * n; }
-    static float* op_saved(float* saved, std::size_t n, std::size_t i)
-    {
-        return saved + (act_offset[N] + saved_offset[i]) * n;
-    }
+    static T* activation(T* kept, std::size_t n, std::size_t i) { return kept + act_offset[i] * n; }
+    static float* inner_scratch(float* scratch, std::size_t n) { return scratch + floats_for<T>(2 * max_inner * n); }
 
     parts parts_;
 };

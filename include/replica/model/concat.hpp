@@ -40,25 +40,24 @@ struct Concat {
     static_assert(sizeof...(Branches) >= 1, "Concat needs at least one branch");
     static_assert((Layer<Branches> && ...), "every Concat branch must be a layer or a Sequential<...> of layers");
 
-    template <class In>
+    template <class In, class T = float>
     class op {
-        using parts = Parts<typename Branches::template op<In>...>;
+        using parts = Parts<bound_op<Branches, In, T>...>;
         static constexpr std::size_t B = sizeof...(Branches);
         template <std::size_t I>
         using op_t = typename parts::template op<I>;
         using first_out = typename op_t<0>::output_shape;
-        static_assert((detail::same_trailing_dims<first_out, typename Branches::template op<In>::output_shape>() && ...),
+        static_assert((detail::same_trailing_dims<first_out, typename bound_op<Branches, In, T>::output_shape>() && ...),
                       "Concat branches must produce outputs of the same rank and spatial size (only the channel "
                       "counts may differ): adjust the branches' padding, strides or pooling");
 
         static constexpr std::size_t pixels = first_out::size / first_out::dims[0];
         static constexpr std::array<std::size_t, B + 1> channel_offset =
-            core::prefix_sums<Branches::template op<In>::output_shape::dims[0]...>;
+            core::prefix_sums<bound_op<Branches, In, T>::output_shape::dims[0]...>;
         static constexpr auto param_offset = parts::param_offset;
         static constexpr std::array<std::size_t, B + 1> out_offset =
-            core::prefix_sums<Branches::template op<In>::output_shape::size...>;
-        static constexpr auto saved_offset = parts::saved_offset;
-        static constexpr std::size_t max_out = std::max({Branches::template op<In>::output_shape::size...});
+            core::prefix_sums<bound_op<Branches, In, T>::output_shape::size...>;
+        static constexpr std::size_t max_out = std::max({bound_op<Branches, In, T>::output_shape::size...});
 
     public:
         using input_shape = In;
@@ -67,17 +66,18 @@ struct Concat {
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
         static constexpr std::uint32_t layer_count = parts::layer_count;
-        // Each branch's output, then each branch's own saved state.
-        static constexpr std::size_t saved_size = out_offset[B] + saved_offset[B];
+        // Kept: each branch's output, then each branch's own kept activations.
+        static constexpr std::size_t saved_size = parts::saved_offset[B];
+        static constexpr std::size_t kept_size = out_offset[B] + parts::kept_offset[B];
         static constexpr bool spans_devices = parts::spans_devices;
 
         explicit op(const Build& b) : parts_(b) {}
 
-        // [branch dy (max_out) | input-gradient accumulator (In) | branch scratch]
+        // [branch dy (max_out values) | input-gradient accumulator (In values) | branch scratch]
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            return (max_out + In::size) * n + parts_.scratch_size(ctx, n);
+            return floats_for<T>((max_out + In::size) * n) + parts_.scratch_size(ctx, n);
         }
 
         void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
@@ -90,32 +90,32 @@ struct Concat {
 
         // hook: its sync points only (core/hook.hpp), for branches that have some.
         template <class Ctx, class Hook = core::NoHook>
-        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook&& hook = {})
+        void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
         {
             core::static_for<B>([&](auto i) {
                 using Out = typename op_t<i>::output_shape;
-                float* out = a.saved + out_offset[i] * a.n;
-                ForwardArgs branch{.params = a.params + param_offset[i], .x = a.x, .y = out, .n = a.n,
-                                   .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)};
-                parts::template place_statistics<i>(a, branch);
-                parts_.template forward<i>(ctx, pass, branch, hook);
+                T* out = a.kept + out_offset[i] * a.n;
+                parts_.template forward<i>(
+                    ctx, pass, parts::template forward_args<i>(a, a.x, out, out_offset[B], inner_scratch(a.scratch, a.n)),
+                    hook);
                 copy_channels_in(ctx, out, a.n, Out::dims[0], pixels, a.y, output_shape::dims[0], channel_offset[i]);
             });
         }
 
         template <class Ctx, class Hook = core::NoHook>
-        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook&& hook = {})
+        void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook&& hook = {})
         {
-            float* dy_branch = a.scratch;
-            float* dx_branch = a.scratch + max_out * a.n;
+            T* dy_branch = reinterpret_cast<T*>(a.scratch);
+            T* dx_branch = dy_branch + max_out * a.n;
             core::static_for<B>([&](auto i) {
                 using Out = typename op_t<i>::output_shape;
                 copy_channels_out(ctx, a.dy, output_shape::dims[0], channel_offset[i], a.n, Out::dims[0], pixels, dy_branch);
-                float* dx = a.dx == nullptr ? nullptr : (i == 0 ? a.dx : dx_branch);
-                parts_.template backward<i>(ctx, pass, BackwardArgs{
-                    .params = a.params + param_offset[i], .x = a.x, .y = a.saved + out_offset[i] * a.n,
-                    .dy = dy_branch, .dx = dx, .dparams = a.dparams + param_offset[i], .n = a.n,
-                    .saved = branch_saved(a.saved, a.n, i), .scratch = inner_scratch(a.scratch, a.n)}, hook);
+                T* dx = a.dx == nullptr ? nullptr : (i == 0 ? a.dx : dx_branch);
+                parts_.template backward<i>(
+                    ctx, pass,
+                    parts::template backward_args<i>(a, a.x, a.kept + out_offset[i] * a.n, dy_branch, dx, out_offset[B],
+                                                     inner_scratch(a.scratch, a.n)),
+                    hook);
                 if (i != 0 && a.dx != nullptr) add(ctx, dx_branch, a.dx, a.n * In::size);
             });
         }
@@ -135,11 +135,10 @@ struct Concat {
         void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
     private:
-        static float* branch_saved(float* saved, std::size_t n, std::size_t i)
+        static float* inner_scratch(float* scratch, std::size_t n)
         {
-            return saved + (out_offset[B] + saved_offset[i]) * n;
+            return scratch + floats_for<T>((max_out + In::size) * n);
         }
-        static float* inner_scratch(float* scratch, std::size_t n) { return scratch + (max_out + In::size) * n; }
 
         parts parts_;
     };

@@ -26,6 +26,7 @@ using layers::FusesReluWithHook;
 using layers::init_uniform;
 using layers::Layer;
 using layers::LeafOp;
+using layers::floats_for;
 using layers::Op;
 using layers::Pass;
 using layers::init_statistics_of;

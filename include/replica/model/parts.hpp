@@ -2,8 +2,9 @@
 // Parts<Ops...>: what an op made of ops shares, whether its parts run one after the other (Chain) or
 // side by side (Concat): the parts, built once with consecutive layer ids; their parameters laid out
 // one after another in the composite's slice (param_offset), their saved state likewise
-// (saved_offset), their statistics (statistics_offset) and sync point ids (sync_offset); the
-// calls that pass a part the hook's sync points when it has any; initialisation; the update (and the
+// (saved_offset), their kept activations after the composite's own (kept_offset), their statistics
+// (statistics_offset) and sync point ids (sync_offset); each part's arguments within the
+// composite's; the calls that pass a part the hook's sync points when it has any; initialisation; the update (and the
 // reproducible mode's update of statistics); and the parameter sync of parts that hold replicas.
 
 #include <algorithm>
@@ -20,6 +21,20 @@
 namespace replica::model {
 
 namespace detail {
+// L's op for input In and activations T. An op template written for float alone (op<In>) serves
+// float models.
+template <class L, class In, class T>
+struct bind_op {
+    static_assert(requires { typename L::template op<In, T>; },
+                  "this layer's op has no element type parameter: declare it as template <class In, class T = "
+                  "float> struct op, with ForwardArgs<T> and BackwardArgs<T>, to run it in bf16 or fp16");
+    using type = typename L::template op<In, T>;
+};
+template <class L, class In>
+struct bind_op<L, In, float> {
+    using type = typename L::template op<In>;
+};
+
 // Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or parts that
 // might define update(); a plain layer is one contiguous slice.
 template <class O, class Ctx, class Opt>
@@ -38,6 +53,9 @@ void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t pe
 }
 } // namespace detail
 
+template <class L, class In, class T>
+using bound_op = typename detail::bind_op<L, In, T>::type;
+
 template <class... Ops>
 class Parts {
     using tuple = std::tuple<Ops...>;
@@ -50,6 +68,7 @@ public:
     static constexpr std::array<std::size_t, N + 1> param_offset = core::prefix_sums<Ops::param_count...>;
     static constexpr std::array<std::size_t, N + 1> id_offset = core::prefix_sums<Ops::layer_count...>;
     static constexpr std::array<std::size_t, N + 1> saved_offset = core::prefix_sums<Ops::saved_size...>;
+    static constexpr std::array<std::size_t, N + 1> kept_offset = core::prefix_sums<Ops::kept_size...>;
     static constexpr std::array<std::size_t, N + 1> statistics_offset = core::prefix_sums<statistics_count_of<Ops>...>;
     static constexpr std::array<std::size_t, N + 1> sync_offset = core::prefix_sums<syncs_of<Ops>...>;
     static constexpr std::size_t param_count = param_offset[N];
@@ -90,23 +109,50 @@ public:
             update_statistics_of(std::get<i>(ops_), ctx, s + statistics_offset[i], sums + statistics_offset[i], batch, shard);
         });
     }
-    // Part I's statistics and shard sums within the composite's (null when the composite has none).
-    template <std::size_t I>
-    static void place_statistics(const ForwardArgs& outer, ForwardArgs& part)
+    // Part I's arguments within the composite's a: its parameters and weights, its saved state, its
+    // kept activations after the composite's own `own_kept` values a sample, its statistics and shard
+    // sums (null when the composite has none); its input, output and scratch as the composite lays
+    // them out.
+    template <std::size_t I, class T>
+    static ForwardArgs<T> forward_args(const ForwardArgs<T>& a, const T* x, T* y, std::size_t own_kept, float* scratch)
     {
-        part.statistics = outer.statistics ? outer.statistics + statistics_offset[I] : nullptr;
-        part.shard_sums = outer.shard_sums ? outer.shard_sums + statistics_offset[I] : nullptr;
+        return ForwardArgs<T>{.params = a.params + param_offset[I],
+                              .weights = a.weights + param_offset[I],
+                              .x = x,
+                              .y = y,
+                              .n = a.n,
+                              .saved = a.saved + saved_offset[I] * a.n,
+                              .kept = a.kept + (own_kept + kept_offset[I]) * a.n,
+                              .scratch = scratch,
+                              .statistics = a.statistics ? a.statistics + statistics_offset[I] : nullptr,
+                              .shard_sums = a.shard_sums ? a.shard_sums + statistics_offset[I] : nullptr};
+    }
+    template <std::size_t I, class T>
+    static BackwardArgs<T> backward_args(const BackwardArgs<T>& a, const T* x, const T* y, const T* dy, T* dx,
+                                         std::size_t own_kept, float* scratch)
+    {
+        return BackwardArgs<T>{.params = a.params + param_offset[I],
+                               .weights = a.weights + param_offset[I],
+                               .x = x,
+                               .y = y,
+                               .dy = dy,
+                               .dx = dx,
+                               .dparams = a.dparams + param_offset[I],
+                               .n = a.n,
+                               .saved = a.saved + saved_offset[I] * a.n,
+                               .kept = a.kept + (own_kept + kept_offset[I]) * a.n,
+                               .scratch = scratch};
     }
 
     // Part I's forward and backward; a part with sync points gets the hook's (core::SyncOnly).
-    template <std::size_t I, class Ctx, class Hook>
-    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook)
+    template <std::size_t I, class Ctx, class T, class Hook>
+    void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook)
     {
         if constexpr (syncs_of<op<I>> > 0) get<I>().forward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
         else get<I>().forward(ctx, pass, a);
     }
-    template <std::size_t I, class Ctx, class Hook>
-    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, Hook& hook)
+    template <std::size_t I, class Ctx, class T, class Hook>
+    void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook& hook)
     {
         if constexpr (syncs_of<op<I>> > 0) get<I>().backward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
         else get<I>().backward(ctx, pass, a);

@@ -16,18 +16,18 @@
 namespace replica::model {
 
 namespace detail {
-template <class Body, class Shortcut, class In>
+template <class Body, class Shortcut, class In, class T>
 struct residual_parts {
-    using body = typename Body::template op<In>;
-    using shortcut = typename Shortcut::template op<In>;
+    using body = bound_op<Body, In, T>;
+    using shortcut = bound_op<Shortcut, In, T>;
     static_assert(std::is_same_v<typename shortcut::output_shape, typename body::output_shape>,
                   "Residual<Body, Shortcut>: the shortcut must map the input to the body's output shape: give it "
                   "the body's output channels and stride (a 1x1 Conv2d<C, 1, Stride, 0, Bias::none> and a BatchNorm2d)");
     using type = Parts<body, shortcut>;
 };
-template <class Body, class In>
-struct residual_parts<Body, void, In> {
-    using body = typename Body::template op<In>;
+template <class Body, class In, class T>
+struct residual_parts<Body, void, In, T> {
+    using body = bound_op<Body, In, T>;
     static_assert(std::is_same_v<typename body::output_shape, In>,
                   "Residual<Body>: the body must keep its input's shape for x + Body(x); when it changes the "
                   "channels or the size, add a projection shortcut: Residual<Body, Sequential<Conv2d<C, 1, "
@@ -40,13 +40,13 @@ template <class Body, class Shortcut = void>
 struct Residual {
     static_assert(Layer<Body>, "Residual<Body>: the body must be a layer or a Sequential<...> of layers");
 
-    template <class In>
-    class op : public FusesReluWithHook<op<In>> {
-        using parts = typename detail::residual_parts<Body, Shortcut, In>::type;
+    template <class In, class T = float>
+    class op : public FusesReluWithHook<op<In, T>, T> {
+        using parts = typename detail::residual_parts<Body, Shortcut, In, T>::type;
         static constexpr bool projected = !std::is_void_v<Shortcut>;
         using body_op = typename parts::template op<0>;
         using Out = typename body_op::output_shape;
-        // Per sample in saved: the body's output, the shortcut's (if any), then each part's own.
+        // Per sample in kept: the body's output, the shortcut's (if any), then each part's own.
         static constexpr std::size_t outputs = Out::size * (projected ? 2 : 1);
 
     public:
@@ -56,16 +56,17 @@ struct Residual {
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
         static constexpr std::uint32_t layer_count = parts::layer_count;
-        static constexpr std::size_t saved_size = outputs + parts::saved_offset.back();
+        static constexpr std::size_t saved_size = parts::saved_offset.back();
+        static constexpr std::size_t kept_size = outputs + parts::kept_offset.back();
         static constexpr bool spans_devices = parts::spans_devices;
 
         explicit op(const Build& b) : parts_(b) {}
 
-        // [the shortcut's input gradient (In) | the parts' scratch]
+        // [the shortcut's input gradient (In values) | the parts' scratch]
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            return (projected ? In::size * n : 0) + parts_.scratch_size(ctx, n);
+            return (projected ? floats_for<T>(In::size * n) : 0) + parts_.scratch_size(ctx, n);
         }
         void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
         void init_statistics(float* s) const { parts_.init_statistics(s); }
@@ -87,53 +88,46 @@ struct Residual {
         void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
     private:
-        friend FusesReluWithHook<op<In>>;
+        friend FusesReluWithHook<op<In, T>, T>;
 
         template <class Ctx, class Hook>
-        void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs& a, Hook& hook, bool relu)
+        void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook, bool relu)
         {
-            float* body_y = a.saved;
-            parts_.template forward<0>(ctx, pass, part_args<0>(a, body_y), hook);
-            const float* other = a.x;
+            T* body_y = a.kept;
+            parts_.template forward<0>(ctx, pass, parts::template forward_args<0>(a, a.x, body_y, outputs, inner_scratch(a.scratch, a.n)),
+                                       hook);
+            const T* other = a.x;
             if constexpr (projected) {
-                float* short_y = a.saved + Out::size * a.n;
-                parts_.template forward<1>(ctx, pass, part_args<1>(a, short_y), hook);
+                T* short_y = a.kept + Out::size * a.n;
+                parts_.template forward<1>(
+                    ctx, pass, parts::template forward_args<1>(a, a.x, short_y, outputs, inner_scratch(a.scratch, a.n)), hook);
                 other = short_y;
             }
             add_into(ctx, body_y, other, a.y, a.n * Out::size, relu);
         }
 
         template <class Ctx, class Hook>
-        void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs& a, const float* dz, Hook& hook)
+        void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, const T* dz, Hook& hook)
         {
-            parts_.template backward<0>(ctx, pass, BackwardArgs{
-                .params = a.params, .x = a.x, .y = a.saved, .dy = dz, .dx = a.dx, .dparams = a.dparams, .n = a.n,
-                .saved = part_saved(a.saved, a.n, 0), .scratch = inner_scratch(a.scratch, a.n)}, hook);
+            parts_.template backward<0>(
+                ctx, pass,
+                parts::template backward_args<0>(a, a.x, a.kept, dz, a.dx, outputs, inner_scratch(a.scratch, a.n)), hook);
             if constexpr (projected) {
-                float* dx_short = a.dx ? a.scratch : nullptr;
-                parts_.template backward<1>(ctx, pass, BackwardArgs{
-                    .params = a.params + parts::param_offset[1], .x = a.x, .y = a.saved + Out::size * a.n, .dy = dz,
-                    .dx = dx_short, .dparams = a.dparams + parts::param_offset[1], .n = a.n,
-                    .saved = part_saved(a.saved, a.n, 1), .scratch = inner_scratch(a.scratch, a.n)}, hook);
+                T* dx_short = a.dx ? reinterpret_cast<T*>(a.scratch) : nullptr;
+                parts_.template backward<1>(ctx, pass,
+                                            parts::template backward_args<1>(a, a.x, a.kept + Out::size * a.n, dz, dx_short,
+                                                                             outputs, inner_scratch(a.scratch, a.n)),
+                                            hook);
                 if (a.dx) add(ctx, dx_short, a.dx, a.n * In::size);
             } else if (a.dx) {
                 add(ctx, dz, a.dx, a.n * In::size);
             }
         }
 
-        template <std::size_t I>
-        ForwardArgs part_args(const ForwardArgs& a, float* y) const
+        static float* inner_scratch(float* scratch, std::size_t n)
         {
-            ForwardArgs part{.params = a.params + parts::param_offset[I], .x = a.x, .y = y, .n = a.n,
-                             .saved = part_saved(a.saved, a.n, I), .scratch = inner_scratch(a.scratch, a.n)};
-            parts::template place_statistics<I>(a, part);
-            return part;
+            return scratch + (projected ? floats_for<T>(In::size * n) : 0);
         }
-        static float* part_saved(float* saved, std::size_t n, std::size_t i)
-        {
-            return saved + (outputs + parts::saved_offset[i]) * n;
-        }
-        static float* inner_scratch(float* scratch, std::size_t n) { return scratch + (projected ? In::size * n : 0); }
 
         parts parts_;
     };

@@ -1,7 +1,8 @@
 #pragma once
-// Sequential<Input<...>, Layers..., [Loss]>: a model. Layers run one after the other; shapes, parameter
-// count and the parameter layout are fixed at compile time. The loss ends the list, or is
-// SoftmaxCrossEntropy when none is given.
+// Sequential<[Precision<T>], Input<...>, Layers..., [Loss]>: a model. Layers run one after the other;
+// shapes, parameter count and the parameter layout are fixed at compile time. The loss ends the list,
+// or is SoftmaxCrossEntropy when none is given; a Precision begins it, or activations are float
+// (model/input.hpp).
 //
 //   using LeNet = Sequential<Input<1, 28, 28>, Conv2d<20, 5>, MaxPool2d<2>, ..., Linear<10>>;
 //   LeNet net{Device::cpu()};         // parameters initialised from seed 0
@@ -9,14 +10,16 @@
 // A Sequential is also a layer: nested in another model (as a Concat branch, or a classifier after a
 // DataParallel) it needs no Input; if it has one, it must match the shape that reaches it.
 //
-// As a model it owns, on its device: its layers (a Chain), one flat parameter buffer, one flat
-// gradient buffer, the optimizer's state, and one activation arena that grows to the largest batch
+// As a model it owns, on its device: its layers (a Chain), one flat parameter buffer (and, in bf16 or
+// fp16, its copy in that type, which the layers' products read), one flat gradient buffer, the
+// optimizer's state, and one activation arena that grows to the largest batch
 // seen and is reused from then on, so a warm training step allocates nothing. How a step travels is
 // the step pipeline's (model/step_pipeline.hpp); how it is executed, the backend's
 // (backend/step_run.hpp); the reproducible mode's gradient, a strategy of its own
 // (model/exact_gradient.hpp).
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -60,18 +63,18 @@ struct split_loss<type_list<Done...>, L> {
 template <class... Done, class E, class... Rest>
 struct split_loss<type_list<Done...>, E, Rest...> : split_loss<type_list<Done..., E>, Rest...> {};
 
-template <class In, class Layers>
+template <class In, class T, class Layers>
 struct chain_of;
-template <class In, class... Ls>
-struct chain_of<In, type_list<Ls...>> {
-    using type = Chain<In, Ls...>;
+template <class In, class T, class... Ls>
+struct chain_of<In, T, type_list<Ls...>> {
+    using type = Chain<In, T, Ls...>;
 };
 
 // What a Sequential without Input has in place of a chain: it is a layer only, never a model.
 struct NotAModel {
     using input_shape = Shape<1>;
     using output_shape = Shape<1>;
-    static constexpr std::size_t param_count = 0, saved_size = 0, statistics_count = 0, syncs = 0;
+    static constexpr std::size_t param_count = 0, saved_size = 0, kept_size = 0, statistics_count = 0, syncs = 0;
     static constexpr bool spans_devices = false;
     explicit NotAModel(const Build&) {}
     void init(float*, std::uint64_t) const {}
@@ -80,19 +83,28 @@ struct NotAModel {
 
 template <class... Es>
 struct entries : split_loss<type_list<>, Es...> {
-    static constexpr bool has_input = false;
-    template <class In>
-    using chain_from = typename chain_of<In, typename split_loss<type_list<>, Es...>::layers>::type;
+    static constexpr bool has_input = false, has_precision = false;
+    using storage = float;
+    template <class In, class T>
+    using chain_from = typename chain_of<In, T, typename split_loss<type_list<>, Es...>::layers>::type;
     using chain = NotAModel;
 };
 template <class I, class... Es>
     requires is_input<I>::value
 struct entries<I, Es...> : split_loss<type_list<>, Es...> {
-    static constexpr bool has_input = true;
+    static constexpr bool has_input = true, has_precision = false;
+    using storage = float;
     using input_shape = typename I::shape;
-    template <class In>
-    using chain_from = typename chain_of<In, typename split_loss<type_list<>, Es...>::layers>::type;
-    using chain = chain_from<input_shape>;
+    template <class In, class T>
+    using chain_from = typename chain_of<In, T, typename split_loss<type_list<>, Es...>::layers>::type;
+    using chain = chain_from<input_shape, float>;
+};
+template <class P, class... Es>
+    requires is_precision<P>::value
+struct entries<P, Es...> : entries<Es...> {
+    static constexpr bool has_precision = true;
+    using storage = typename P::storage;
+    using chain = typename entries<Es...>::template chain_from<typename entries<Es...>::input_shape, storage>;
 };
 } // namespace detail
 
@@ -109,13 +121,15 @@ public:
         else return true;
     }
 
-    template <class In>
-    struct op : entries::template chain_from<In> {
+    template <class In, class T = float>
+    struct op : entries::template chain_from<In, T> {
         static_assert(input_matches<In>(),
                       "a nested model's Input<...> does not match the shape that reaches it: fix the Input "
                       "or the layers before it");
         static_assert(!entries::given, "a loss ends the outermost model only: remove it from the nested Sequential");
-        using entries::template chain_from<In>::chain_from;
+        static_assert(!entries::has_precision,
+                      "a nested Sequential computes in the precision of the model around it: remove its Precision<...>");
+        using entries::template chain_from<In, T>::chain_from;
     };
 
     // ---- as a model ----
@@ -123,6 +137,7 @@ public:
     using input_shape = typename chain::input_shape;
     using output_shape = typename chain::output_shape;
     using loss = typename entries::loss;
+    using storage = typename entries::storage;   // the activations' element type
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = chain::param_count;
     // BatchNorm's running estimates and any other model state that is not trained.
@@ -146,6 +161,7 @@ public:
         static_assert(Replica<Sequential>);
         visit([&](auto& ctx) {
             params_ = ctx.template allocate<float>(param_count);
+            if constexpr (reduced) weights_ = ctx.template allocate<storage>(param_count);
             grads_ = ctx.template allocate<float>(exact_count);
             stats_ = ctx.template allocate<float>(statistics_count);
         });
@@ -189,6 +205,7 @@ public:
         drop_ahead();   // it computed with the old parameters
         visit([&](auto& ctx) {
             ctx.upload(params_.data(), w.data(), param_count);
+            refresh_weights(ctx);
             chain_.sync(ctx, params_.data(), nullptr, 0);
         });
     }
@@ -302,6 +319,7 @@ public:
             if (state_.size() != state_size) state_ = ctx.template allocate<float>(state_size);
             ctx.download(params_.data(), w, param_count);
             ctx.download(state_.data(), state, state_size);
+            refresh_weights(ctx);
         });
     }
 
@@ -309,19 +327,20 @@ public:
     // forward_train keeps its activations for backward_from, which ASSIGNS the gradients (calling
     // hook(offset) as forward_backward does) and writes the input gradient to dx (memory of this device
     // or another one; may be null). Both queue their work; forward_train returns the output in this
-    // model's memory.
-    const float* forward_train(const Pass& pass, const float* x, std::size_t n)
+    // model's memory. Input, output and gradients are activations (storage).
+    const storage* forward_train(const Pass& pass, const storage* x, std::size_t n)
     {
-        return visit([&](auto& ctx) -> const float* {
+        return visit([&](auto& ctx) -> const storage* {
             reserve(ctx, n);
-            last_x_ = slots_.staging().take(ctx, x, nullptr, n).first;
+            if constexpr (reduced) last_x_ = ctx.stage(x, input_values(), n * input_shape::size);
+            else last_x_ = slots_.staging().take(ctx, x, nullptr, n).first;
             last_n_ = n;
             if (n) chain_.forward(ctx, pass, forward_args(last_x_, n));
             return y();
         });
     }
     template <class Hook = core::NoHook>
-    void backward_from(const Pass& pass, const float* dy_in, float* dx, Hook&& hook = {})
+    void backward_from(const Pass& pass, const storage* dy_in, storage* dx, Hook&& hook = {})
     {
         visit([&](auto& ctx) {
             const std::size_t n = last_n_;
@@ -330,13 +349,10 @@ public:
                 hook(std::size_t{0});
                 return;
             }
-            const float* dyd = ctx.stage(dy_in, dy(), n * output_shape::size);
+            const storage* dyd = ctx.stage(dy_in, dy(), n * output_shape::size);
             // On a device, dx is written here first, then copied where it is wanted.
-            float* mine = dx == nullptr || std::remove_cvref_t<decltype(ctx)>::host_visible ? dx : input_grad_.data();
-            chain_.backward(ctx, pass,
-                            BackwardArgs{.params = params_.data(), .x = last_x_, .y = y(), .dy = dyd, .dx = mine,
-                                         .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch()},
-                            hook);
+            storage* mine = dx == nullptr || std::remove_cvref_t<decltype(ctx)>::host_visible ? dx : input_grad_.data();
+            chain_.backward(ctx, pass, backward_args(last_x_, dyd, mine, n), hook);
             if (mine != dx) ctx.download(dx, mine, n * input_shape::size);
         });
     }
@@ -396,6 +412,7 @@ public:
             if (state_.size() != need) state_ = ctx.template allocate<float>(need);
             prepare_gradient(opt, ctx, grads_.data());
             chain_.update(ctx, opt, params_.data(), grads_.data(), state_.data());
+            refresh_weights(ctx);
         });
     }
 
@@ -406,7 +423,7 @@ public:
         return visit([&](auto& ctx) {
             reserve(ctx, n);
             const auto [xd, ld] = slots_.staging().take(ctx, x, labels, n);
-            chain_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
+            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
             core::LossSlot* slot = slots_.loss(slots_.evaluation);
             *slot = {};
             loss::template forward_backward<output_shape>(ctx, y(), ld, n, 1.0f, nullptr, slot);
@@ -422,8 +439,13 @@ public:
         visit([&](auto& ctx) {
             reserve(ctx, n);
             const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
-            chain_.forward(ctx, Pass{.training = false}, forward_args(xd, n));
-            ctx.download(out, y(), n * output_shape::size);
+            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
+            if constexpr (reduced) {
+                convert(ctx, y(), outputs_.data(), n * output_shape::size);
+                ctx.download(out, outputs_.data(), n * output_shape::size);
+            } else {
+                ctx.download(out, y(), n * output_shape::size);
+            }
             ctx.synchronize();
         });
     }
@@ -431,6 +453,12 @@ public:
     chain& layers() { return chain_; }
     const backend::AnyContext& context() const { return ctx_; }
     float* parameter_data() { return params_.data(); }
+    // The parameters as the layers' products read them: in storage (the parameters themselves in fp32).
+    const storage* weight_data() const
+    {
+        if constexpr (reduced) return weights_.data();
+        else return params_.data();
+    }
     float* gradient_data() { return grads_.data(); }
 
     // Calls f(context) with this model's device made current for the calling thread.
@@ -489,14 +517,12 @@ private:
     void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
                     core::LossSlot* slot, Hook&& on_layer)
     {
-        ForwardArgs args = forward_args(xd, n);
+        const storage* x = to_storage(ctx, xd, n);
+        ForwardArgs<storage> args = forward_args(x, n);
         if (pass.micro_shard > 0) args.shard_sums = shard_sums();
         chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
-        chain_.backward(ctx, pass,
-                        BackwardArgs{.params = params_.data(), .x = xd, .y = y(), .dy = dy(), .dx = nullptr,
-                                     .dparams = grads_.data(), .n = n, .saved = saved(), .scratch = scratch()},
-                        on_layer);
+        chain_.backward(ctx, pass, backward_args(x, dy(), nullptr, n), on_layer);
     }
 
     // An optimizer that looks at the whole gradient first (ClipGradNorm). A function of its own, not a
@@ -523,27 +549,67 @@ private:
     {
         if (n <= capacity_) return;
         ctx.synchronize();   // no step still queued reads the buffers replaced here
-        const std::size_t out = output_shape::size;
-        arena_ = ctx.template allocate<float>(n * (chain::saved_size + 2 * out) + chain_.scratch_size(ctx, n));
+        arena_ = ctx.template allocate<float>(arena_layout(n).back() + chain_.scratch_size(ctx, n));
         if constexpr (!Ctx::host_visible) {
             ctx.drop_graphs();   // they point into the buffers replaced here
             slots_.staging().reserve(ctx, n);
-            input_grad_ = ctx.template allocate<float>(n * input_shape::size);
+            input_grad_ = ctx.template allocate<storage>(n * input_shape::size);
         }
+        if constexpr (reduced) outputs_ = ctx.template allocate<float>(n * output_shape::size);
         capacity_ = n;
     }
 
-    // The arena: saved activations, then the output, its gradient and scratch, each sized for capacity_.
-    ForwardArgs forward_args(const float* x, std::size_t n)
+    // The arena, for n samples: the kept activations, the saved state (floats), the output and its
+    // gradient, in bf16 or fp16 the input in that type, then scratch. Offsets in floats.
+    static std::array<std::size_t, 6> arena_layout(std::size_t n)
     {
-        return ForwardArgs{.params = params_.data(), .x = x, .y = y(), .n = n, .saved = saved(), .scratch = scratch(),
-                           .statistics = stats_.data()};
+        const std::size_t out = output_shape::size;
+        std::array<std::size_t, 6> at{};
+        at[1] = at[0] + floats_for<storage>(n * chain::kept_size);
+        at[2] = at[1] + n * chain::saved_size;
+        at[3] = at[2] + floats_for<storage>(n * out);
+        at[4] = at[3] + floats_for<storage>(n * out);
+        at[5] = at[4] + (reduced ? floats_for<storage>(n * input_shape::size) : 0);
+        return at;
     }
-    float* saved() { return arena_.data(); }
-    float* y() { return arena_.data() + capacity_ * chain::saved_size; }
-    float* dy() { return y() + capacity_ * output_shape::size; }
-    float* scratch() { return dy() + capacity_ * output_shape::size; }
+    ForwardArgs<storage> forward_args(const storage* x, std::size_t n)
+    {
+        return ForwardArgs<storage>{.params = params_.data(), .weights = weight_data(), .x = x, .y = y(), .n = n,
+                                    .saved = saved(), .kept = kept(), .scratch = scratch(), .statistics = stats_.data()};
+    }
+    BackwardArgs<storage> backward_args(const storage* x, const storage* dyd, storage* dx, std::size_t n)
+    {
+        return BackwardArgs<storage>{.params = params_.data(), .weights = weight_data(), .x = x, .y = y(), .dy = dyd,
+                                     .dx = dx, .dparams = grads_.data(), .n = n, .saved = saved(), .kept = kept(),
+                                     .scratch = scratch()};
+    }
+    template <class T>
+    T* region(std::size_t i) { return reinterpret_cast<T*>(arena_.data() + arena_layout(capacity_)[i]); }
+    storage* kept() { return region<storage>(0); }
+    float* saved() { return region<float>(1); }
+    storage* y() { return region<storage>(2); }
+    storage* dy() { return region<storage>(3); }
+    storage* input_values() { return region<storage>(4); }
+    float* scratch() { return region<float>(5); }
     float* shard_sums() { return grads_.data() + param_count; }
+
+    // Inputs arrive as floats (host batches); in bf16 or fp16 the layers read them converted.
+    template <class Ctx>
+    const storage* to_storage(Ctx& ctx, const float* x, std::size_t n)
+    {
+        if constexpr (reduced) {
+            convert(ctx, x, input_values(), n * input_shape::size);
+            return input_values();
+        } else {
+            return x;
+        }
+    }
+    // The products' copy of the parameters follows every change of them.
+    template <class Ctx>
+    void refresh_weights(Ctx& ctx)
+    {
+        if constexpr (reduced) convert(ctx, static_cast<const float*>(params_.data()), weights_.data(), param_count);
+    }
 
     std::vector<float> download(const core::Buffer<float>& b, std::size_t n) const
     {
@@ -558,16 +624,19 @@ private:
     std::vector<Device> devices_;
     backend::AnyContext ctx_;
     chain chain_;
+    static constexpr bool reduced = !std::is_same_v<storage, float>;
     // grads_ holds the gradient, then (the reproducible mode) the statistics' shard sums: one exact
     // accumulator sums both.
     core::Buffer<float> params_, grads_, state_, stats_;
+    core::Buffer<storage> weights_;    // bf16, fp16: the parameters in storage
     core::Buffer<float> arena_;
+    core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats
     std::size_t capacity_ = 0;
     StepSlots<input_shape::size, label_size> slots_;
     QueueAhead ahead_;
     backend::StepRun deferred_;        // the last step queued: launch_deferred() launches what it left
-    core::Buffer<float> input_grad_;   // nested replicas on a device
-    const float* last_x_ = nullptr;    // forward_train's input and size, for backward_from
+    core::Buffer<storage> input_grad_;   // nested replicas on a device
+    const storage* last_x_ = nullptr;    // forward_train's input and size, for backward_from
     std::size_t last_n_ = 0;
     ExactGradient<input_shape::size, label_size> exact_;
     std::vector<double> shard_loss_;   // reproducible_forward_backward's, one a shard
@@ -578,8 +647,36 @@ struct is_sequential : std::false_type {};
 template <class... E>
 struct is_sequential<Sequential<E...>> : std::true_type {};
 
+namespace detail {
+template <class M, class T>
+struct with_precision;
+template <class... E, class T>
+struct with_precision<Sequential<E...>, T> {
+    using type = Sequential<Precision<T>, E...>;
+};
+template <class P, class... E, class T>
+    requires is_precision<P>::value
+struct with_precision<Sequential<P, E...>, T> {
+    using type = Sequential<Precision<T>, E...>;
+};
+template <class... E>
+struct with_precision<Sequential<E...>, float> {
+    using type = Sequential<E...>;
+};
+template <class P, class... E>
+    requires is_precision<P>::value
+struct with_precision<Sequential<P, E...>, float> {
+    using type = Sequential<E...>;
+};
+} // namespace detail
+
+// Model M (a Sequential) with activations of type T: float, bf16 or fp16.
+template <class M, class T>
+using with_precision = typename detail::with_precision<M, T>::type;
+
 } // namespace replica::model
 
 namespace replica {
 using model::Sequential;
+using model::with_precision;
 } // namespace replica

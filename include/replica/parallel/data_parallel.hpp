@@ -131,14 +131,16 @@ public:
     // list. Forward scatters the input and gathers the outputs into the parent's output; backward
     // scatters the output gradient, all-reduces the replicas' parameter gradients into the parent's
     // slice and gathers the input gradient. Each replica applies the update to its own copy.
-    template <class In>
+    // Its replicas compute in the precision of the model around it (T).
+    template <class In, class T = float>
     class op {
         static_assert(std::is_same_v<In, typename M::input_shape>,
                       "DataParallel<M> nested in a model: M's Input<...> must match the shape that reaches it");
         static_assert(M::statistics_count == 0,
                       "a DataParallel nested in a model cannot hold BatchNorm yet: make the DataParallel the "
                       "outermost model (DataParallel<Sequential<...>>), or leave BatchNorm out of the nested part");
-        using chain = typename M::chain;
+        using replica_model = model::with_precision<M, T>;
+        using chain = typename replica_model::chain;
 
     public:
         using input_shape = In;
@@ -146,6 +148,7 @@ public:
         static constexpr std::size_t param_count = M::param_count;
         static constexpr std::uint32_t layer_count = chain::layer_count;
         static constexpr std::size_t saved_size = chain::saved_size;
+        static constexpr std::size_t kept_size = chain::kept_size;
         static constexpr bool spans_devices = true;
 
         explicit op(const model::Build& b)
@@ -165,7 +168,7 @@ public:
         void init(float* params, std::uint64_t seed) const { chain0_.init(params, seed); }
 
         template <class Ctx>
-        void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs& a)
+        void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs<T>& a)
         {
             const core::Event input_ready = ctx.mark();
             const std::size_t active = pass.micro_shard > 0 ? 1 : replica_count();
@@ -175,12 +178,16 @@ public:
                 const model::Pass mine = detail::shifted(pass, s);
                 if (r == 0) {
                     ctx.activate();
-                    if (s.count) chain0_.forward(ctx, mine, model::ForwardArgs{a.params, a.x, a.y, s.count, a.saved, a.scratch});
+                    if (s.count) {
+                        model::ForwardArgs<T> part = a;
+                        part.n = s.count;
+                        chain0_.forward(ctx, mine, part);
+                    }
                     return;
                 }
-                M& m = others_[r - 1];
+                replica_model& m = others_[r - 1];
                 m.visit([&](auto& c) { c.wait(input_ready); });
-                const float* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count);
+                const T* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count);
                 m.visit([&](auto& c) {   // gather into the parent's output
                     c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size);
                     gathered_[r] = c.mark();
@@ -193,7 +200,7 @@ public:
         // Each replica's gradient is all-reduced in buckets as its backward produces them (the hook of a
         // top-level DataParallel's replicas), so communication overlaps the rest of backward.
         template <class Ctx>
-        void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs& a)
+        void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs<T>& a)
         {
             if (!set_.connected() && replica_count() > 1) {   // once: the parent's context is known from here on
                 std::vector<backend::AnyContext> contexts{backend::AnyContext(ctx)};
@@ -207,19 +214,21 @@ public:
             // Replica r's backward, with `hook` told of each layer's gradient.
             auto replica_backward = [&](std::size_t r, const Share& s, auto&& hook) {
                 const model::Pass mine = detail::shifted(pass, s);
-                float* dx = a.dx ? a.dx + s.offset * input_shape::size : nullptr;
+                T* dx = a.dx ? a.dx + s.offset * input_shape::size : nullptr;
                 if (r == 0) {
                     ctx.activate();
-                    if (s.count)
-                        chain0_.backward(ctx, mine, model::BackwardArgs{a.params, a.x, a.y, a.dy, dx, a.dparams,
-                                                                        s.count, a.saved, a.scratch}, hook);
-                    else {
+                    if (s.count) {
+                        model::BackwardArgs<T> part = a;
+                        part.dx = dx;
+                        part.n = s.count;
+                        chain0_.backward(ctx, mine, part, hook);
+                    } else {
                         fill(ctx, a.dparams, 0.0f, param_count);
                         hook(std::size_t{0});
                     }
                     return;
                 }
-                M& m = others_[r - 1];
+                replica_model& m = others_[r - 1];
                 m.visit([&](auto& c) { c.wait(grad_ready); });
                 m.backward_from(mine, a.dy + s.offset * output_shape::size, dx, hook);
                 m.visit([&](auto& c) { gathered_[r] = c.mark(); });
@@ -281,7 +290,7 @@ public:
 
     private:
         chain chain0_;
-        std::vector<M> others_;
+        std::vector<replica_model> others_;
         ReplicaSet<Dispatch> set_;
         std::vector<core::Event> gathered_;
         bool whole_ = false;   // the last backward ran whole on replica 0 (reproducible mode)

@@ -30,7 +30,7 @@ std::size_t conv_per_sample(int cout)
 
 // ---- convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----
 
-template <Window g>
+template <Window g, class T = float>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
     const std::size_t per = detail::conv_per_sample<g>(cout);
@@ -93,7 +93,7 @@ void conv_backward_relu(const Context& ctx, int cout, const float* w, const floa
 // It is the adjoint of the convolution y -> x with window `g` taken over y: g.c = cout, (g.h, g.w) =
 // (oh, ow), (g.oh, g.ow) = (h, w).
 
-template <Window g>
+template <Window g, class T = float>
 std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
 {
     const std::size_t per = detail::conv_per_sample<g>(c);

@@ -23,14 +23,14 @@ namespace replica::backend::cuda {
 
 // Scratch: the bias gradient's partial sums (channel_sums), over the output's channels and pixels;
 // for the direct kernels, their filter gradient's partial sums after (the larger of the two).
-template <core::Window g>
+template <core::Window g, class T = float>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
     const std::size_t bias = std::size_t(cout) * detail::bias_parts(cout, n * g.oh * g.ow);
     if constexpr (!detail::direct_conv<g>) return bias;
     else return std::max(bias, DirectConv<g>::scratch_size(cout, n));
 }
-template <core::Window g>
+template <core::Window g, class T = float>
 std::size_t conv_transpose_scratch_size(const Context&, int, std::size_t n)
 {
     return std::size_t(g.c) * detail::bias_parts(g.c, n * g.h * g.w);
