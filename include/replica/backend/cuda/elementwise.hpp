@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
@@ -243,11 +244,17 @@ void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, s
         else kernels::add_channel_bias<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
     } else {
         const bool octets = s % 8 == 0 && detail::quad_aligned(y);
-        const unsigned blocks = detail::blocks_for(octets ? count / 8 : count);
-        if (octets && relu) kernels::add_channel_bias8<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count / 8), c, unsigned(s / 8));
-        else if (octets) kernels::add_channel_bias8<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count / 8), c, unsigned(s / 8));
-        else if (relu) kernels::add_channel_bias<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
-        else kernels::add_channel_bias<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
+        const auto launch = [&](auto r) {
+            constexpr bool R = decltype(r)::value;
+            if (octets)
+                kernels::add_channel_bias8<R><<<detail::blocks_for(count / 8), detail::kThreads, 0, ctx.stream()>>>(
+                    b, y, unsigned(count / 8), c, unsigned(s / 8));
+            else
+                kernels::add_channel_bias<R><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+                    b, y, unsigned(count), c, unsigned(s));
+        };
+        if (relu) launch(std::true_type{});
+        else launch(std::false_type{});
     }
     detail::check_launch("add_channel_bias");
 }
