@@ -16,9 +16,11 @@
 // one value off (the scalar kernels alone).
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -128,6 +130,25 @@ constexpr std::size_t kCount = 8 * 37 + 5;
 
 } // namespace
 
+// On the host (no GPU needed): the 16-byte moves of the vector kernels keep the values in order.
+PRECISION_TEST_CASE("bf16 and fp16: eight values loaded in one 16-byte move are the values in order, and stored back")
+{
+    using T = TestType;
+    alignas(16) T packed[8];
+    float want[8], got[8];
+    for (int k = 0; k < 8; ++k) {
+        want[k] = core::round_through<T>(0.3f * float(k + 1) - 1.0f);
+        packed[k] = core::from_float<T>(want[k]);
+    }
+    cuda::kernels::load8(packed, got);
+    for (int k = 0; k < 8; ++k) CHECK(got[k] == want[k]);
+
+    alignas(16) T stored[8];
+    const float values[8] = {0.1f, -2.5f, 3.0f, 1e-3f, -7.25f, 100.0f, 0.0f, -0.3f};
+    cuda::kernels::store8(stored, values);
+    for (int k = 0; k < 8; ++k) CHECK(stored[k].bits == core::from_float<T>(values[k]).bits);
+}
+
 PRECISION_TEST_CASE("bf16 and fp16 on the GPU: ReLU, add, add_into, fill, copy equal the CPU's float rounded once")
 {
     using T = TestType;
@@ -171,11 +192,15 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: conversions from and to float and
     using T = TestType;
     using Other = std::conditional_t<std::same_as<T, core::bf16>, core::fp16, core::bf16>;
     CPU_AND_GPU(host, ctx);
-    // Floats that are not values of T, some out of fp16's range (infinity) and below its normals.
+    // Floats that are not values of T, some out of fp16's range (infinity) and below its normals; then
+    // ties, infinities, signed zeros and NaNs with payloads, whose bits must be core's too.
     std::vector<float> f(kCount);
     for (std::size_t i = 0; i < kCount; ++i)
         f[i] = std::ldexp(2.0f * core::random_uniform(4, core::Stream::synthetic, 23, 0, std::uint32_t(i)) - 1.0f,
                           int(i % 48) - 30);
+    const std::uint32_t special[] = {0x7f800000u, 0xff800000u, 0x80000000u, 0x7fc00001u, 0xffa12345u, 0x7f812000u,
+                                     0x3f808000u, 0x3f818000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u};
+    for (std::size_t k = 0; k < std::size(special); ++k) f[kCount - 1 - 2 * k] = std::bit_cast<float>(special[k]);
     aligned_and_not([&](std::size_t offset) {
         OnGpu<float> f_d(ctx, f, offset), back_d(ctx, std::vector<float>(kCount), offset);
         OnGpu<T> t_d(ctx, std::vector<float>(kCount), offset), same_d(ctx, std::vector<float>(kCount), offset);

@@ -83,7 +83,7 @@ template <bool Relu, core::Storage T>
 __global__ void add_channel_bias(const float* b, T* y, unsigned count, unsigned channels, unsigned s)
 {
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x)
-        y[i] = core::from_float<T>(biased<Relu>(core::to_float(y[i]), b[(i / s) % channels]));
+        y[i] = narrow<T>(biased<Relu>(widen(y[i]), b[(i / s) % channels]));
 }
 template <bool Relu>
 __global__ void add_channel_bias4(const float* b, float4* y, unsigned quads, unsigned channels, unsigned s4)
@@ -121,7 +121,7 @@ __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::u
     {
         const std::size_t s = i / size, e = i % size;
         const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s, std::uint32_t(e));
-        y[i] = core::from_float<T>(u >= p ? core::to_float(x[i]) * scale : 0.0f);
+        y[i] = narrow<T>(u >= p ? widen(x[i]) * scale : 0.0f);
     }
 }
 // count = rows * row elements of type T (a value, or a float4 of 16 bytes of them); 32-bit indices
@@ -162,7 +162,7 @@ __global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t co
 template <core::Storage S, core::Storage D>
 __global__ void convert(const S* src, D* dst, std::size_t count)
 {
-    REPLICA_GRID_LOOP(i, count) dst[i] = core::from_float<D>(core::to_float(src[i]));
+    REPLICA_GRID_LOOP(i, count) dst[i] = narrow<D>(widen(src[i]));
 }
 template <core::Storage S, core::Storage D>
 __global__ void convert8(const S* src, D* dst, std::size_t octets)

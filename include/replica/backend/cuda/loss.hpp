@@ -27,7 +27,7 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, 
     {
         const std::size_t s = i / pixels, p = i % pixels;
         const T* zp = logits + s * std::size_t(classes) * pixels + p;
-        const auto z = [&](std::size_t k) { return core::to_float(zp[k]); };
+        const auto z = [&](std::size_t k) { return widen(zp[k]); };
         const std::int32_t label = labels[i];
         if (label < 0 || label >= classes) {
             bad_label[0] = double(label);
@@ -45,7 +45,7 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, 
             T* d = dlogits + s * std::size_t(classes) * pixels + p;
             for (int c = 0; c < classes; ++c) {
                 const double prob = exp(double(z(std::size_t(c) * pixels) - zmax) - log_sum);
-                d[std::size_t(c) * pixels] = core::from_float<T>(float((prob - (c == label ? 1.0 : 0.0)) * scale));
+                d[std::size_t(c) * pixels] = narrow<T>(float((prob - (c == label ? 1.0 : 0.0)) * scale));
             }
         }
     }
@@ -62,7 +62,7 @@ __global__ void softmax_cross_entropy_rows(int classes, const T* logits, const s
     __shared__ float top[detail::kThreads];
     const std::size_t i = blockIdx.x;
     const T* zp = logits + i * std::size_t(classes);
-    const auto z = [&](int k) { return core::to_float(zp[k]); };
+    const auto z = [&](int k) { return widen(zp[k]); };
     const std::int32_t label = labels[i];
     if (label < 0 || label >= classes) {   // the whole block takes this branch
         if (threadIdx.x == 0) {
@@ -82,7 +82,7 @@ __global__ void softmax_cross_entropy_rows(int classes, const T* logits, const s
     if (dlogits) {
         T* d = dlogits + i * std::size_t(classes);
         for (int c = threadIdx.x; c < classes; c += blockDim.x)
-            d[c] = core::from_float<T>(float((exp(double(z(c) - zmax) - log_sum) - (c == label ? 1.0 : 0.0)) * scale));
+            d[c] = narrow<T>(float((exp(double(z(c) - zmax) - log_sum) - (c == label ? 1.0 : 0.0)) * scale));
     }
 }
 
@@ -94,7 +94,7 @@ __global__ void correct(int classes, int pixels, const T* logits, const std::int
     {
         const std::size_t s = i / pixels, p = i % pixels;
         const T* zp = logits + s * std::size_t(classes) * pixels + p;
-        const auto z = [&](std::size_t k) { return core::to_float(zp[k]); };
+        const auto z = [&](std::size_t k) { return widen(zp[k]); };
         int best = 0;
         for (int c = 1; c < classes; ++c)
             if (z(std::size_t(c) * pixels) > z(std::size_t(best) * pixels)) best = c;

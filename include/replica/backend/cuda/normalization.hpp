@@ -36,9 +36,9 @@ __global__ void channel_partial_sums(const T* x, const T* dy, std::size_t n, std
     double s1 = 0.0, s2 = 0.0;
     for (std::size_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
         const std::size_t i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-        const double d = double(core::to_float(x[at])) - k;
+        const double d = double(widen(x[at])) - k;
         if constexpr (Backward) {   // sum of dy, and of dy * (x - mean)
-            const double g = core::to_float(dy[at]);
+            const double g = widen(dy[at]);
             s1 += g;
             s2 += g * d;
         } else {   // sum of x - shift, and of its square
@@ -126,8 +126,8 @@ __global__ void batch_norm_apply(const T* x, T* y, I count, I c, I inner, const 
     {
         const I ch = (e / inner) % c;
         const float scale = weight[ch] * invstd[ch];
-        const float v = core::to_float(x[e]) * scale + (bias[ch] - mean[ch] * scale);
-        y[e] = core::from_float<T>(Relu && v < 0.0f ? 0.0f : v);
+        const float v = widen(x[e]) * scale + (bias[ch] - mean[ch] * scale);
+        y[e] = narrow<T>(Relu && v < 0.0f ? 0.0f : v);
     }
 }
 
@@ -140,9 +140,8 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I coun
     REPLICA_GRID_LOOP_AS(I, e, count)
     {
         const I ch = (e / inner) % c;
-        const float xhat = (core::to_float(x[e]) - mean[ch]) * invstd[ch];
-        dx[e] = core::from_float<T>(weight[ch] * invstd[ch] *
-                                    (core::to_float(dy[e]) - sums[c + ch] * inv_count - xhat * sums[ch] * inv_count));
+        const float xhat = (widen(x[e]) - mean[ch]) * invstd[ch];
+        dx[e] = narrow<T>(weight[ch] * invstd[ch] * (widen(dy[e]) - sums[c + ch] * inv_count - xhat * sums[ch] * inv_count));
     }
 }
 

@@ -53,7 +53,7 @@ __global__ void max_pool_forward(const T* x, T* y, float* arg, I count)
                 at = k;
             }
         });
-        y[i] = core::from_float<T>(best);
+        y[i] = narrow<T>(best);
         arg[i] = float(at);
     }
 }
@@ -159,7 +159,7 @@ __global__ void max_pool_backward(const float* arg, const T* dy, T* dx, I count)
         T* dxp = dx + plane * I(g.h * g.w);
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             // A window whose maximum is this element covers it: no range test needed.
-            dxp[iy * g.w + ix] = core::from_float<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
+            dxp[iy * g.w + ix] = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
         });
     });
 }
@@ -172,7 +172,7 @@ __global__ void avg_pool_forward(const T* x, T* y, I count)
     {
         float s = 0.0f;
         for_window(g, x, i, [&](float v, int) { s += v; });
-        y[i] = core::from_float<T>(s * (1.0f / float(g.kh * g.kw)));
+        y[i] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
     }
 }
 
@@ -194,7 +194,7 @@ __global__ void avg_pool_backward(const T* dy, T* dx, I count)
             const float s = sum_windows(d, [&](int r, int c) {
                 return ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi;
             });
-            dxp[iy * g.w + ix] = core::from_float<T>(s * (1.0f / float(g.kh * g.kw)));
+            dxp[iy * g.w + ix] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
         });
     });
 }
