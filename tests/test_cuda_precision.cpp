@@ -1,19 +1,20 @@
 // The CUDA kernels on bf16 and fp16 activations (issue 23) against the float computation they round:
 // each function of backend/cuda/{elementwise,activation,pool,loss,normalization}.hpp runs on values
 // already rounded to T, and is compared with the CPU backend's float function (or a loop, where the
-// CPU has none) on the same values. Built as CUDA (nvcc) only; every test skips without a GPU.
+// CPU has none) on the same values. Built as CUDA (nvcc) only, a program of its own; every test but the
+// first (the order of the values in a 16-byte move, on the host) skips without a GPU.
 //
 // Exact, bit for bit, where the kernel computes the CPU's float from the same inputs and rounds it
 // once: ReLU, add, add_into, the channel bias, dropout, fill, copies, channel slices, conversions, max
 // pooling, average pooling forward, the arg-max count. Elsewhere the GPU's float differs from the CPU's
 // in its last bits (CUDA's expf, tanhf and erff; sums in another order; fused multiply-adds): there the
 // result must equal the GPU's own float kernel rounded to T, bit for bit, and the CPU's float rounded to
-// T within 1 unit of T's last place (ulp: 2^-8 of the magnitude for bf16, 2^-11 for fp16, measured at
-// no less than 2^-10 of the largest value, so that cancellation near zero is judged on the inputs'
-// scale); sums kept as float (BatchNorm's, in double on both) within 1 float ulp, the loss within 1e-9.
+// T within 1 unit of T's last place (ulp: 2^-7 of the power of two at or below the magnitude for bf16,
+// 2^-10 for fp16, taken at no less than 2^-10 of the largest value, so that cancellation near zero is
+// judged on the inputs' scale); sums kept as float (BatchNorm's, in double on both) within 1 float ulp, the loss within 1e-9.
 //
-// Every size is 8 k + 5, on pointers 16-byte aligned (the eight-value kernels and a scalar tail) and
-// one value off (the scalar kernels alone).
+// Elementwise passes run on 8 k + 5 values, on pointers 16-byte aligned (the eight-value kernels and a
+// scalar tail) and one value off (the scalar kernels alone).
 
 #include <algorithm>
 #include <bit>
@@ -116,7 +117,7 @@ double ulps(const std::vector<float>& got, const std::vector<float>& want)
     return worst;
 }
 
-// Runs f(offset) for a 16-byte aligned layout and one a value off, each in its own section.
+// f(offset) for a 16-byte aligned layout (offset 0) and one a value off (offset 1).
 template <class F>
 void aligned_and_not(F&& f)
 {
