@@ -1,12 +1,17 @@
 #pragma once
-// Elementwise and layout kernels on the GPU: activations, dropout, copies, channel slices.
+// Elementwise and layout kernels on the GPU: activations, dropout, copies, channel slices, conversions.
+// Activations are of one type T (float, bf16, fp16: backend/cuda/packed.hpp), computed in float;
+// biases stay float.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/rng.hpp"
 
@@ -15,8 +20,18 @@ namespace replica::backend::cuda {
 namespace kernels {
 // Activations and sums read and write four floats at a time where the pointers allow it (the
 // *4 kernels; one float4 per thread and step of the grid loop): these passes are bound by memory.
+// bf16 and fp16 go through packed.hpp's maps, eight values a move.
 __device__ inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
 __device__ inline float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+struct Relu {
+    __device__ float operator()(float v) const { return relu(v); }
+};
+struct ReluGrad {
+    __device__ float operator()(float y, float dy) const { return relu_grad(y, dy); }
+};
+struct Plus {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
 
 __global__ void relu_forward(const float* x, float* y, std::size_t count)
 {
@@ -55,19 +70,20 @@ __global__ void add4(const float4* src, float4* dst, std::size_t quads)
         dst[i] = b;
     }
 }
-// y (n, channels, s) += b[channel], then the ReLU when Relu; the *4 form needs s % 4 == 0 (a quad
-// never spans two channels). 32-bit indices (the caller checks): cheaper divisions.
+// y (n, channels, s) += b[channel], then the ReLU when Relu; the *4 (float) and *8 (16-bit) forms need
+// s % 4 == 0, s % 8 == 0 (a move never spans two channels). 32-bit indices (the caller checks): cheaper
+// divisions.
 template <bool Relu>
 __device__ inline float biased(float y, float b)
 {
     const float v = y + b;
     return Relu ? relu(v) : v;
 }
-template <bool Relu>
-__global__ void add_channel_bias(const float* b, float* y, unsigned count, unsigned channels, unsigned s)
+template <bool Relu, core::Storage T>
+__global__ void add_channel_bias(const float* b, T* y, unsigned count, unsigned channels, unsigned s)
 {
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x)
-        y[i] = biased<Relu>(y[i], b[(i / s) % channels]);
+        y[i] = narrow<T>(biased<Relu>(widen(y[i]), b[(i / s) % channels]));
 }
 template <bool Relu>
 __global__ void add_channel_bias4(const float* b, float4* y, unsigned quads, unsigned channels, unsigned s4)
@@ -78,10 +94,23 @@ __global__ void add_channel_bias4(const float* b, float4* y, unsigned quads, uns
         y[i] = make_float4(biased<Relu>(t.x, v), biased<Relu>(t.y, v), biased<Relu>(t.z, v), biased<Relu>(t.w, v));
     }
 }
+template <bool Relu, core::Storage T>
+__global__ void add_channel_bias8(const float* b, T* y, unsigned octets, unsigned channels, unsigned s8)
+{
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < octets; i += blockDim.x * gridDim.x) {
+        const float v = b[(i / s8) % channels];
+        float t[8];
+        load8(y + 8 * std::size_t(i), t);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t[k] = biased<Relu>(t[k], v);
+        store8(y + 8 * std::size_t(i), t);
+    }
+}
 // In a captured step (step != null) the seed and the first sample come from device memory, and
 // first_sample is an offset from the step's first sample.
-__global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample, const float* x,
-                        float* y, std::size_t size, std::size_t count, const StepParams* step)
+template <core::Storage T>
+__global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample, const T* x, T* y,
+                        std::size_t size, std::size_t count, const StepParams* step)
 {
     if (step != nullptr) {
         seed = step->seed;
@@ -92,10 +121,11 @@ __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::u
     {
         const std::size_t s = i / size, e = i % size;
         const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s, std::uint32_t(e));
-        y[i] = u >= p ? x[i] * scale : 0.0f;
+        y[i] = narrow<T>(u >= p ? widen(x[i]) * scale : 0.0f);
     }
 }
-// count = rows * row elements of type T (float or float4); 32-bit indices (the caller checks).
+// count = rows * row elements of type T (a value, or a float4 of 16 bytes of them); 32-bit indices
+// (the caller checks).
 template <class T>
 __global__ void copy_rows(const T* src, unsigned src_pitch, T* dst, unsigned dst_pitch, unsigned row, unsigned count)
 {
@@ -104,7 +134,8 @@ __global__ void copy_rows(const T* src, unsigned src_pitch, T* dst, unsigned dst
         dst[r * dst_pitch + j] = src[r * src_pitch + j];
     }
 }
-__global__ void fill(float* dst, float value, std::size_t count)
+template <core::Storage T>
+__global__ void fill(T* dst, T value, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] = value;
 }
@@ -128,90 +159,154 @@ __global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t co
 {
     REPLICA_GRID_LOOP(i, count) g[i] = core::from_fixed(acc[i]);
 }
+template <core::Storage S, core::Storage D>
+__global__ void convert(const S* src, D* dst, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count) dst[i] = narrow<D>(widen(src[i]));
+}
+template <core::Storage S, core::Storage D>
+__global__ void convert8(const S* src, D* dst, std::size_t octets)
+{
+    REPLICA_GRID_LOOP(i, octets)
+    {
+        float v[8];
+        load8(src + 8 * i, v);
+        store8(dst + 8 * i, v);
+    }
+}
 } // namespace kernels
 
 namespace detail {
-template <class... P>
-bool quad_aligned(const P*... p)
+// kernel4 over the whole quads of x and y when both are 16-byte aligned, kernel over the rest.
+inline void in_quads(const Context& ctx, const float* x, float* y, std::size_t count,
+                     void (*kernel4)(const float4*, float4*, std::size_t), void (*kernel)(const float*, float*, std::size_t),
+                     const char* what)
 {
-    return ((reinterpret_cast<std::uintptr_t>(p) % alignof(float4) == 0) && ...);
+    const auto s = ctx.stream();
+    in_moves(
+        quad_aligned(x, y), count, 4,
+        [&](std::size_t quads) {
+            kernel4<<<blocks_for(quads), kThreads, 0, s>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y),
+                                                          quads);
+        },
+        [&](std::size_t done) { kernel<<<blocks_for(count - done), kThreads, 0, s>>>(x + done, y + done, count - done); });
+    check_launch(what);
 }
 } // namespace detail
 
-// Each runs the float4 kernel over the whole quads when every pointer is 16-byte aligned, and the
+// Each runs the vector kernel over the whole moves when every pointer is 16-byte aligned, and the
 // scalar kernel over the rest (or over everything).
-inline void relu_forward(const Context& ctx, const float* x, float* y, std::size_t count)
+template <core::Storage T>
+void relu_forward(const Context& ctx, const T* x, T* y, std::size_t count)
 {
-    std::size_t done = 0;
-    if (detail::quad_aligned(x, y) && count >= 4) {
-        done = count / 4 * 4;
-        kernels::relu_forward4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
-            reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), count / 4);
-    }
-    if (done < count)
-        kernels::relu_forward<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(x + done, y + done,
-                                                                                                      count - done);
-    detail::check_launch("relu_forward");
+    if constexpr (std::same_as<T, float>)
+        detail::in_quads(ctx, x, y, count, kernels::relu_forward4, kernels::relu_forward, "relu_forward");
+    else detail::map1<kernels::Relu>(ctx, x, y, count, "relu_forward");
 }
-inline void relu_backward(const Context& ctx, const float* y, const float* dy, float* dx, std::size_t count)
+template <core::Storage T>
+void relu_backward(const Context& ctx, const T* y, const T* dy, T* dx, std::size_t count)
 {
-    std::size_t done = 0;
-    if (detail::quad_aligned(y, dy, dx) && count >= 4) {
-        done = count / 4 * 4;
-        kernels::relu_backward4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
-            reinterpret_cast<const float4*>(y), reinterpret_cast<const float4*>(dy), reinterpret_cast<float4*>(dx), count / 4);
+    if constexpr (std::same_as<T, float>) {
+        const auto s = ctx.stream();
+        detail::in_moves(
+            detail::quad_aligned(y, dy, dx), count, 4,
+            [&](std::size_t quads) {
+                kernels::relu_backward4<<<detail::blocks_for(quads), detail::kThreads, 0, s>>>(
+                    reinterpret_cast<const float4*>(y), reinterpret_cast<const float4*>(dy), reinterpret_cast<float4*>(dx),
+                    quads);
+            },
+            [&](std::size_t done) {
+                kernels::relu_backward<<<detail::blocks_for(count - done), detail::kThreads, 0, s>>>(
+                    y + done, dy + done, dx + done, count - done);
+            });
+        detail::check_launch("relu_backward");
+    } else {
+        detail::map2<kernels::ReluGrad>(ctx, y, dy, dx, count, "relu_backward");
     }
-    if (done < count)
-        kernels::relu_backward<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(
-            y + done, dy + done, dx + done, count - done);
-    detail::check_launch("relu_backward");
 }
 // y (n, channels, s) += b (channels): a convolution's bias; then the ReLU when `relu` (a Conv fused
-// with the ReLU after it: one pass instead of two, same bits).
-inline void add_channel_bias(const Context& ctx, const float* b, float* y, std::size_t n, std::size_t channels,
-                             std::size_t s, bool relu)
+// with the ReLU after it: one pass instead of two, same bits). y is an activation (T), b stays float;
+// each value is rounded once, after the bias and the ReLU.
+template <core::Storage T>
+void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, std::size_t channels, std::size_t s,
+                      bool relu)
 {
     const std::size_t count = n * channels * s;
     core::require(count < (std::size_t(1) << 31), "a convolution output of 2^31 values or more: use a smaller batch");
-    const bool quads = s % 4 == 0 && detail::quad_aligned(y);
-    const unsigned blocks = detail::blocks_for(quads ? count / 4 : count);
-    auto* y4 = reinterpret_cast<float4*>(y);
     const auto c = unsigned(channels);
-    if (quads && relu) kernels::add_channel_bias4<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
-    else if (quads) kernels::add_channel_bias4<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
-    else if (relu) kernels::add_channel_bias<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
-    else kernels::add_channel_bias<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
+    if constexpr (std::same_as<T, float>) {
+        const bool quads = s % 4 == 0 && detail::quad_aligned(y);
+        const unsigned blocks = detail::blocks_for(quads ? count / 4 : count);
+        auto* y4 = reinterpret_cast<float4*>(y);
+        if (quads && relu) kernels::add_channel_bias4<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
+        else if (quads) kernels::add_channel_bias4<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y4, unsigned(count / 4), c, unsigned(s / 4));
+        else if (relu) kernels::add_channel_bias<true><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
+        else kernels::add_channel_bias<false><<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, y, unsigned(count), c, unsigned(s));
+    } else {
+        const bool octets = s % 8 == 0 && detail::quad_aligned(y);
+        const auto launch = [&](auto r) {
+            constexpr bool R = decltype(r)::value;
+            if (octets)
+                kernels::add_channel_bias8<R><<<detail::blocks_for(count / 8), detail::kThreads, 0, ctx.stream()>>>(
+                    b, y, unsigned(count / 8), c, unsigned(s / 8));
+            else
+                kernels::add_channel_bias<R><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+                    b, y, unsigned(count), c, unsigned(s));
+        };
+        if (relu) launch(std::true_type{});
+        else launch(std::false_type{});
+    }
     detail::check_launch("add_channel_bias");
 }
 // Same rule as the CPU kernel: the mask is a pure function of (seed, layer, global sample, element).
-inline void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::uint32_t layer,
-                          std::uint64_t first_sample, const float* x, float* y, std::size_t n, std::size_t size)
+template <core::Storage T>
+void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
+                   const T* x, T* y, std::size_t n, std::size_t size)
 {
     kernels::dropout<<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(p, seed, layer, first_sample, x, y,
                                                                                        size, n * size, ctx.step_params());
     detail::check_launch("dropout");
 }
-inline void copy(const Context& ctx, const float* src, float* dst, std::size_t count)
+template <core::Storage T>
+void copy(const Context& ctx, const T* src, T* dst, std::size_t count)
 {
     if (count != 0 && src != dst)
-        REPLICA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream()));
+        REPLICA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream()));
 }
-inline void fill(const Context& ctx, float* dst, float value, std::size_t count)
+// dst[i] = value rounded to T.
+template <core::Storage T>
+void fill(const Context& ctx, T* dst, float value, std::size_t count)
 {
-    kernels::fill<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dst, value, count);
+    kernels::fill<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dst, core::from_float<T>(value), count);
     detail::check_launch("fill");
 }
-inline void add(const Context& ctx, const float* src, float* dst, std::size_t count)
+// dst += src
+template <core::Storage T>
+void add(const Context& ctx, const T* src, T* dst, std::size_t count)
 {
-    std::size_t done = 0;
-    if (detail::quad_aligned(src, dst) && count >= 4) {
-        done = count / 4 * 4;
-        kernels::add4<<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
-            reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst), count / 4);
+    if constexpr (std::same_as<T, float>) detail::in_quads(ctx, src, dst, count, kernels::add4, kernels::add, "add");
+    else detail::map2<kernels::Plus>(ctx, src, dst, dst, count, "add");
+}
+// dst[i] = src[i] converted to D: from_float<D>(to_float(src[i])), exact when D holds every S (bf16 or
+// fp16 to float), rounded to nearest even otherwise. S == D copies.
+template <core::Storage S, core::Storage D>
+void convert(const Context& ctx, const S* src, D* dst, std::size_t count)
+{
+    if constexpr (std::same_as<S, D>) {
+        copy(ctx, src, dst, count);
+    } else {
+        const auto s = ctx.stream();
+        detail::in_moves(
+            detail::quad_aligned(src, dst), count, 8,
+            [&](std::size_t octets) {
+                kernels::convert8<<<detail::blocks_for(octets), detail::kThreads, 0, s>>>(src, dst, octets);
+            },
+            [&](std::size_t done) {
+                kernels::convert<<<detail::blocks_for(count - done), detail::kThreads, 0, s>>>(src + done, dst + done,
+                                                                                             count - done);
+            });
+        detail::check_launch("convert");
     }
-    if (done < count)
-        kernels::add<<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(src + done, dst + done, count - done);
-    detail::check_launch("add");
 }
 // The reproducible mode's exact sums (core/fixed_point.hpp), with the CPU's per-element rules. An
 // out-of-range term is flagged in pinned memory; check_fixed reports it once the stream has finished.
@@ -240,20 +335,23 @@ inline void check_fixed(const Context& ctx)
 }
 
 namespace detail {
-// rows x `row` values from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), in four-float
-// moves where every row start is 16-byte aligned. A kernel, not cudaMemcpy2DAsync, which is slow
-// for rows of a few kB (GoogLeNet's channel slices; docs/benchmarks.md).
-inline void copy_rows(const Context& ctx, const float* src, std::size_t src_pitch, float* dst, std::size_t dst_pitch,
-                      std::size_t row, std::size_t rows)
+// rows x `row` values from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), in 16-byte
+// moves (float4s: the bits are moved, not converted) where every row start is 16-byte aligned. A
+// kernel, not cudaMemcpy2DAsync, which is slow for rows of a few kB (GoogLeNet's channel slices;
+// docs/benchmarks.md).
+template <core::Storage T>
+void copy_rows(const Context& ctx, const T* src, std::size_t src_pitch, T* dst, std::size_t dst_pitch, std::size_t row,
+               std::size_t rows)
 {
     const std::size_t count = row * rows;
     if (count == 0) return;
     core::require(rows * std::max(src_pitch, dst_pitch) < (std::size_t(1) << 32),
                   "a channel slice copy over 2^32 values or more: use a smaller batch");
-    if (quad_aligned(src, dst) && src_pitch % 4 == 0 && dst_pitch % 4 == 0 && row % 4 == 0)
-        kernels::copy_rows<<<blocks_for(count / 4), kThreads, 0, ctx.stream()>>>(
-            reinterpret_cast<const float4*>(src), unsigned(src_pitch / 4), reinterpret_cast<float4*>(dst),
-            unsigned(dst_pitch / 4), unsigned(row / 4), unsigned(count / 4));
+    constexpr std::size_t k = per_move<T>;
+    if (quad_aligned(src, dst) && src_pitch % k == 0 && dst_pitch % k == 0 && row % k == 0)
+        kernels::copy_rows<<<blocks_for(count / k), kThreads, 0, ctx.stream()>>>(
+            reinterpret_cast<const float4*>(src), unsigned(src_pitch / k), reinterpret_cast<float4*>(dst),
+            unsigned(dst_pitch / k), unsigned(row / k), unsigned(count / k));
     else
         kernels::copy_rows<<<blocks_for(count), kThreads, 0, ctx.stream()>>>(src, unsigned(src_pitch), dst, unsigned(dst_pitch),
                                                                           unsigned(row), unsigned(count));
@@ -262,14 +360,16 @@ inline void copy_rows(const Context& ctx, const float* src, std::size_t src_pitc
 } // namespace detail
 
 // dst[:, offset:offset+c] = src (n, c, pixels): a concatenation's input on channels.
-inline void copy_channels_in(const Context& ctx, const float* src, std::size_t n, std::size_t c, std::size_t pixels,
-                             float* dst, std::size_t channels, std::size_t offset)
+template <core::Storage T>
+void copy_channels_in(const Context& ctx, const T* src, std::size_t n, std::size_t c, std::size_t pixels, T* dst,
+                      std::size_t channels, std::size_t offset)
 {
     detail::copy_rows(ctx, src, c * pixels, dst + offset * pixels, channels * pixels, c * pixels, n);
 }
 // dst (n, c, pixels) = src[:, offset:offset+c].
-inline void copy_channels_out(const Context& ctx, const float* src, std::size_t channels, std::size_t offset, std::size_t n,
-                              std::size_t c, std::size_t pixels, float* dst)
+template <core::Storage T>
+void copy_channels_out(const Context& ctx, const T* src, std::size_t channels, std::size_t offset, std::size_t n,
+                       std::size_t c, std::size_t pixels, T* dst)
 {
     detail::copy_rows(ctx, src + offset * pixels, channels * pixels, dst, c * pixels, c * pixels, n);
 }

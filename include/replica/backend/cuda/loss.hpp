@@ -2,27 +2,32 @@
 // Softmax cross-entropy on the GPU, over logits (n, classes, pixels) and labels (n, pixels): one
 // thread per labelled element (a block per sample for classifiers) writes its gradient and its loss;
 // the losses are then summed in an order fixed by their count (no atomics), in double, so the sum is
-// the same every run.
+// the same every run. Logits and their gradient are activations of one type T (float, bf16, fp16),
+// read as float (the softmax runs in double as for float), each gradient rounded once to T.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 #include "replica/core/loss_slot.hpp"
 
 namespace replica::backend::cuda {
 
 namespace kernels {
-__global__ void softmax_cross_entropy(int classes, int pixels, const float* logits, const std::int32_t* labels,
-                                      std::size_t count, float scale, float* dlogits, double* loss, double* bad_label)
+template <core::Storage T>
+__global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, const std::int32_t* labels,
+                                      std::size_t count, float scale, T* dlogits, double* loss, double* bad_label)
 {
     REPLICA_GRID_LOOP(i, count)
     {
         const std::size_t s = i / pixels, p = i % pixels;
-        const float* z = logits + s * std::size_t(classes) * pixels + p;
+        const T* zp = logits + s * std::size_t(classes) * pixels + p;
+        const auto z = [&](std::size_t k) { return widen(zp[k]); };
         const std::int32_t label = labels[i];
         if (label < 0 || label >= classes) {
             bad_label[0] = double(label);
@@ -30,17 +35,17 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const float* logi
             loss[i] = 0.0;
             continue;
         }
-        float zmax = z[0];
-        for (int c = 1; c < classes; ++c) zmax = fmaxf(zmax, z[std::size_t(c) * pixels]);
+        float zmax = z(0);
+        for (int c = 1; c < classes; ++c) zmax = fmaxf(zmax, z(std::size_t(c) * pixels));
         double sum = 0.0;
-        for (int c = 0; c < classes; ++c) sum += exp(double(z[std::size_t(c) * pixels] - zmax));
+        for (int c = 0; c < classes; ++c) sum += exp(double(z(std::size_t(c) * pixels) - zmax));
         const double log_sum = log(sum);
-        loss[i] = log_sum - double(z[std::size_t(label) * pixels] - zmax);
+        loss[i] = log_sum - double(z(std::size_t(label) * pixels) - zmax);
         if (dlogits) {
-            float* d = dlogits + s * std::size_t(classes) * pixels + p;
+            T* d = dlogits + s * std::size_t(classes) * pixels + p;
             for (int c = 0; c < classes; ++c) {
-                const double prob = exp(double(z[std::size_t(c) * pixels] - zmax) - log_sum);
-                d[std::size_t(c) * pixels] = float((prob - (c == label ? 1.0 : 0.0)) * scale);
+                const double prob = exp(double(z(std::size_t(c) * pixels) - zmax) - log_sum);
+                d[std::size_t(c) * pixels] = narrow<T>(float((prob - (c == label ? 1.0 : 0.0)) * scale));
             }
         }
     }
@@ -49,13 +54,15 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const float* logi
 // The same for classifiers (one label per sample, pixels == 1): a block per sample, its threads
 // striding over the classes, reduced in shared memory in a fixed order (a thread per sample would go
 // through a thousand classes serially).
-__global__ void softmax_cross_entropy_rows(int classes, const float* logits, const std::int32_t* labels, float scale,
-                                           float* dlogits, double* loss, double* bad_label)
+template <core::Storage T>
+__global__ void softmax_cross_entropy_rows(int classes, const T* logits, const std::int32_t* labels, float scale,
+                                           T* dlogits, double* loss, double* bad_label)
 {
     __shared__ double lane[detail::kThreads];
     __shared__ float top[detail::kThreads];
     const std::size_t i = blockIdx.x;
-    const float* z = logits + i * std::size_t(classes);
+    const T* zp = logits + i * std::size_t(classes);
+    const auto z = [&](int k) { return widen(zp[k]); };
     const std::int32_t label = labels[i];
     if (label < 0 || label >= classes) {   // the whole block takes this branch
         if (threadIdx.x == 0) {
@@ -66,29 +73,31 @@ __global__ void softmax_cross_entropy_rows(int classes, const float* logits, con
         return;
     }
     float m = -INFINITY;
-    for (int c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, z[c]);
+    for (int c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, z(c));
     const float zmax = detail::block_reduce(top, m, [](float a, float b) { return fmaxf(a, b); });
     double sum = 0.0;
-    for (int c = threadIdx.x; c < classes; c += blockDim.x) sum += exp(double(z[c] - zmax));
+    for (int c = threadIdx.x; c < classes; c += blockDim.x) sum += exp(double(z(c) - zmax));
     const double log_sum = log(detail::block_reduce(lane, sum, [](double a, double b) { return a + b; }));
-    if (threadIdx.x == 0) loss[i] = log_sum - double(z[label] - zmax);
+    if (threadIdx.x == 0) loss[i] = log_sum - double(z(label) - zmax);
     if (dlogits) {
-        float* d = dlogits + i * std::size_t(classes);
+        T* d = dlogits + i * std::size_t(classes);
         for (int c = threadIdx.x; c < classes; c += blockDim.x)
-            d[c] = float((exp(double(z[c] - zmax) - log_sum) - (c == label ? 1.0 : 0.0)) * scale);
+            d[c] = narrow<T>(float((exp(double(z(c) - zmax) - log_sum) - (c == label ? 1.0 : 0.0)) * scale));
     }
 }
 
-__global__ void correct(int classes, int pixels, const float* logits, const std::int32_t* labels, std::size_t count,
+template <core::Storage T>
+__global__ void correct(int classes, int pixels, const T* logits, const std::int32_t* labels, std::size_t count,
                         double* hit)
 {
     REPLICA_GRID_LOOP(i, count)
     {
         const std::size_t s = i / pixels, p = i % pixels;
-        const float* z = logits + s * std::size_t(classes) * pixels + p;
+        const T* zp = logits + s * std::size_t(classes) * pixels + p;
+        const auto z = [&](std::size_t k) { return widen(zp[k]); };
         int best = 0;
         for (int c = 1; c < classes; ++c)
-            if (z[std::size_t(c) * pixels] > z[std::size_t(best) * pixels]) best = c;
+            if (z(std::size_t(c) * pixels) > z(std::size_t(best) * pixels)) best = c;
         hit[i] = best == labels[i] ? 1.0 : 0.0;
     }
 }
@@ -153,10 +162,10 @@ inline void sum_fixed(const Context& ctx, const double* v, std::size_t count, do
 
 // Queues the loss and gradient kernels; the last writes the result into *slot (page-locked host
 // memory, written by the kernel rather than copied: a copy to the host in the middle of a step holds
-// the next kernel back): read it after synchronize().
-inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const float* logits,
-                                  const std::int32_t* labels, std::size_t n, float scale, float* dlogits,
-                                  core::LossSlot* slot)
+// the next kernel back): read it after synchronize(). dlogits may be null (T is taken from logits).
+template <core::Storage T>
+void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const T* logits, const std::int32_t* labels,
+                           std::size_t n, float scale, std::type_identity_t<T>* dlogits, core::LossSlot* slot)
 {
     const std::size_t count = n * std::size_t(pixels);
     double* loss = detail::element_scratch(ctx, count + 1);   // [bad label, position | losses... | sum]
@@ -184,8 +193,9 @@ inline void softmax_cross_entropy(const Context& ctx, int classes, int pixels, c
     }
 }
 
-inline std::size_t count_correct(const Context& ctx, int classes, int pixels, const float* logits,
-                                 const std::int32_t* labels, std::size_t n)
+template <core::Storage T>
+std::size_t count_correct(const Context& ctx, int classes, int pixels, const T* logits, const std::int32_t* labels,
+                          std::size_t n)
 {
     const std::size_t count = n * std::size_t(pixels);
     double* hit = detail::element_scratch(ctx, count + 1);

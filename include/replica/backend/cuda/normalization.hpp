@@ -2,9 +2,12 @@
 // Batch normalisation and the residual merge on the GPU (layers/normalization.hpp, model/residual.hpp).
 // x is (n, c, inner). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
 // of each channel (a block tree), then one thread a channel adds the parts in order: the same bits
-// every run.
+// every run. x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
+// read as float, each output rounded once to T; sums, statistics and parameters stay float (the sums
+// in double, as for float).
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -13,6 +16,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 
 namespace replica::backend::cuda {
 
@@ -20,8 +24,8 @@ namespace kernels {
 // Stage one of a per-channel sum: block (ch, part) sums part `part` of channel ch's n * inner
 // elements (a contiguous range of its (sample, position) index) into partial[(ch * parts + part) * 2 +
 // {0, 1}]. Stage two (finish_channel_sums) adds the parts in order. Both in double.
-template <bool Backward>
-__global__ void channel_partial_sums(const float* x, const float* dy, std::size_t n, std::size_t c, std::size_t inner,
+template <bool Backward, core::Storage T>
+__global__ void channel_partial_sums(const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
                                      const float* centre, double* partial)
 {
     __shared__ double lane[detail::kThreads];
@@ -32,9 +36,9 @@ __global__ void channel_partial_sums(const float* x, const float* dy, std::size_
     double s1 = 0.0, s2 = 0.0;
     for (std::size_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
         const std::size_t i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-        const double d = double(x[at]) - k;
+        const double d = double(widen(x[at])) - k;
         if constexpr (Backward) {   // sum of dy, and of dy * (x - mean)
-            const double g = dy[at];
+            const double g = widen(dy[at]);
             s1 += g;
             s2 += g * d;
         } else {   // sum of x - shift, and of its square
@@ -114,21 +118,21 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
     invstd[ch] = float(1.0 / sqrt(double(running_var[ch]) + double(eps)));
 }
 
-template <bool Relu, class I>
-__global__ void batch_norm_apply(const float* x, float* y, I count, I c, I inner, const float* weight, const float* bias,
+template <bool Relu, class I, core::Storage T>
+__global__ void batch_norm_apply(const T* x, T* y, I count, I c, I inner, const float* weight, const float* bias,
                                  const float* mean, const float* invstd)
 {
     REPLICA_GRID_LOOP_AS(I, e, count)
     {
         const I ch = (e / inner) % c;
         const float scale = weight[ch] * invstd[ch];
-        const float v = x[e] * scale + (bias[ch] - mean[ch] * scale);
-        y[e] = Relu && v < 0.0f ? 0.0f : v;
+        const float v = widen(x[e]) * scale + (bias[ch] - mean[ch] * scale);
+        y[e] = narrow<T>(Relu && v < 0.0f ? 0.0f : v);
     }
 }
 
-template <class I>
-__global__ void batch_norm_backward_input(const float* x, const float* dy, float* dx, I count, I c, I inner,
+template <class I, core::Storage T>
+__global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I count, I c, I inner,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
                                           const float* elements)
 {
@@ -136,8 +140,8 @@ __global__ void batch_norm_backward_input(const float* x, const float* dy, float
     REPLICA_GRID_LOOP_AS(I, e, count)
     {
         const I ch = (e / inner) % c;
-        const float xhat = (x[e] - mean[ch]) * invstd[ch];
-        dx[e] = weight[ch] * invstd[ch] * (dy[e] - sums[c + ch] * inv_count - xhat * sums[ch] * inv_count);
+        const float xhat = (widen(x[e]) - mean[ch]) * invstd[ch];
+        dx[e] = narrow<T>(weight[ch] * invstd[ch] * (widen(dy[e]) - sums[c + ch] * inv_count - xhat * sums[ch] * inv_count));
     }
 }
 
@@ -162,6 +166,15 @@ __global__ void add_into4(const float4* a, const float4* b, float4* y, std::size
         y[i] = s;
     }
 }
+// a + b, then the ReLU when Relu: add_into's rule for packed.hpp's maps (bf16, fp16).
+template <bool Relu>
+struct PlusRelu {
+    __device__ float operator()(float a, float b) const
+    {
+        const float v = a + b;
+        return Relu && v < 0.0f ? 0.0f : v;
+    }
+};
 } // namespace kernels
 
 namespace detail {
@@ -175,8 +188,12 @@ inline std::size_t channel_parts(std::size_t count)
 } // namespace detail
 
 // Floats of scratch the per-channel sums of c channels need (partial sums, in doubles, at the first
-// 8-byte boundary of the scratch).
-inline std::size_t batch_norm_scratch(const Context&, std::size_t c) { return 4 * detail::kChannelParts * c + 1; }
+// 8-byte boundary of the scratch), for activations of type T (the same for all: the sums are double).
+template <core::Storage T = float>
+std::size_t batch_norm_scratch(const Context&, std::size_t c)
+{
+    return 4 * detail::kChannelParts * c + 1;
+}
 
 namespace detail {
 inline double* partial_sums(float* scratch)
@@ -186,13 +203,14 @@ inline double* partial_sums(float* scratch)
 }
 } // namespace detail
 
-inline void batch_norm_sums(const Context& ctx, const float* x, std::size_t n, std::size_t c, std::size_t inner,
-                            const float* shift, float* sums, float* scratch)
+template <core::Storage T>
+void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
+                     float* sums, float* scratch)
 {
     const std::size_t parts = detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     kernels::channel_partial_sums<false><<<dim3(unsigned(c), unsigned(parts)), detail::kThreads, 0, ctx.stream()>>>(
-        x, nullptr, n, c, inner, shift, partial);
+        x, static_cast<const T*>(nullptr), n, c, inner, shift, partial);
     kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, nullptr, sums);
     detail::check_launch("batch_norm_sums");
@@ -228,27 +246,27 @@ inline void batch_norm_running(const Context& ctx, const float* running_mean, co
     detail::check_launch("batch_norm_running");
 }
 
-inline void batch_norm_apply(const Context& ctx, const float* x, float* y, std::size_t n, std::size_t c,
-                             std::size_t inner, const float* weight, const float* bias, const float* mean,
-                             const float* invstd, bool relu)
+template <core::Storage T>
+void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
+                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
 {
     const std::size_t count = n * c * inner;
     if (count == 0) return;
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
         if (relu)
-            kernels::batch_norm_apply<true, I><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+            kernels::batch_norm_apply<true, I, T><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
                 x, y, I(count), I(c), I(inner), weight, bias, mean, invstd);
         else
-            kernels::batch_norm_apply<false, I><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+            kernels::batch_norm_apply<false, I, T><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
                 x, y, I(count), I(c), I(inner), weight, bias, mean, invstd);
     });
     detail::check_launch("batch_norm_apply");
 }
 
-inline void batch_norm_backward_sums(const Context& ctx, const float* x, const float* dy, std::size_t n, std::size_t c,
-                                     std::size_t inner, const float* mean, const float* invstd, float* dparams,
-                                     float* scratch)
+template <core::Storage T>
+void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
+                              const float* mean, const float* invstd, float* dparams, float* scratch)
 {
     const std::size_t parts = detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
@@ -259,40 +277,48 @@ inline void batch_norm_backward_sums(const Context& ctx, const float* x, const f
     detail::check_launch("batch_norm_backward_sums");
 }
 
-inline void batch_norm_backward_input(const Context& ctx, const float* x, const float* dy, float* dx, std::size_t n,
-                                      std::size_t c, std::size_t inner, const float* weight, const float* mean,
-                                      const float* invstd, const float* sums, const float* count)
+template <core::Storage T>
+void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
+                               std::size_t inner, const float* weight, const float* mean, const float* invstd,
+                               const float* sums, const float* count)
 {
     const std::size_t total = n * c * inner;
     if (total == 0) return;
     detail::indexed(total, [&](auto index) {
         using I = decltype(index);
-        kernels::batch_norm_backward_input<I><<<detail::blocks_for(total), detail::kThreads, 0, ctx.stream()>>>(
+        kernels::batch_norm_backward_input<I, T><<<detail::blocks_for(total), detail::kThreads, 0, ctx.stream()>>>(
             x, dy, dx, I(total), I(c), I(inner), weight, mean, invstd, sums, count);
     });
     detail::check_launch("batch_norm_backward_input");
 }
 
 // y = a + b, then the ReLU when relu.
-inline void add_into(const Context& ctx, const float* a, const float* b, float* y, std::size_t count, bool relu)
+template <core::Storage T>
+void add_into(const Context& ctx, const T* a, const T* b, T* y, std::size_t count, bool relu)
 {
     if (count == 0) return;
     const auto launch = [&](auto r) {
         constexpr bool R = decltype(r)::value;
-        std::size_t done = 0;
-        if (detail::quad_aligned(a, b, y) && count >= 4) {
-            done = count / 4 * 4;
-            kernels::add_into4<R><<<detail::blocks_for(count / 4), detail::kThreads, 0, ctx.stream()>>>(
-                reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), reinterpret_cast<float4*>(y),
-                count / 4);
+        if constexpr (std::same_as<T, float>) {
+            const auto s = ctx.stream();
+            detail::in_moves(
+                detail::quad_aligned(a, b, y), count, 4,
+                [&](std::size_t quads) {
+                    kernels::add_into4<R><<<detail::blocks_for(quads), detail::kThreads, 0, s>>>(
+                        reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), reinterpret_cast<float4*>(y),
+                        quads);
+                },
+                [&](std::size_t done) {
+                    kernels::add_into<R><<<detail::blocks_for(count - done), detail::kThreads, 0, s>>>(
+                        a + done, b + done, y + done, count - done);
+                });
+            detail::check_launch("add_into");
+        } else {
+            detail::map2<kernels::PlusRelu<R>>(ctx, a, b, y, count, "add_into");
         }
-        if (done < count)
-            kernels::add_into<R><<<detail::blocks_for(count - done), detail::kThreads, 0, ctx.stream()>>>(
-                a + done, b + done, y + done, count - done);
     };
     if (relu) launch(std::true_type{});
     else launch(std::false_type{});
-    detail::check_launch("add_into");
 }
 
 } // namespace replica::backend::cuda

@@ -4,12 +4,15 @@
 // element sums the gradients of the windows that picked it, so no atomics and the same result every
 // run. The kernels are templates on the window, so that their index arithmetic divides by constants
 // (a 64-bit division by a value known only at run time costs dozens of instructions), and on the
-// index type, 32-bit where it fits, with windows unrolled.
+// index type, 32-bit where it fits, with windows unrolled. x, y, dy, dx are activations of one type T
+// (float, bf16, fp16), read as float, summed in float, each output rounded once; the maxima's
+// positions (arg) stay float.
 
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 
 namespace replica::backend::cuda {
 
@@ -20,24 +23,24 @@ namespace kernels {
 
 // f(value, offset in its input plane) for every input element of output element i's window
 // (padding skipped), rows then columns.
-template <class I, class F>
-__device__ inline void for_window(const core::Window& g, const float* x, I i, F&& f)
+template <class I, core::Storage T, class F>
+__device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
 {
     const I plane = i / I(g.oh * g.ow);
     const int o = int(i - plane * I(g.oh * g.ow));
     const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
-    const float* xp = x + plane * I(g.h * g.w);
+    const T* xp = x + plane * I(g.h * g.w);
 #pragma unroll 8
     for (int a = 0; a < g.kh; ++a)
 #pragma unroll 8
         for (int b = 0; b < g.kw; ++b) {
             const int iy = y0 + a, ix = x0 + b;
-            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(__ldg(xp + iy * g.w + ix), iy * g.w + ix);
+            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + iy * g.w + ix), iy * g.w + ix);
         }
 }
 
-template <class I, int... G>
-__global__ void max_pool_forward(const float* x, float* y, float* arg, I count)
+template <class I, core::Storage T, int... G>
+__global__ void max_pool_forward(const T* x, T* y, float* arg, I count)
 {
     constexpr core::Window g{G...};
     REPLICA_GRID_LOOP_AS(I, i, count)
@@ -50,7 +53,7 @@ __global__ void max_pool_forward(const float* x, float* y, float* arg, I count)
                 at = k;
             }
         });
-        y[i] = best;
+        y[i] = narrow<T>(best);
         arg[i] = float(at);
     }
 }
@@ -134,14 +137,14 @@ __device__ inline float sum_windows(const float (&d)[NY][NX], Take&& take)
     return s;
 }
 
-template <class I, int... G>
-__global__ void max_pool_backward(const float* arg, const float* dy, float* dx, I count)
+template <class I, core::Storage T, int... G>
+__global__ void max_pool_backward(const float* arg, const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
     for_tiles(g, count, [&](I plane, int y0, int x0) {
         const float* ap = arg + plane * I(g.oh * g.ow);
-        const float* dyp = dy + plane * I(g.oh * g.ow);
+        const T* dyp = dy + plane * I(g.oh * g.ow);
         int at[NY][NX];
         float d[NY][NX];
         int ylo, xlo;
@@ -151,39 +154,39 @@ __global__ void max_pool_backward(const float* arg, const float* dy, float* dx, 
             for (int c = 0; c < NX; ++c) at[r][c] = -1;
         read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) {
             at[r][c] = int(__ldg(ap + o));
-            d[r][c] = __ldg(dyp + o);
+            d[r][c] = load_ldg(dyp + o);
         });
-        float* dxp = dx + plane * I(g.h * g.w);
+        T* dxp = dx + plane * I(g.h * g.w);
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             // A window whose maximum is this element covers it: no range test needed.
-            dxp[iy * g.w + ix] = sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; });
+            dxp[iy * g.w + ix] = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
         });
     });
 }
 
-template <class I, int... G>
-__global__ void avg_pool_forward(const float* x, float* y, I count)
+template <class I, core::Storage T, int... G>
+__global__ void avg_pool_forward(const T* x, T* y, I count)
 {
     constexpr core::Window g{G...};
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
         float s = 0.0f;
         for_window(g, x, i, [&](float v, int) { s += v; });
-        y[i] = s * (1.0f / float(g.kh * g.kw));
+        y[i] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
     }
 }
 
-template <class I, int... G>
-__global__ void avg_pool_backward(const float* dy, float* dx, I count)
+template <class I, core::Storage T, int... G>
+__global__ void avg_pool_backward(const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
     for_tiles(g, count, [&](I plane, int y0, int x0) {
-        const float* dyp = dy + plane * I(g.oh * g.ow);
+        const T* dyp = dy + plane * I(g.oh * g.ow);
         float d[NY][NX] = {};
         int ylo, xlo;
-        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = __ldg(dyp + o); });
-        float* dxp = dx + plane * I(g.h * g.w);
+        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = load_ldg(dyp + o); });
+        T* dxp = dx + plane * I(g.h * g.w);
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             int rlo, rhi, clo, chi;
             covering(iy, g.kh, g.sh, g.ph, g.oh, rlo, rhi);
@@ -191,7 +194,7 @@ __global__ void avg_pool_backward(const float* dy, float* dx, I count)
             const float s = sum_windows(d, [&](int r, int c) {
                 return ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi;
             });
-            dxp[iy * g.w + ix] = s * (1.0f / float(g.kh * g.kw));
+            dxp[iy * g.w + ix] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
         });
     });
 }
@@ -206,43 +209,43 @@ constexpr std::size_t tiles(const core::Window& g)
 }
 } // namespace detail
 
-template <core::Window g>
-void max_pool_forward(const Context& ctx, const float* x, float* y, float* arg, std::size_t n)
+template <core::Window g, core::Storage T>
+void max_pool_forward(const Context& ctx, const T* x, T* y, float* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::max_pool_forward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
+        kernels::max_pool_forward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
     });
     detail::check_launch("max_pool_forward");
 }
-template <core::Window g>
-void max_pool_backward(const Context& ctx, const float* arg, const float* dy, float* dx, std::size_t n)
+template <core::Window g, core::Storage T>
+void max_pool_backward(const Context& ctx, const float* arg, const T* dy, T* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * detail::tiles(g);
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::max_pool_backward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
+        kernels::max_pool_backward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
     });
     detail::check_launch("max_pool_backward");
 }
-template <core::Window g>
-void avg_pool_forward(const Context& ctx, const float* x, float* y, std::size_t n)
+template <core::Window g, core::Storage T>
+void avg_pool_forward(const Context& ctx, const T* x, T* y, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::avg_pool_forward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, I(count));
+        kernels::avg_pool_forward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, I(count));
     });
     detail::check_launch("avg_pool_forward");
 }
-template <core::Window g>
-void avg_pool_backward(const Context& ctx, const float* dy, float* dx, std::size_t n)
+template <core::Window g, core::Storage T>
+void avg_pool_backward(const Context& ctx, const T* dy, T* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * detail::tiles(g);
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::avg_pool_backward<I, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, I(count));
+        kernels::avg_pool_backward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, I(count));
     });
     detail::check_launch("avg_pool_backward");
 }
