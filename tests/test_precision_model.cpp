@@ -1,0 +1,173 @@
+// Models in bf16 and fp16 on the CPU: fp32 master parameters with a weight copy in the reduced type,
+// inputs converted once, training close to fp32's, DataParallel equal to one model (and bit for bit in
+// the reproducible mode), checkpoints that move between precisions.
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "catch.hpp"
+#include "models.hpp"
+#include "replica/replica.hpp"
+#include "support.hpp"
+
+using namespace replica;
+using namespace replica::testing;
+
+namespace {
+
+// ||a - b|| / ||b||.
+double relative_l2(const std::vector<float>& a, const std::vector<float>& b)
+{
+    double num = 0.0, den = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+        den += double(b[i]) * double(b[i]);
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<float> minus(std::vector<float> a, const std::vector<float>& b)
+{
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+    return a;
+}
+
+// The model's weight copy (what its products read), as floats.
+template <class M>
+std::vector<float> weight_copy(M& m)
+{
+    std::vector<typename M::storage> w(M::param_count);
+    m.visit([&](auto& ctx) {
+        ctx.download(w.data(), m.weight_data(), w.size());
+        ctx.synchronize();
+    });
+    std::vector<float> out(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) out[i] = core::to_float(w[i]);
+    return out;
+}
+
+template <class T>
+std::vector<float> rounded(std::vector<float> v)
+{
+    for (float& f : v) f = core::round_through<T>(f);
+    return v;
+}
+
+// Three SGD steps of Net in precision T against the same in fp32 from the same parameters: the
+// updates agree to the format's precision, the master parameters stay float (not rounded to T), and
+// the weight copy is the parameters rounded to T after every change.
+template <class Net, class T>
+void trains_close_to_fp32(double tolerance)
+{
+    using Reduced = with_precision<Net, T>;
+    static_assert(std::same_as<typename Reduced::storage, T> && std::same_as<typename Net::storage, float>);
+    const RandomBatches<Net> data(24, 5);
+    Net full{Device::cpu(), 3};
+    Reduced reduced{Device::cpu(), 3};
+    const auto initial = parameters(full);
+    REQUIRE(parameters(reduced) == initial);
+    CHECK(weight_copy(reduced) == rounded<T>(initial));
+
+    // Predictions before training: within the format's rounding of the activations.
+    const auto y_full = predict(full, data.inputs.data(), 8), y_reduced = predict(reduced, data.inputs.data(), 8);
+    CHECK(relative_l2(y_reduced, y_full) < tolerance);
+    CHECK(relative_l2(y_reduced, y_full) > 0.0);   // it did compute in T
+
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 3; ++s) {
+        train_step(full, opt, data.batch(s * 8, 8, s * 8));
+        train_step(reduced, opt, data.batch(s * 8, 8, s * 8));
+    }
+    const auto w_full = parameters(full), w_reduced = parameters(reduced);
+    const double update_error = relative_l2(minus(w_reduced, initial), minus(w_full, initial));
+    CAPTURE(update_error);
+    CHECK(update_error < 4 * tolerance);
+    CHECK(w_reduced != rounded<T>(w_reduced));          // masters keep float precision
+    CHECK(weight_copy(reduced) == rounded<T>(w_reduced));   // the copy follows the update
+}
+
+} // namespace
+
+TEST_CASE("A model in bf16 or fp16 keeps fp32 parameters and trains as fp32 does, to the format's precision",
+          "[cpu][precision]")
+{
+    trains_close_to_fp32<FusedConvNet, bf16>(2e-2);
+    trains_close_to_fp32<FusedConvNet, fp16>(3e-3);
+    trains_close_to_fp32<SmallResNet, bf16>(3e-2);
+    trains_close_to_fp32<ConcatBatchNormNet, bf16>(3e-2);
+    trains_close_to_fp32<SmallFCN, fp16>(3e-3);
+    // Dropout, Linear and a nested Sequential; a nested DataParallel's replicas take the outer
+    // model's precision.
+    trains_close_to_fp32<SmallAlexNetPlain, bf16>(2e-2);
+    trains_close_to_fp32<SmallAlexNet<Threaded>, bf16>(2e-2);
+}
+
+TEST_CASE("A nested DataParallel in bf16 equals the plain model in bf16", "[cpu][precision][parallel]")
+{
+    using Nested = with_precision<SmallAlexNet<Threaded>, bf16>;
+    using Plain = with_precision<SmallAlexNetPlain, bf16>;
+    const RandomBatches<Plain> data(100, 3);
+    Nested nested{cpus(2), 5};
+    Plain plain{Device::cpu(), 5};
+    plain.set_parameters(parameters(nested));
+    const StepOptions fast{};
+    const auto expected = five_steps(plain, data, 7, fast);
+    // Two replicas sum their gradients in another order than one model: float noise, then bf16's
+    // rounding of the next steps' activations.
+    CHECK(max_relative_difference(five_steps(nested, data, 7, fast), expected) < 2e-2);
+}
+
+TEST_CASE("DataParallel in bf16 equals one bf16 model, and bit for bit in the reproducible mode",
+          "[cpu][precision][parallel][reproducible]")
+{
+    using Net = with_precision<SmallResNet, bf16>;
+    const RandomBatches<Net> data(100, 9);
+    Net one{Device::cpu(), 2};
+    const auto fast_one = five_steps(one, data, 3, StepOptions{});
+    for (std::size_t replicas : {2, 3}) {
+        DataParallel<Net, Threaded> dp{cpus(replicas), 2};
+        CAPTURE(replicas);
+        CHECK(max_relative_difference(five_steps(dp, data, 3, StepOptions{}), fast_one) < 2e-2);
+    }
+    Net single{Device::cpu(), 2};
+    const auto exact = five_steps(single, data, 3);
+    const auto statistics = single.statistics();
+    for (std::size_t replicas : {1, 2, 3}) {
+        DataParallel<Net, Threaded> dp{cpus(replicas), 2};
+        CAPTURE(replicas);
+        CHECK(differences(five_steps(dp, data, 3), exact) == "");
+        CHECK(differences(dp.statistics(), statistics) == "");
+    }
+    DataParallel<Net, SingleThread> two{cpus(2), 2};
+    CHECK(differences(five_steps(two, data, 3), exact) == "");
+}
+
+TEST_CASE("Checkpoints move between precisions: they hold the fp32 master parameters", "[cpu][precision][checkpoint]")
+{
+    using Full = SmallResNet;
+    using Reduced = with_precision<SmallResNet, bf16>;
+    static_assert(model_signature<Full>() == model_signature<Reduced>());
+    const RandomBatches<Full> data(40, 4);
+    const auto dir = std::filesystem::temp_directory_path() / "replica-precision-checkpoint";
+    std::filesystem::create_directories(dir);
+    Reduced reduced{Device::cpu(), 6};
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 2; ++s) train_step(reduced, opt, data.batch(s * 8, 8, s * 8));
+    save_checkpoint(dir / "bf16.ckpt", reduced, CheckpointState{}, opt);
+    Full full{Device::cpu(), 1};
+    SGD opt_full{{.lr = 0.05f, .momentum = 0.9f}};
+    load_checkpoint(dir / "bf16.ckpt", full, opt_full);
+    CHECK(parameters(full) == parameters(reduced));
+    CHECK(full.statistics() == reduced.statistics());
+    CHECK(full.optimizer_state() == reduced.optimizer_state());
+    // And back: fp32 to fp16.
+    train_step(full, opt_full, data.batch(16, 8, 16));
+    save_checkpoint(dir / "fp32.ckpt", full, CheckpointState{}, opt_full);
+    with_precision<SmallResNet, fp16> half{Device::cpu(), 1};
+    SGD opt_half{{.lr = 0.05f, .momentum = 0.9f}};
+    load_checkpoint(dir / "fp32.ckpt", half, opt_half);
+    CHECK(parameters(half) == parameters(full));
+    CHECK(weight_copy(half) == rounded<fp16>(parameters(full)));
+    std::filesystem::remove_all(dir);
+}
