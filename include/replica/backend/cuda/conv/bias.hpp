@@ -1,7 +1,8 @@
 #pragma once
 // A convolution's bias gradient, db (channels) = dy (n, channels, pixels) summed over samples and
-// pixels (dy of type T: float, bf16 or fp16; the sums and db in float), by our own two-pass channel sums (cuDNN's cudnnConvolutionBackwardBias was slower;
-// docs/benchmarks.md), in an order fixed by the shape: the same bits every run and on every GPU.
+// pixels (dy of type T: float, bf16 or fp16; the sums and db in float), by our own two-pass channel
+// sums (cuDNN's cudnnConvolutionBackwardBias was slower; docs/benchmarks.md), in an order fixed by
+// the shape: the same bits every run and on every GPU.
 // Every way of running a convolution (conv/) uses it. A null bias b (and then a null db) is a
 // convolution without bias (Bias::none): nothing is added or summed for it, and a fused ReLU, or its
 // rule in backward, runs in a pass of its own (bias_forward, bias_backward). Only under nvcc.

@@ -27,8 +27,9 @@ namespace kernels {
 // im2row: row (s, p) of `rows` holds what output pixel p of
 // sample s reads, in the filter's order (channel, row, column), zeros where it reads padding; count =
 // n * oh * ow * c * kh * kw. A thread writes four consecutive values (one vector store where `rows`
-// allows it, detail::vector_aligned): it splits its first index into (sample, pixel, channel, row, column) once and
-// steps the others from it (splitting every index by divisions made the kernel instruction-bound).
+// allows it: detail::vector_aligned): it splits its first index into (sample, pixel, channel, row,
+// column) once and steps the others from it (splitting every index by divisions made the kernel
+// instruction-bound).
 template <class I, class T, int... G>
 __global__ void im2row(const T* x, T* rows, I count, bool aligned)
 {

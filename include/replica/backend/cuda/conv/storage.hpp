@@ -68,7 +68,8 @@ __device__ inline void store4(T* p, float4 v, bool aligned)
         const T a = core::from_float<T>(v.x), b = core::from_float<T>(v.y), c = core::from_float<T>(v.z),
                 d = core::from_float<T>(v.w);
         if (aligned) {
-            *reinterpret_cast<uint2*>(p) = make_uint2(unsigned(a.bits) | (unsigned(b.bits) << 16), unsigned(c.bits) | (unsigned(d.bits) << 16));
+            *reinterpret_cast<uint2*>(p) =
+                make_uint2(unsigned(a.bits) | (unsigned(b.bits) << 16), unsigned(c.bits) | (unsigned(d.bits) << 16));
         } else {
             p[0] = a;
             p[1] = b;
@@ -93,7 +94,7 @@ namespace replica::backend::cuda::kernels {
 // dst[i] = src[i] as a float (exact): a result that a library wrote in T into scratch, to a float
 // gradient.
 template <class T>
-__global__ void widen(const T* src, float* dst, std::size_t count)
+__global__ void to_float_copy(const T* src, float* dst, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] = core::to_float(src[i]);
 }
@@ -101,10 +102,10 @@ __global__ void widen(const T* src, float* dst, std::size_t count)
 
 namespace replica::backend::cuda::detail {
 template <core::Storage T>
-void widen(cudaStream_t stream, const T* src, float* dst, std::size_t count)
+void to_float_copy(cudaStream_t stream, const T* src, float* dst, std::size_t count)
 {
     if (count == 0) return;
-    kernels::widen<T><<<blocks_for(count), kThreads, 0, stream>>>(src, dst, count);
-    check_launch("widen");
+    kernels::to_float_copy<T><<<blocks_for(count), kThreads, 0, stream>>>(src, dst, count);
+    check_launch("to_float_copy");
 }
 } // namespace replica::backend::cuda::detail
