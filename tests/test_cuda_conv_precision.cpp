@@ -366,7 +366,7 @@ TEST_CASE("Scratch and workspace sizes: float's as before, 16-bit ones with room
     CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias + 63) / 64 * 64 + (6 * 5 * 16 + 1) / 2);
 }
 
-TEST_CASE("The conversions the kernels use: a vector-aligned pointer holds four T, and a 16-bit one is rounded once",
+TEST_CASE("Vector access is allowed per T (16 bytes for float, 8 for 16-bit), and T names the libraries' types",
           "[cuda-host]")
 {
     alignas(16) float f[8] = {};
