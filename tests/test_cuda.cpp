@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "cuda_support.hpp"
 #include "fixtures.hpp"
 #include "models.hpp"
 #include "support.hpp"
@@ -30,50 +31,12 @@ namespace cuda = replica::backend::cuda;
 
 namespace {
 
-// Sets one of cuda::default_options() for the contexts made in its scope; restores it at the end.
-template <class T>
-class OptionScope {
-public:
-    OptionScope(T cuda::Options::*field, T value) : field_(field), old_(std::exchange(cuda::default_options().*field, value)) {}
-    ~OptionScope() { cuda::default_options().*field_ = old_; }
-    OptionScope(const OptionScope&) = delete;
-    OptionScope& operator=(const OptionScope&) = delete;
-
-private:
-    T cuda::Options::*field_;
-    T old_;
-};
-
-bool have_gpu()
-{
-    static const bool yes = [] {
-        cuda::default_options().allow_tf32 = false;
-        return !cuda_devices().empty();
-    }();
-    return yes;
-}
-#define REQUIRE_GPU()                                                             \
-    do {                                                                          \
-        if (!have_gpu()) REPLICA_SKIP("no GPU on this machine: [cuda] test skipped"); \
-    } while (0)
-
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f)
 {
     std::vector<float> v(n);
     for (std::size_t i = 0; i < n; ++i)
         v[i] = scale * (2.0f * core::random_uniform(seed, core::Stream::synthetic, 9, i / 65536, std::uint32_t(i % 65536)) - 1.0f);
     return v;
-}
-
-// max |a - b| / (max |a| + tiny): error relative to the result's magnitude.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b)
-{
-    double diff = 0.0, mag = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-        mag = std::max(mag, std::abs(double(a[i])));
-    }
-    return diff / (mag + 1e-12);
 }
 
 struct Results {
@@ -153,10 +116,8 @@ TEST_CASE("CUDA layers equal CPU layers: convolutions", "[cuda]")
 TEST_CASE("Each timed convolution choice is logged once, with what each pass runs", "[cuda]")
 {
     REQUIRE_GPU();
-    std::ostringstream out;
-    const OptionScope timed{&cuda::Options::benchmark, true};
-    const OptionScope per_pass{&cuda::Options::conv_path, cuda::ConvPath::timed};
-    const OptionScope log{&cuda::Options::log, static_cast<std::ostream*>(&out)};
+    LoggedTimedChoices logged;
+    const std::ostringstream& out = logged.out;
     constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};   // LeNet's second layer
     const std::size_t n = 59;                                       // a batch no other test uses
     cuda::Context a{Device::cuda(0)}, b{Device::cuda(0)};

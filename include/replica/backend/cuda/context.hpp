@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "replica/core/backoff.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
+#include "replica/core/number.hpp"
 #include "replica/core/tensor.hpp"
 
 namespace replica::backend::cuda {
@@ -267,14 +269,19 @@ public:
         }
         return plans.workspace.data();
     }
-    // n ones (bias gradients as a GEMV).
-    const float* ones(std::size_t n) const
+    // n ones of type T (bias gradients as a GEMV).
+    template <core::Storage T = float>
+    const T* ones(std::size_t n) const
     {
-        auto& o = state_->plans.ones;
+        auto& o = [this]() -> core::Buffer<T>& {
+            if constexpr (std::same_as<T, float>) return state_->plans.ones;
+            else if constexpr (std::same_as<T, core::bf16>) return state_->plans.ones_bf16;
+            else return state_->plans.ones_fp16;
+        }();
         if (o.size() < n) {
             drop_graphs();
-            o = allocate<float>(n);
-            std::vector<float> host(n, 1.0f);
+            o = allocate<T>(n);
+            std::vector<T> host(n, core::from_float<T>(1.0f));
             upload(o.data(), host.data(), n);
         }
         return o.data();

@@ -6,9 +6,15 @@
 // then a null bias gradient db) is a convolution without bias: nothing is added or summed for it; a
 // fused ReLU, and its rule in backward, run where they would with a bias (on cuDNN's path, the pass
 // that adds the bias or sums its gradient becomes a ReLU pass of its own). A transposed convolution
-// runs cuDNN's adjoint passes. Only under nvcc.
+// runs cuDNN's adjoint passes.
+//
+// Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, their gradients, relu_y and
+// dz are T; b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
+// stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's own filter gradient
+// comes out in T and is widened to dw). Plans are made and timed per T. Only under nvcc.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
@@ -18,87 +24,90 @@
 #include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/direct.hpp"
 #include "replica/backend/cuda/conv/products.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
-// Scratch: the bias gradient's partial sums (channel_sums), over the output's channels and pixels;
-// for the direct kernels, their filter gradient's partial sums after (the larger of the two).
-template <core::Window g, class T = float>
+// Scratch (floats): the bias gradient's partial sums (channel_sums), over the output's channels and
+// pixels; for the direct kernels, their filter gradient's partial sums after (the larger of the two);
+// for T other than float on cuDNN's filter gradient, that gradient in T after the bias's sums
+// (CudnnConv::scratch_size).
+template <core::Window g, core::Storage T = float>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
     const std::size_t bias = std::size_t(cout) * detail::bias_parts(cout, n * g.oh * g.ow);
-    if constexpr (!detail::direct_conv<g>) return bias;
+    if constexpr (!detail::direct_conv<g>) return std::same_as<T, float> ? bias : CudnnConv<g>::template scratch_size<T>(cout, n);
     else return std::max(bias, DirectConv<g>::scratch_size(cout, n));
 }
-template <core::Window g, class T = float>
-std::size_t conv_transpose_scratch_size(const Context&, int, std::size_t n)
+// c: the transposed convolution's input channels.
+template <core::Window g, core::Storage T = float>
+std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
 {
-    return std::size_t(g.c) * detail::bias_parts(g.c, n * g.h * g.w);
+    if constexpr (std::same_as<T, float>) return std::size_t(g.c) * detail::bias_parts(g.c, n * g.h * g.w);
+    else return CudnnConvTranspose<g>::template scratch_size<T>(c, n);
 }
 
 namespace detail {
-template <core::Window g>
-void run_backward(const Context& ctx, const ConvBackward& a)
+template <core::Window g, core::Storage T>
+void run_backward(const Context& ctx, const ConvBackward<T>& a)
 {
-    static_assert(ConvCandidate<CudnnConv<g>> && ConvCandidate<ProductConv<g>>);
-    const ConvPlan& p = plan_of<g>(ctx, a.cout, a.n);
+    static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
+    const ConvPlan& p = plan_of<g, T>(ctx, a.cout, a.n);
     if (p.gemm_backward) ProductConv<g>::backward(ctx, &p, a);
     else if constexpr (direct_conv<g>) DirectConv<g>::backward(ctx, &p, a);
     else CudnnConv<g>::backward(ctx, &p, a);
 }
 } // namespace detail
 
-template <core::Window g>
-void conv_forward(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
-                  std::size_t n, float*, bool relu)
+template <core::Window g, core::Storage T>
+void conv_forward(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, float*, bool relu)
 {
-    static_assert(ConvCandidate<CudnnConv<g>> && ConvCandidate<ProductConv<g>>);
-    const ConvForward a{cout, w, b, x, y, n, relu};
+    static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
+    const ConvForward<T> a{cout, w, b, x, y, n, relu};
     if constexpr (detail::direct_conv<g>) {
-        static_assert(ConvCandidate<DirectConv<g>>);
+        static_assert(ConvCandidate<DirectConv<g>, T>);
         if (DirectConv<g>::takes_forward(cout)) {   // before any plan: it needs none
             DirectConv<g>::forward(ctx, nullptr, a);
             return;
         }
     }
-    const ConvPlan& p = detail::plan_of<g>(ctx, cout, n);
+    const ConvPlan& p = detail::plan_of<g, T>(ctx, cout, n);
     if (p.gemm_forward) ProductConv<g>::forward(ctx, &p, a);
     else CudnnConv<g>::forward(ctx, &p, a);
 }
 
-template <core::Window g>
-void conv_backward(const Context& ctx, int cout, const float* w, const float* x, const float* dy, float* dx,
-                   float* dw, float* db, std::size_t n, float* scratch)
+template <core::Window g, core::Storage T>
+void conv_backward(const Context& ctx, int cout, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db,
+                   std::size_t n, float* scratch)
 {
-    detail::run_backward<g>(ctx, ConvBackward{cout, w, x, nullptr, dy, nullptr, dx, dw, db, n, scratch});
+    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, nullptr, dy, nullptr, dx, dw, db, n, scratch});
 }
 
 // The backward of a convolution followed by a ReLU whose output is relu_y and whose output gradient
 // is dy: the ReLU's backward runs in the bias-gradient pass (without a bias, in a pass of its own;
 // on the product path, in its transpose), which writes the convolution output's gradient to dz
 // (n x cout x oh x ow).
-template <core::Window g>
-void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
-                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
+template <core::Window g, core::Storage T>
+void conv_backward_relu(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz, T* dx,
+                        float* dw, float* db, std::size_t n, float* scratch)
 {
-    detail::run_backward<g>(ctx, ConvBackward{cout, w, x, relu_y, dy, dz, dx, dw, db, n, scratch});
+    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, relu_y, dy, dz, dx, dw, db, n, scratch});
 }
 
 // Window g maps the transposed convolution's OUTPUT (g.c = cout channels, g.h x g.w) to its input
 // (c channels, g.oh x g.ow); the weight (c, cout, kh, kw) is that convolution's filter.
-template <core::Window g>
-void conv_transpose_forward(const Context& ctx, int c, const float* w, const float* b, const float* x, float* y,
-                            std::size_t n, float*)
+template <core::Window g, core::Storage T>
+void conv_transpose_forward(const Context& ctx, int c, const T* w, const float* b, const T* x, T* y, std::size_t n, float*)
 {
-    CudnnConvTranspose<g>::forward(ctx, detail::conv_plan(ctx, g, c, n, ConvKey::transposed), w, b, x, y, n);
+    CudnnConvTranspose<g>::forward(ctx, detail::conv_plan<T>(ctx, g, c, n, ConvKey::transposed), w, b, x, y, n);
 }
 
-template <core::Window g>
-void conv_transpose_backward(const Context& ctx, int c, const float* w, const float* x, const float* dy, float* dx,
-                             float* dw, float* db, std::size_t n, float* scratch)
+template <core::Window g, core::Storage T>
+void conv_transpose_backward(const Context& ctx, int c, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db,
+                             std::size_t n, float* scratch)
 {
-    CudnnConvTranspose<g>::backward(ctx, detail::conv_plan(ctx, g, c, n, ConvKey::transposed), w, x, dy, dx, dw, db, n,
-                                    scratch);
+    CudnnConvTranspose<g>::backward(ctx, detail::conv_plan<T>(ctx, g, c, n, ConvKey::transposed), c, w, x, dy, dx, dw, db,
+                                    n, scratch);
 }
 
 } // namespace replica::backend::cuda

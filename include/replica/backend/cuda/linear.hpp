@@ -10,12 +10,20 @@
 // buffer first (PyTorch, too, uses the bias epilogue only on aligned biases). Plans are made once per
 // product, shape and alignment and kept in the context's plan cache. Algorithms: cuBLASLt's heuristic
 // choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in deterministic mode).
+//
+// Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, dx, dy, relu_y and dz are
+// T, b, dw and db float. For bf16 and fp16 the products read T (CUDA_R_16BF, CUDA_R_16F) and compute
+// in FP32 (tensor cores); y comes out in T with the float bias and the ReLU applied before its one
+// rounding (where cuBLASLt offers no such epilogue for the shape: the product, rounded, then
+// add_channel_bias, rounded again); dw and the BGRADB bias gradient come out in FP32, and the GEMV
+// bias gradient is a GemmEx with FP32 output. Plans are kept per T.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +36,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
@@ -38,10 +47,15 @@ struct Matrix {
     std::uint64_t rows, cols;
 };
 
+inline cudaDataType_t cuda_type(StorageId s)
+{
+    return s == StorageId::fp32 ? CUDA_R_32F : s == StorageId::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 // Timed choices (Options::benchmark), process-wide: by kind of GPU and product.
 struct MeasuredGemmKey {
     std::string device;
-    std::array<std::uint64_t, 13> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs, alignments, TF32
+    std::array<std::uint64_t, 14> shape;   // A, B, D dims, op(A), op(B), epilogue, graphs, alignments, TF32, StorageId
     friend bool operator<(const MeasuredGemmKey& a, const MeasuredGemmKey& b)
     {
         return a.device != b.device ? a.device < b.device : a.shape < b.shape;
@@ -68,7 +82,8 @@ inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const
     const auto& d = key.shape;
     out << "replica: " << key.device << ": product A " << d[0] << "x" << d[1] << ", B " << d[2] << "x" << d[3] << " -> D " << d[4]
         << "x" << d[5] << " (ops " << d[6] << ", epilogue " << d[7] << ", alignments " << d[9] << "/" << d[10] << "/" << d[11]
-        << (d[12] ? ", TF32" : "") << "): candidate " << chosen << " of " << took.size() << " chosen;";
+        << (d[12] ? ", TF32" : "") << (d[13] ? std::string(", ") + storage_name(StorageId(d[13])) : std::string())
+        << "): candidate " << chosen << " of " << took.size() << " chosen;";
     for (std::size_t i = 0; i < took.size(); ++i) {
         const bool timed = took[i] < CallTimer::never && took[i] >= 0.0;
         out << " [" << i << "] algo " << config(found[i].algo, CUBLASLT_ALGO_CONFIG_ID) << " tile "
@@ -80,8 +95,8 @@ inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
-inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const float* a, const float* b, float* d,
-                               const float* bias, const cublasLtMatmulAlgo_t& algo, std::size_t workspace)
+inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const float* bias,
+                               const cublasLtMatmulAlgo_t& algo, std::size_t workspace)
 {
     if (bias) {
         const cublasStatus_t s = cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
@@ -101,9 +116,14 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    g.a = make_matrix_layout(CUDA_R_32F, a.rows, a.cols, std::int64_t(a.rows));
-    g.b = make_matrix_layout(CUDA_R_32F, b.rows, b.cols, std::int64_t(b.rows));
-    g.d = make_matrix_layout(CUDA_R_32F, d.rows, d.cols, std::int64_t(d.rows));
+    const cudaDataType_t in_type = cuda_type(key.storage), out_type = key.float_output() ? CUDA_R_32F : in_type;
+    if (key.storage != StorageId::fp32 && bias_length) {   // the bias (or its gradient) is float whatever D is
+        const cudaDataType_t bias_type = CUDA_R_32F;
+        REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    }
+    g.a = make_matrix_layout(in_type, a.rows, a.cols, std::int64_t(a.rows));
+    g.b = make_matrix_layout(in_type, b.rows, b.cols, std::int64_t(b.rows));
+    g.d = make_matrix_layout(out_type, d.rows, d.cols, std::int64_t(d.rows));
 
     const MatmulPreference pref = make_matmul_preference();
     const std::size_t most = Context::blas_workspace_bytes;
@@ -129,7 +149,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     const MeasuredGemmKey measured{device_kind(ctx), {a.rows, a.cols, b.rows, b.cols, d.rows, d.cols,
                                                  std::uint64_t(op_a) * 4 + std::uint64_t(op_b), std::uint64_t(epilogue),
                                                  std::uint64_t(ctx.options().graphs), align[0], align[1], align[2],
-                                                 std::uint64_t(key.tf32)}};
+                                                 std::uint64_t(key.tf32), std::uint64_t(key.storage)}};
     std::lock_guard lock(measured_mutex());
     auto& choices = measured_gemm_choices();
     auto it = choices.find(measured);
@@ -163,11 +183,20 @@ inline int alignment(const void* p)
     return int(std::min<std::uintptr_t>(a & (~a + 1), 256));
 }
 
-// The product `kind` of a layer in -> out over n samples, for pointers A, B, D of these alignments.
-inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, int out, std::size_t n, const void* a,
-                               const void* b, const void* d, bool tf32)
+// Whether a product without an algorithm may fall back on other work: the bias gradient's (a GEMV),
+// and a 16-bit forward pass's with the bias (the product without it, then add_channel_bias).
+inline bool has_fallback(GemmKey::Kind kind, StorageId storage)
 {
-    const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d), tf32};
+    return kind == GemmKey::weight_grad_bias ||
+           (storage != StorageId::fp32 && (kind == GemmKey::forward || kind == GemmKey::forward_relu));
+}
+
+// The product `kind` of a layer in -> out over n samples, for pointers A, B, D of these alignments,
+// A and B of type `storage` (TF32 only applies to float).
+inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, int out, std::size_t n, const void* a,
+                               const void* b, const void* d, bool tf32, StorageId storage = StorageId::fp32)
+{
+    const GemmKey key{kind, in, out, n, alignment(a), alignment(b), alignment(d), tf32 && storage == StorageId::fp32, storage};
     auto& gemms = ctx.plan_cache().gemms;
     if (auto it = gemms.find(key); it != gemms.end()) return it->second;
     const std::uint64_t i = std::uint64_t(in), o = std::uint64_t(out), m = n;
@@ -196,13 +225,13 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
         g = make_gemm(ctx, {o, m}, CUBLAS_OP_T, {i, o}, CUBLAS_OP_T, {m, i}, CUBLASLT_EPILOGUE_DEFAULT, 0, key);
         break;
     }
-    if (!g.usable && kind != GemmKey::weight_grad_bias)   // that one has a GEMV to fall back on
+    if (!g.usable && !has_fallback(kind, storage))
         throw Error("cuBLASLt offers no algorithm for a fully connected layer of " + std::to_string(in) + " -> " +
                     std::to_string(out) + " over " + std::to_string(n) + " samples");
     return gemms.emplace(key, std::move(g)).first->second;
 }
 
-inline void run(const Context& ctx, const Gemm& g, const float* a, const float* b, float* d, const float* bias = nullptr)
+inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const float* bias = nullptr)
 {
     REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace));
 }
@@ -222,50 +251,70 @@ inline const float* aligned_bias(const Context& ctx, const float* b, int out)
 } // namespace detail
 
 // relu: the ReLU after the layer is applied too (y is its output). tf32: products in TF32 (a
-// convolution's, conv.hpp, where Options::allow_tf32). b null: no bias (a convolution without one).
-inline void linear_forward(const Context& ctx, int in, int out, const float* w, const float* b, const float* x, float* y,
-                           std::size_t n, bool relu = false, bool tf32 = false)
+// convolution's, conv.hpp, where Options::allow_tf32; float only). b null: no bias (a convolution
+// without one).
+template <core::Storage T>
+void linear_forward(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                    bool relu = false, bool tf32 = false)
 {
     if (n == 0) return;
+    constexpr StorageId s = storage_of<T>;
     if (!b) {
         const auto kind = relu ? GemmKey::forward_relu_no_bias : GemmKey::forward_no_bias;
-        detail::run(ctx, detail::linear_gemm(ctx, kind, in, out, n, w, x, y, tf32), w, x, y);
+        detail::run(ctx, detail::linear_gemm(ctx, kind, in, out, n, w, x, y, tf32, s), w, x, y);
         return;
     }
-    const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y, tf32);
+    const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y, tf32, s);
+    if constexpr (!std::same_as<T, float>) {
+        if (!g.usable) {   // no float-bias epilogue for this 16-bit product: y (n, out) + b after it
+            detail::run(ctx, detail::linear_gemm(ctx, GemmKey::forward_no_bias, in, out, n, w, x, y, tf32, s), w, x, y);
+            add_channel_bias(ctx, b, y, n, std::size_t(out), 1, relu);
+            return;
+        }
+    }
     detail::run(ctx, g, w, x, y, detail::aligned_bias(ctx, b, out));
 }
 
 // dw, db (null without a bias) assigned; dx (may be null) assigned.
-inline void linear_backward(const Context& ctx, int in, int out, const float* w, const float* x, const float* dy, float* dx,
-                            float* dw, float* db, std::size_t n, bool tf32 = false)
+template <core::Storage T>
+void linear_backward(const Context& ctx, int in, int out, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db,
+                     std::size_t n, bool tf32 = false)
 {
     if (n == 0) {   // no samples: a zero gradient
         REPLICA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * std::size_t(in) * std::size_t(out), ctx.stream()));
         if (db) REPLICA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * std::size_t(out), ctx.stream()));
         return;
     }
+    constexpr StorageId s = storage_of<T>;
     const Gemm* with_bias = db && detail::alignment(db) >= 16
-                                ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw, tf32)
+                                ? &detail::linear_gemm(ctx, GemmKey::weight_grad_bias, in, out, n, x, dy, dw, tf32, s)
                                 : nullptr;
     if (with_bias && with_bias->usable) {
         detail::run(ctx, *with_bias, x, dy, dw, db);
     } else {
-        detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw, tf32), x, dy, dw);
+        detail::run(ctx, detail::linear_gemm(ctx, GemmKey::weight_grad, in, out, n, x, dy, dw, tf32, s), x, dy, dw);
         const float one = 1.0f, zero = 0.0f;
         // db (out) = dy^T (out, n) 1 (n)
-        if (db) REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
+        if constexpr (std::same_as<T, float>) {
+            if (db) REPLICA_CHECK(cublasSgemv(ctx.cublas(), CUBLAS_OP_N, out, int(n), &one, dy, out, ctx.ones(n), 1, &zero, db, 1));
+        } else if (db) {
+            const cudaDataType_t type = detail::cuda_type(s);
+            REPLICA_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, out, 1, int(n), &one, dy, type, out,
+                                       ctx.ones<T>(n), type, int(n), &zero, db, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+        }
     }
-    if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx, tf32), w, dy, dx);
+    if (dx) detail::run(ctx, detail::linear_gemm(ctx, GemmKey::input_grad, in, out, n, w, dy, dx, tf32, s), w, dy, dx);
 }
 
 // The backward of the layer and the ReLU after it: relu_y and dy are the ReLU's output and its
 // gradient; dz receives the layer output's gradient.
-inline void linear_backward_relu(const Context& ctx, int in, int out, const float* w, const float* x, const float* relu_y,
-                                 const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n)
+template <core::Storage T>
+void linear_backward_relu(const Context& ctx, int in, int out, const T* w, const T* x, const T* relu_y, const T* dy, T* dz,
+                          T* dx, float* dw, float* db, std::size_t n)
 {
     relu_backward(ctx, relu_y, dy, dz, n * std::size_t(out));
-    linear_backward(ctx, in, out, w, x, dz, dx, dw, db, n);
+    linear_backward<T>(ctx, in, out, w, x, dz, dx, dw, db, n);
 }
 
 } // namespace replica::backend::cuda

@@ -12,6 +12,7 @@
 #include <cudnn.h>
 
 #include <compare>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -28,6 +29,7 @@
 #include "replica/backend/cuda/options.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/fixed_point.hpp"
+#include "replica/core/number.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/core/window.hpp"
 
@@ -112,23 +114,34 @@ struct ConvPlan {
     std::size_t workspace = 0;
 };
 
+// The element type of a plan's activations and products' inputs (storage_of<T>): a bf16 plan is
+// not a float plan.
+enum class StorageId { fp32, bf16, fp16 };
+template <core::Storage T>
+inline constexpr StorageId storage_of = std::same_as<T, float> ? StorageId::fp32
+                                        : std::same_as<T, core::bf16> ? StorageId::bf16
+                                                                      : StorageId::fp16;
+inline const char* storage_name(StorageId s) { return s == StorageId::fp32 ? "fp32" : s == StorageId::bf16 ? "bf16" : "fp16"; }
+
 struct ConvKey {
     enum Use { convolution, direct, transposed };   // what the plan is for (conv.hpp)
     core::Window g;
     int cout;
     std::size_t n;
     int use = convolution;
+    StorageId storage = StorageId::fp32;
     friend bool operator<(const ConvKey& a, const ConvKey& b)
     {
         auto t = [](const ConvKey& k) {
             return std::make_tuple(k.g.c, k.g.h, k.g.w, k.g.kh, k.g.kw, k.g.sh, k.g.sw, k.g.ph, k.g.pw, k.g.oh, k.g.ow, k.cout, k.n,
-                                   k.use);
+                                   k.use, k.storage);
         };
         return t(a) < t(b);
     }
 };
 
-// A matrix product D = op(A) op(B) (+ an epilogue) of fixed shapes through cuBLASLt, FP32 throughout.
+// A matrix product D = op(A) op(B) (+ an epilogue) of fixed shapes through cuBLASLt: A and B of the
+// key's storage type, D of it too or FP32 (GemmKey::float_output), computed and scaled in FP32.
 struct Gemm {
     MatmulDesc desc;
     MatrixLayout a, b, d;
@@ -146,12 +159,15 @@ struct GemmKey {
     std::size_t n;
     int align_a, align_b, align_d;
     bool tf32;   // a convolution's products (conv.hpp) may use TF32, a fully connected layer's never
+    StorageId storage = StorageId::fp32;   // A's and B's type; D's too unless float_output
+    // The weight gradients, and the rows' gradient of a convolution's products, come out in FP32.
+    bool float_output() const { return kind == weight_grad_bias || kind == weight_grad || kind == input_grad_t; }
     friend auto operator<=>(const GemmKey&, const GemmKey&) = default;
     // Written out: nvcc 13 leaves the == implied by a defaulted <=> undefined at link time.
     friend bool operator==(const GemmKey& a, const GemmKey& b)
     {
         return a.kind == b.kind && a.in == b.in && a.out == b.out && a.n == b.n && a.align_a == b.align_a &&
-               a.align_b == b.align_b && a.align_d == b.align_d && a.tf32 == b.tf32;
+               a.align_b == b.align_b && a.align_d == b.align_d && a.tf32 == b.tf32 && a.storage == b.storage;
     }
 };
 
@@ -163,11 +179,13 @@ namespace detail {
 // graphs (Context does).
 struct PlanCache {
     // The rows (conv/products.hpp) that the workspace holds, left by a convolution's forward for its
-    // backward: of input x, window g, n samples. Any later use of the workspace forgets them.
+    // backward: of input x (of type `storage`), window g, n samples. Any later use of the workspace
+    // forgets them.
     struct Rows {
-        const float* x = nullptr;
+        const void* x = nullptr;
         core::Window g{};
         std::size_t n = 0;
+        StorageId storage = StorageId::fp32;
     };
 
     std::map<ConvKey, ConvPlan> conv_plans;
@@ -175,6 +193,8 @@ struct PlanCache {
     core::Buffer<unsigned char> workspace;
     Rows workspace_rows;
     core::Buffer<float> ones;
+    core::Buffer<core::bf16> ones_bf16;
+    core::Buffer<core::fp16> ones_fp16;
     core::Buffer<float> aligned_bias;
 
     void drop_plans()

@@ -1,6 +1,6 @@
 #pragma once
-// The one autotuner of convolutions: for each layer (window, filters, batch size and what the plan
-// is for) it makes the plan that says which candidate (conv/candidate.hpp) runs each pass, forward
+// The one autotuner of convolutions: for each layer (window, filters, batch size, element type and
+// what the plan is for) it makes the plan that says which candidate (conv/candidate.hpp) runs each pass, forward
 // and backward (the two gradients), and with which algorithms:
 // - cuDNN's algorithms for each pass: its heuristic choice, or, with Options::benchmark (and not
 //   deterministic), its candidates timed as a step runs them (conv/cudnn.hpp, timing.hpp);
@@ -67,7 +67,7 @@ inline void log_choice(std::ostream& out, const std::string& device, const ConvK
     out << "replica: " << device << (transposed ? ": transposed convolution " : ": convolution ")
         << (transposed ? conv_out : conv_in) << " -> " << (transposed ? conv_in : conv_out) << " (" << g.kh << "x" << g.kw
         << ", stride " << g.sh << "x" << g.sw << ", pad " << g.ph << "x" << g.pw << "), batch " << key.n
-        << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
+        << (key.storage == StorageId::fp32 ? "" : std::string(", ") + storage_name(key.storage)) << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
         << int(a.cudnn.bwd_data) << ", filter " << int(a.cudnn.bwd_filter) << ") " << us(a.cudnn.seconds.backward);
     if (a.products_timed)
         out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
@@ -125,20 +125,22 @@ inline bool choose_products(const Context& ctx, ConvPlan& p, const MeasuredConvK
     return fresh;
 }
 
-// The plan for a convolution of window g with `cout` filters over n samples, kept in the context's
-// plan cache: x (n, g.c, g.h, g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow). For a plain
-// convolution (use), products_seconds times its products' passes (ProductConv<g>::time), so that
-// ConvPath::timed can choose them. The workspace is grown here, not inside a step.
-inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n,
-                                 ConvKey::Use use = ConvKey::convolution,
-                                 PassSeconds (*products_seconds)(const Context&, int, std::size_t) = nullptr)
+// The plan for a convolution of window g with `cout` filters over n samples in element type T, kept
+// in the context's plan cache: x (n, g.c, g.h, g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh,
+// g.ow). For a plain convolution (use), products_seconds times its products' passes
+// (ProductConv<g>::time<T>), so that ConvPath::timed can choose them. The workspace is grown here,
+// not inside a step.
+template <core::Storage T = float>
+const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, std::size_t n,
+                          ConvKey::Use use = ConvKey::convolution,
+                          PassSeconds (*products_seconds)(const Context&, int, std::size_t) = nullptr)
 {
     auto& plans = ctx.plan_cache().conv_plans;
-    const ConvKey key{g, cout, n, use};
+    const ConvKey key{g, cout, n, use, storage_of<T>};
     if (auto it = plans.find(key); it != plans.end()) return it->second;
 
     ConvPlan p;
-    describe(ctx, p, g, cout, n);
+    describe<T>(ctx, p, g, cout, n);
     const CudnnCandidates candidates(ctx, p);
     const bool det = ctx.options().deterministic;
     // Deterministic mode: cuDNN's choice, the same in every context and every run.
@@ -165,7 +167,7 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     p.bwd_filter = chosen.bwd_filter;
     if (use == ConvKey::convolution && products_seconds)
         fresh = choose_products(ctx, p, measured, timed, cout, n, products_seconds) || fresh;
-    p.workspace = std::max(cudnn_workspace(ctx, p), p.gemm_forward || p.gemm_backward ? gemm_workspace(g, cout, n) : 0);
+    p.workspace = std::max(cudnn_workspace(ctx, p), p.gemm_forward || p.gemm_backward ? gemm_workspace<T>(g, cout, n) : 0);
     if (fresh && ctx.options().log) {
         std::lock_guard lock(measured_mutex());
         log_choice(*ctx.options().log, measured.device, key, measured_conv_choices().at(measured));
@@ -174,13 +176,14 @@ inline const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int 
     return plans.emplace(key, std::move(p)).first->second;
 }
 
-// The plan of a convolution layer (conv.hpp): for the direct kernels' shapes, the cuDNN plan their
-// input gradient (and a forward pass too large for them) uses; otherwise cuDNN's and the products'.
-template <core::Window g>
+// The plan of a convolution layer (conv.hpp) in element type T: for the direct kernels' shapes, the
+// cuDNN plan their input gradient (and a forward pass too large for them) uses; otherwise cuDNN's and
+// the products'.
+template <core::Window g, core::Storage T = float>
 const ConvPlan& plan_of(const Context& ctx, int cout, std::size_t n)
 {
-    if constexpr (direct_conv<g>) return conv_plan(ctx, g, cout, n, ConvKey::direct);
-    else return conv_plan(ctx, g, cout, n, ConvKey::convolution, &ProductConv<g>::time);
+    if constexpr (direct_conv<g>) return conv_plan<T>(ctx, g, cout, n, ConvKey::direct);
+    else return conv_plan<T>(ctx, g, cout, n, ConvKey::convolution, &ProductConv<g>::template time<T>);
 }
 
 } // namespace replica::backend::cuda::detail

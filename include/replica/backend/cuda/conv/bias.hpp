@@ -1,7 +1,8 @@
 #pragma once
 // A convolution's bias gradient, db (channels) = dy (n, channels, pixels) summed over samples and
-// pixels, by our own two-pass channel sums (cuDNN's cudnnConvolutionBackwardBias was slower;
-// docs/benchmarks.md), in an order fixed by the shape: the same bits every run and on every GPU.
+// pixels (dy of type T: float, bf16 or fp16; the sums and db in float), by our own two-pass channel
+// sums (cuDNN's cudnnConvolutionBackwardBias was slower; docs/benchmarks.md), in an order fixed by
+// the shape: the same bits every run and on every GPU.
 // Every way of running a convolution (conv/) uses it. A null bias b (and then a null db) is a
 // convolution without bias (Bias::none): nothing is added or summed for it, and a fused ReLU, or its
 // rule in backward, runs in a pass of its own (bias_forward, bias_backward). Only under nvcc.
@@ -10,51 +11,46 @@
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
 
 namespace replica::backend::cuda {
 
 namespace kernels {
-// One unit of W consecutive floats (W = 1 or 4) of the bias-gradient pass: their sum, in an order
-// fixed by W (never by alignment: `aligned` picks a float4 load or four scalar ones); with Relu, the
-// ReLU's rule is applied first and the result written to dz.
-template <bool Relu, unsigned W>
-__device__ inline float unit_sum(const float* dy, const float* y, float* dz, bool aligned)
+// One unit of W consecutive values (W = 1 or 4) of the bias-gradient pass: their sum in float, in an
+// order fixed by W (never by alignment: `aligned` picks one vector load or four scalar ones); with
+// Relu, the ReLU's rule is applied first and the result written to dz (exactly: it is dy or 0).
+template <bool Relu, unsigned W, class T>
+__device__ inline float unit_sum(const T* dy, const T* y, T* dz, bool aligned)
 {
     if constexpr (W == 1) {
-        float v = *dy;
+        float v = core::to_float(*dy);
         if constexpr (Relu) {
-            v = relu_grad(*y, v);
-            *dz = v;
+            v = relu_grad(core::to_float(*y), v);
+            *dz = core::from_float<T>(v);
         }
         return v;
     } else {
-        float4 d = aligned ? *reinterpret_cast<const float4*>(dy) : make_float4(dy[0], dy[1], dy[2], dy[3]);
+        float4 d = detail::load4(dy, aligned);
         if constexpr (Relu) {
-            const float4 a = aligned ? *reinterpret_cast<const float4*>(y) : make_float4(y[0], y[1], y[2], y[3]);
+            const float4 a = detail::load4(y, aligned);
             d = make_float4(relu_grad(a.x, d.x), relu_grad(a.y, d.y), relu_grad(a.z, d.z), relu_grad(a.w, d.w));
-            if (aligned) *reinterpret_cast<float4*>(dz) = d;
-            else {
-                dz[0] = d.x;
-                dz[1] = d.y;
-                dz[2] = d.z;
-                dz[3] = d.w;
-            }
+            detail::store4(dz, d, aligned);
         }
         return (d.x + d.y) + (d.z + d.w);
     }
 }
 
-// Pass 1 of db[c] = sum over i < n, j < s of dy[i][c][j]: block (part, c) sums the units (of W floats;
+// Pass 1 of db[c] = sum over i < n, j < s of dy[i][c][j]: block (part, c) sums the units (of W values;
 // s and per_part count units) [part * per_part, (part + 1) * per_part) of channel c's n * s in a
 // fixed order (threads stride along the contiguous rows, then a tree in shared memory), so the result
 // is the same every run. Relu: dy is the gradient of relu(z), y = relu(z); the pass also writes
 // dz = y > 0 ? dy : 0 and sums dz (a convolution's backward with the ReLU after it: one pass over
 // memory instead of two).
-template <bool Relu, unsigned W>
-__global__ void channel_partial_sums(const float* dy, const float* y, float* dz, float* partial, unsigned channels,
-                                     unsigned n, unsigned s, unsigned per_part, bool aligned)
+template <bool Relu, unsigned W, class T>
+__global__ void channel_partial_sums(const T* dy, const T* y, T* dz, float* partial, unsigned channels, unsigned n,
+                                     unsigned s, unsigned per_part, bool aligned)
 {
     __shared__ float lane[detail::kThreads];
     const unsigned c = blockIdx.y, part = blockIdx.x, total = n * s;
@@ -65,7 +61,7 @@ __global__ void channel_partial_sums(const float* dy, const float* y, float* dz,
         unsigned i = k / s, j = k - i * s;
         for (; k < end; k += blockDim.x) {
             const std::size_t at = ((std::size_t(i) * channels + c) * s + j) * W;
-            sum += unit_sum<Relu, W>(dy + at, y + at, dz + at, aligned);
+            sum += unit_sum<Relu, W, T>(dy + at, y + at, dz + at, aligned);
             i += step_i;
             j += step_j;
             if (j >= s) {
@@ -103,32 +99,34 @@ inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
 // db (channels) = dy (n, channels, s) summed over n and s; `partial` holds channels * bias_parts(..).
 // With relu_y (the output of the ReLU that dy is the gradient of), dz = relu_y > 0 ? dy : 0 is written
 // and summed instead.
-inline void channel_sums(const Context& ctx, const float* dy, float* db, std::size_t channels, std::size_t n,
-                         std::size_t s, float* partial, const float* relu_y = nullptr, float* dz = nullptr)
+template <core::Storage T>
+void channel_sums(const Context& ctx, const T* dy, float* db, std::size_t channels, std::size_t n, std::size_t s,
+                  float* partial, const T* relu_y = nullptr, T* dz = nullptr)
 {
     core::require(n * s < (std::size_t(1) << 31), "a bias gradient over 2^31 values or more per channel: use a smaller batch");
-    // Units of four floats where rows hold whole quads: the order depends on the shape only.
+    // Units of four values where rows hold whole quads: the order depends on the shape only.
     const unsigned w = s % 4 == 0 ? 4 : 1, units = unsigned(n * s / w);
     const unsigned parts = bias_parts(channels, n * s), per_part = (units + parts - 1) / parts;
-    const bool aligned = w == 4 && quad_aligned(dy) && (!relu_y || quad_aligned(relu_y, dz));
+    const bool aligned = w == 4 && vector_aligned<T>(dy) && (!relu_y || vector_aligned<T>(relu_y, dz));
     const dim3 grid(parts, unsigned(channels));
     const auto c = unsigned(channels), nn = unsigned(n), sw = unsigned(s / w);
+    const T* none = nullptr;
     if (relu_y && w == 4)
-        kernels::channel_partial_sums<true, 4><<<grid, kThreads, 0, ctx.stream()>>>(dy, relu_y, dz, partial, c, nn, sw, per_part, aligned);
+        kernels::channel_partial_sums<true, 4, T><<<grid, kThreads, 0, ctx.stream()>>>(dy, relu_y, dz, partial, c, nn, sw, per_part, aligned);
     else if (relu_y)
-        kernels::channel_partial_sums<true, 1><<<grid, kThreads, 0, ctx.stream()>>>(dy, relu_y, dz, partial, c, nn, sw, per_part, false);
+        kernels::channel_partial_sums<true, 1, T><<<grid, kThreads, 0, ctx.stream()>>>(dy, relu_y, dz, partial, c, nn, sw, per_part, false);
     else if (w == 4)
-        kernels::channel_partial_sums<false, 4><<<grid, kThreads, 0, ctx.stream()>>>(dy, nullptr, nullptr, partial, c, nn, sw, per_part, aligned);
+        kernels::channel_partial_sums<false, 4, T><<<grid, kThreads, 0, ctx.stream()>>>(dy, none, nullptr, partial, c, nn, sw, per_part, aligned);
     else
-        kernels::channel_partial_sums<false, 1><<<grid, kThreads, 0, ctx.stream()>>>(dy, nullptr, nullptr, partial, c, nn, sw, per_part, false);
+        kernels::channel_partial_sums<false, 1, T><<<grid, kThreads, 0, ctx.stream()>>>(dy, none, nullptr, partial, c, nn, sw, per_part, false);
     check_launch("channel_partial_sums");
     kernels::channel_totals<<<blocks_for(channels), kThreads, 0, ctx.stream()>>>(partial, db, c, parts);
     check_launch("channel_totals");
 }
 
 // After a convolution wrote y (n, channels, s): b added (none where b is null), then the ReLU if relu.
-inline void bias_forward(const Context& ctx, const float* b, float* y, std::size_t n, std::size_t channels, std::size_t s,
-                         bool relu)
+template <core::Storage T>
+void bias_forward(const Context& ctx, const float* b, T* y, std::size_t n, std::size_t channels, std::size_t s, bool relu)
 {
     if (b) add_channel_bias(ctx, b, y, n, channels, s, relu);
     else if (relu) relu_forward(ctx, y, y, n * channels * s);
@@ -137,8 +135,9 @@ inline void bias_forward(const Context& ctx, const float* b, float* y, std::size
 // Before a convolution's filter and data gradients: db from dy as channel_sums (none where db is
 // null); with relu_y, dz = relu_y > 0 ? dy : 0 is written too (in the same pass where there is a
 // bias). The gradients then read dz where relu_y is given, else dy.
-inline void bias_backward(const Context& ctx, const float* dy, float* db, std::size_t channels, std::size_t n, std::size_t s,
-                          float* partial, const float* relu_y = nullptr, float* dz = nullptr)
+template <core::Storage T>
+void bias_backward(const Context& ctx, const T* dy, float* db, std::size_t channels, std::size_t n, std::size_t s,
+                   float* partial, const T* relu_y = nullptr, T* dz = nullptr)
 {
     if (db) channel_sums(ctx, dy, db, channels, n, s, partial, relu_y, dz);
     else if (relu_y) relu_backward(ctx, relu_y, dy, dz, n * channels * s);

@@ -4,21 +4,25 @@
 // (conv/autotune.hpp) chooses one candidate per pass and layer; conv.hpp runs the choice.
 //
 // A candidate C for window g (x (n, g.c, g.h, g.w), w (cout, g.c, g.kh, g.kw), b (cout) or null
-// for a convolution without bias, y (n, cout, g.oh, g.ow)) provides, all queued on the context's
-// compute stream:
-//   C::forward(ctx, plan, ConvForward)    y = the convolution of x by w, plus b, then the ReLU if relu
-//   C::backward(ctx, plan, ConvBackward)  dw assigned, db assigned where not null (null exactly when
-//                                         b was), dx assigned where not null
+// for a convolution without bias, y (n, cout, g.oh, g.ow)) and element type T (float, bf16, fp16:
+// x, w, y and their gradients are T; b, dw, db and scratch float) provides, all queued on the
+// context's compute stream:
+//   C::forward(ctx, plan, ConvForward<T>)    y = the convolution of x by w, plus b, then the ReLU if
+//                                            relu (in float, rounded to T once where a library allows)
+//   C::backward(ctx, plan, ConvBackward<T>)  dw assigned, db assigned where not null (null exactly
+//                                            when b was), dx assigned where not null
 // and is prepared and measured by the autotuner through its own plan and time functions (cuDNN's
 // descriptors and algorithms, cudnn_plan; the products' seconds, ProductConv::time; the direct
 // kernels are taken by a rule on the shape, DirectConv, and not timed). `plan` is the layer's
-// ConvPlan, or null where a candidate is taken before any plan is made (the direct forward).
+// ConvPlan (made for T), or null where a candidate is taken before any plan is made (the direct
+// forward).
 // Only under nvcc.
 
 #include <concepts>
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
@@ -28,12 +32,13 @@ struct PassSeconds {
 };
 
 // One forward pass of a convolution layer over n samples.
+template <core::Storage T>
 struct ConvForward {
     int cout;
-    const float* w;
+    const T* w;
     const float* b;
-    const float* x;
-    float* y;
+    const T* x;
+    T* y;
     std::size_t n;
     bool relu;   // the ReLU after the layer is applied too (y is its output)
 };
@@ -41,23 +46,24 @@ struct ConvForward {
 // One backward pass. Without relu_y, dy is the output's gradient and dz is scratch the candidate may
 // not need (null allowed). With relu_y (the output of the ReLU after the layer), dy is the ReLU's
 // output gradient and dz (n, cout, g.oh, g.ow) receives the layer output's gradient (a candidate may
-// leave it pixel-major: only the candidate reads it). scratch: conv_scratch_size floats.
+// leave it pixel-major: only the candidate reads it). scratch: conv_scratch_size<g, T> floats.
+template <core::Storage T>
 struct ConvBackward {
     int cout;
-    const float* w;
-    const float* x;
-    const float* relu_y;
-    const float* dy;
-    float* dz;
-    float* dx;
+    const T* w;
+    const T* x;
+    const T* relu_y;
+    const T* dy;
+    T* dz;
+    T* dx;
     float* dw;
     float* db;
     std::size_t n;
     float* scratch;
 };
 
-template <class C>
-concept ConvCandidate = requires(const Context& ctx, const ConvPlan* plan, const ConvForward& f, const ConvBackward& b) {
+template <class C, class T = float>
+concept ConvCandidate = requires(const Context& ctx, const ConvPlan* plan, const ConvForward<T>& f, const ConvBackward<T>& b) {
     C::forward(ctx, plan, f);
     C::backward(ctx, plan, b);
 };

@@ -3,11 +3,15 @@
 // layer's descriptors and one algorithm per pass (forward, data gradient, filter gradient): cuDNN's
 // heuristic choice (deterministic ones only on request), or its heuristic candidates timed as a step
 // runs them (Options::benchmark, timing.hpp). The bias gradient is ours (conv/bias.hpp). A transposed
-// convolution runs the adjoint passes of the convolution from its output to its input. Only under nvcc.
+// convolution runs the adjoint passes of the convolution from its output to its input. For T = bf16
+// or fp16 the tensors and filters are T, computed in FP32 on tensor cores; cuDNN's filter gradient
+// then comes out in T, into the scratch after the bias's partial sums (cudnn_scratch_size), and is
+// widened to the float dw. Only under nvcc.
 
 #include <cudnn.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -15,6 +19,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/bias.hpp"
 #include "replica/backend/cuda/conv/candidate.hpp"
+#include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/timing.hpp"
 
@@ -36,8 +41,8 @@ int pick(const Perf* perf, int found, bool deterministic)
 // rank the candidates differently from a step's (docs/benchmarks.md).
 class AlgorithmTimer {
 public:
-    // Scratch for tensors x, y, w of these sizes (floats) and for the candidates' workspaces (up to
-    // 1 GiB; larger candidates are left out).
+    // Scratch for tensors x, y, w of these sizes (as floats: enough for any element type) and for the
+    // candidates' workspaces (up to 1 GiB; larger candidates are left out).
     template <class F, class D, class B>
     AlgorithmTimer(const Context& ctx, std::size_t x, std::size_t y, std::size_t w, const F* f, int nf, const D* d,
                    int nd, const B* b, int nb)
@@ -94,19 +99,58 @@ private:
 };
 
 // The descriptors of a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h,
-// g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow), FP32, TF32 allowed where Options::allow_tf32.
-inline void describe(const Context& ctx, ConvPlan& p, const core::Window& g, int cout, std::size_t n)
+// g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow), of type T, computed in FP32: for float
+// TF32 allowed where Options::allow_tf32, for bf16 and fp16 on tensor cores.
+template <core::Storage T>
+void describe(const Context& ctx, ConvPlan& p, const core::Window& g, int cout, std::size_t n)
 {
+    constexpr cudnnDataType_t type = cudnn_type<T>;
     p.x = make_tensor_descriptor();
     p.y = make_tensor_descriptor();
     p.w = make_filter_descriptor();
     p.conv = make_convolution_descriptor();
-    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(n), g.c, g.h, g.w));
-    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(n), cout, g.oh, g.ow));
-    REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, cout, g.c, g.kh, g.kw));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, type, int(n), g.c, g.h, g.w));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, type, int(n), cout, g.oh, g.ow));
+    REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, type, CUDNN_TENSOR_NCHW, cout, g.c, g.kh, g.kw));
     REPLICA_CHECK(cudnnSetConvolution2dDescriptor(p.conv, g.ph, g.pw, g.sh, g.sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                                   CUDNN_DATA_FLOAT));
-    REPLICA_CHECK(cudnnSetConvolutionMathType(p.conv, ctx.options().allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    const cudnnMathType_t math = !std::same_as<T, float>   ? CUDNN_TENSOR_OP_MATH
+                                 : ctx.options().allow_tf32 ? CUDNN_DEFAULT_MATH
+                                                            : CUDNN_FMA_MATH;
+    REPLICA_CHECK(cudnnSetConvolutionMathType(p.conv, math));
+}
+
+// The scratch of a pass with cuDNN's filter gradient, in floats: the bias gradient's partial sums
+// (`bias` floats), then for T other than float the filter gradient in T (`weights` values), from
+// the next 256-byte boundary on (cudnn_filter_scratch).
+template <core::Storage T>
+std::size_t cudnn_scratch_size(std::size_t bias, std::size_t weights)
+{
+    if constexpr (std::same_as<T, float>) return bias;
+    else return (bias + 63) / 64 * 64 + (weights * sizeof(T) + sizeof(float) - 1) / sizeof(float);
+}
+template <core::Storage T>
+T* cudnn_filter_scratch(float* scratch, std::size_t bias)
+{
+    return reinterpret_cast<T*>(scratch + (bias + 63) / 64 * 64);
+}
+
+// dw (`weights` floats) = cuDNN's filter gradient of the plan's convolution, whose input (p.x) is
+// `in` and whose output's gradient (p.y) is `dout`; for T other than float through `filter` (T,
+// cudnn_filter_scratch), widened. ws: the context's workspace.
+template <core::Storage T>
+void cudnn_filter_gradient(const Context& ctx, const ConvPlan& p, const T* in, const T* dout, float* dw, T* filter,
+                           std::size_t weights, void* ws)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if constexpr (std::same_as<T, float>) {
+        REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, in, p.y, dout, p.conv, p.bwd_filter, ws,
+                                                     p.workspace, &zero, p.w, dw));
+    } else {
+        REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, in, p.y, dout, p.conv, p.bwd_filter, ws,
+                                                     p.workspace, &zero, p.w, filter));
+        to_float_copy(ctx.stream(), filter, dw, weights);
+    }
 }
 
 // cuDNN's heuristic candidates for the three passes of a described plan, best first.
@@ -182,8 +226,16 @@ inline std::size_t cudnn_workspace(const Context& ctx, const ConvPlan& p)
 
 template <core::Window g>
 struct CudnnConv {
+    // The scratch its backward needs (floats).
+    template <core::Storage T>
+    static std::size_t scratch_size(int cout, std::size_t n)
+    {
+        return detail::cudnn_scratch_size<T>(bias_scratch(cout, n), weights(cout));
+    }
+
     // The plan's forward algorithm, then the bias (if any) and the ReLU by our kernel.
-    static void forward(const Context& ctx, const ConvPlan* plan, const ConvForward& a)
+    template <core::Storage T>
+    static void forward(const Context& ctx, const ConvPlan* plan, const ConvForward<T>& a)
     {
         const ConvPlan& p = *plan;
         const float one = 1.0f, zero = 0.0f;
@@ -194,25 +246,33 @@ struct CudnnConv {
 
     // The bias gradient (if any; with the ReLU's backward where relu_y: dz), then the filter and the
     // input gradients by the plan's algorithms.
-    static void backward(const Context& ctx, const ConvPlan* plan, const ConvBackward& a)
+    template <core::Storage T>
+    static void backward(const Context& ctx, const ConvPlan* plan, const ConvBackward<T>& a)
     {
         const ConvPlan& p = *plan;
         detail::bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, std::size_t(g.oh) * g.ow, a.scratch, a.relu_y, a.dz);
-        const float* dz = a.relu_y ? a.dz : a.dy;
-        const float one = 1.0f, zero = 0.0f;
+        const T* dz = a.relu_y ? a.dz : a.dy;
         void* ws = ctx.workspace(0);
-        REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, a.x, p.y, dz, p.conv, p.bwd_filter, ws,
-                                                     p.workspace, &zero, p.w, a.dw));
+        detail::cudnn_filter_gradient(ctx, p, a.x, dz, a.dw, detail::cudnn_filter_scratch<T>(a.scratch, bias_scratch(a.cout, a.n)),
+                                      weights(a.cout), ws);
         if (a.dx) data_gradient(ctx, p, a.w, dz, a.dx, ws);
     }
 
     // dx = the input gradient from the output's gradient dz (ws: the context's workspace).
-    static void data_gradient(const Context& ctx, const ConvPlan& p, const float* w, const float* dz, float* dx, void* ws)
+    template <core::Storage T>
+    static void data_gradient(const Context& ctx, const ConvPlan& p, const T* w, const T* dz, T* dx, void* ws)
     {
         const float one = 1.0f, zero = 0.0f;
         REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, dz, p.conv, p.bwd_data, ws, p.workspace,
                                                    &zero, p.x, dx));
     }
+
+private:
+    static std::size_t bias_scratch(int cout, std::size_t n)
+    {
+        return std::size_t(cout) * detail::bias_parts(std::size_t(cout), n * g.oh * g.ow);
+    }
+    static std::size_t weights(int cout) { return std::size_t(cout) * g.c * g.kh * g.kw; }
 };
 
 // A transposed convolution by cuDNN: window g maps its OUTPUT (g.c = cout channels, g.h x g.w) to
@@ -221,8 +281,15 @@ struct CudnnConv {
 // forward pass.
 template <core::Window g>
 struct CudnnConvTranspose {
-    static void forward(const Context& ctx, const ConvPlan& p, const float* w, const float* b, const float* x, float* y,
-                        std::size_t n)
+    // The scratch its backward needs (floats), for c input channels.
+    template <core::Storage T>
+    static std::size_t scratch_size(int c, std::size_t n)
+    {
+        return detail::cudnn_scratch_size<T>(bias_scratch(n), weights(c));
+    }
+
+    template <core::Storage T>
+    static void forward(const Context& ctx, const ConvPlan& p, const T* w, const float* b, const T* x, T* y, std::size_t n)
     {
         const float one = 1.0f, zero = 0.0f;
         REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
@@ -231,19 +298,24 @@ struct CudnnConvTranspose {
         detail::bias_forward(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w, false);
     }
 
-    static void backward(const Context& ctx, const ConvPlan& p, const float* w, const float* x, const float* dy, float* dx,
-                         float* dw, float* db, std::size_t n, float* scratch)
+    // c: the input's channels (the plan's filters).
+    template <core::Storage T>
+    static void backward(const Context& ctx, const ConvPlan& p, int c, const T* w, const T* x, const T* dy, T* dx, float* dw,
+                         float* db, std::size_t n, float* scratch)
     {
         const float one = 1.0f, zero = 0.0f;
         void* ws = ctx.workspace(0);
         // Bias over the output's channels (g.c, g.h x g.w): dy is the output's gradient.
         detail::bias_backward(ctx, dy, db, std::size_t(g.c), n, std::size_t(g.h) * g.w, scratch);
-        REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, dy, p.y, x, p.conv, p.bwd_filter, ws, p.workspace,
-                                                     &zero, p.w, dw));
+        detail::cudnn_filter_gradient(ctx, p, dy, x, dw, detail::cudnn_filter_scratch<T>(scratch, bias_scratch(n)), weights(c), ws);
         if (dx)
             REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, dy, p.w, w, p.conv, p.fwd, ws, p.workspace, &zero,
                                                   p.y, dx));
     }
+
+private:
+    static std::size_t bias_scratch(std::size_t n) { return std::size_t(g.c) * detail::bias_parts(std::size_t(g.c), n * g.h * g.w); }
+    static std::size_t weights(int c) { return std::size_t(c) * g.c * g.kh * g.kw; }
 };
 
 } // namespace replica::backend::cuda

@@ -2,7 +2,9 @@
 // The direct candidate (conv/candidate.hpp): our own kernels for convolutions with few weights per
 // filter over small images (direct_conv<g>), whose windows stay in registers: the forward pass, with
 // the bias and a following ReLU, and the filter gradient; the input gradient is cuDNN's
-// (CudnnConv). Taken by a rule on the shape, never timed. Only under nvcc.
+// (CudnnConv). Taken by a rule on the shape, never timed. Templated on the element type T of x, w, y
+// and dz (float, bf16, fp16): values are loaded as floats, the sums are float, y is rounded to T once
+// and the filter gradient is float. Only under nvcc.
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +13,7 @@
 #include "replica/backend/cuda/conv/bias.hpp"
 #include "replica/backend/cuda/conv/candidate.hpp"
 #include "replica/backend/cuda/conv/cudnn.hpp"
+#include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/launch.hpp"
 
 namespace replica::backend::cuda {
@@ -22,9 +25,8 @@ namespace kernels {
 // them by shuffles and the block in shared memory, in a fixed order; pass 2 (filter_grad_totals) adds
 // the parts in order. So the result depends on the shape only.
 // (The window comes as integers: nvcc's kernel stubs take no class-type template arguments.)
-template <int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW>
-__global__ void filter_grad_parts(const float* x, const float* dz, float* partial, unsigned cout, unsigned n,
-                                  unsigned per_part)
+template <class T, int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW>
+__global__ void filter_grad_parts(const T* x, const T* dz, float* partial, unsigned cout, unsigned n, unsigned per_part)
 {
     constexpr core::Window g{C, H, W, KH, KW, SH, SW, PH, PW, OH, OW};
     constexpr int K = g.kh * g.kw;
@@ -37,11 +39,11 @@ __global__ void filter_grad_parts(const float* x, const float* dz, float* partia
 #pragma unroll
     for (int k = 0; k < K; ++k) acc[k] = 0.0f;
     for (unsigned s = first; s < last; ++s) {
-        const float* xs = x + (std::size_t(s) * g.c + ci) * std::size_t(g.h) * g.w;
-        const float* ds = dz + (std::size_t(s) * cout + f) * pixels;
+        const T* xs = x + (std::size_t(s) * g.c + ci) * std::size_t(g.h) * g.w;
+        const T* ds = dz + (std::size_t(s) * cout + f) * pixels;
         for (unsigned p = threadIdx.x; p < pixels; p += detail::kThreads) {
             const int oh = int(p / unsigned(g.ow)), ow = int(p % unsigned(g.ow));
-            const float d = ds[p];
+            const float d = core::to_float(ds[p]);
 #pragma unroll
             for (int i = 0; i < g.kh; ++i) {
                 const int ih = oh * g.sh - g.ph + i;
@@ -49,7 +51,7 @@ __global__ void filter_grad_parts(const float* x, const float* dz, float* partia
                 for (int j = 0; j < g.kw; ++j) {
                     const int iw = ow * g.sw - g.pw + j;
                     const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-                    acc[i * g.kw + j] = fmaf(d, inside ? xs[ih * g.w + iw] : 0.0f, acc[i * g.kw + j]);
+                    acc[i * g.kw + j] = fmaf(d, inside ? core::to_float(xs[ih * g.w + iw]) : 0.0f, acc[i * g.kw + j]);
                 }
             }
         }
@@ -72,14 +74,14 @@ __global__ void filter_grad_parts(const float* x, const float* dz, float* partia
 // The forward pass of the same convolutions (direct_conv<g>): a thread per output pixel of a
 // sample reads its window once into registers and writes every filter's output, bias added (none
 // where b is null) and the ReLU applied when it follows (the filters and biases in shared memory).
-template <int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW, bool Relu>
-__global__ void conv_forward_direct(const float* w, const float* b, const float* x, float* y, unsigned cout, unsigned n)
+template <class T, int C, int H, int W, int KH, int KW, int SH, int SW, int PH, int PW, int OH, int OW, bool Relu>
+__global__ void conv_forward_direct(const T* w, const float* b, const T* x, T* y, unsigned cout, unsigned n)
 {
     constexpr core::Window g{C, H, W, KH, KW, SH, SW, PH, PW, OH, OW};
     constexpr int K = g.c * g.kh * g.kw;
     constexpr unsigned pixels = unsigned(g.oh) * unsigned(g.ow);
     extern __shared__ float filters[];   // cout * K weights, then cout biases
-    for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = w[i];
+    for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = core::to_float(w[i]);
     for (unsigned i = threadIdx.x; i < cout; i += blockDim.x) filters[cout * K + i] = b ? b[i] : 0.0f;
     __syncthreads();
     const std::size_t t = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -96,14 +98,14 @@ __global__ void conv_forward_direct(const float* w, const float* b, const float*
             for (int j = 0; j < g.kw; ++j) {
                 const int ih = oh * g.sh - g.ph + i, iw = ow * g.sw - g.pw + j;
                 const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-                window[(c * g.kh + i) * g.kw + j] = inside ? x[((s * g.c + c) * g.h + ih) * g.w + iw] : 0.0f;
+                window[(c * g.kh + i) * g.kw + j] = inside ? core::to_float(x[((s * g.c + c) * g.h + ih) * g.w + iw]) : 0.0f;
             }
     for (unsigned f = 0; f < cout; ++f) {
         float v = filters[cout * K + f];
 #pragma unroll
         for (int k = 0; k < K; ++k) v = fmaf(filters[f * K + k], window[k], v);
         if constexpr (Relu) v = fmaxf(v, 0.0f);
-        y[(s * cout + f) * pixels + p] = v;
+        y[(s * cout + f) * pixels + p] = core::from_float<T>(v);
     }
 }
 
@@ -146,29 +148,31 @@ struct DirectConv {
     static bool takes_forward(int cout) { return std::size_t(cout) * (K + 1) * sizeof(float) <= 48 * 1024; }
 
     // Needs no plan.
-    static void forward(const Context& ctx, const ConvPlan*, const ConvForward& a)
+    template <core::Storage T>
+    static void forward(const Context& ctx, const ConvPlan*, const ConvForward<T>& a)
     {
         const std::size_t shared = std::size_t(a.cout) * (K + 1) * sizeof(float);
         const auto blocks = unsigned((a.n * pixels + detail::kThreads - 1) / detail::kThreads);
         if (a.relu)
-            kernels::conv_forward_direct<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, true>
+            kernels::conv_forward_direct<T, g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, true>
                 <<<blocks, detail::kThreads, shared, ctx.stream()>>>(a.w, a.b, a.x, a.y, unsigned(a.cout), unsigned(a.n));
         else
-            kernels::conv_forward_direct<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, false>
+            kernels::conv_forward_direct<T, g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, false>
                 <<<blocks, detail::kThreads, shared, ctx.stream()>>>(a.w, a.b, a.x, a.y, unsigned(a.cout), unsigned(a.n));
         detail::check_launch("conv_forward_direct");
     }
 
     // The bias gradient if any (conv/bias.hpp), the filter gradient by our kernels (the scratch holds their
     // partial sums after the bias's), the input gradient by cuDNN: `plan` is the layer's.
-    static void backward(const Context& ctx, const ConvPlan* plan, const ConvBackward& a)
+    template <core::Storage T>
+    static void backward(const Context& ctx, const ConvPlan* plan, const ConvBackward<T>& a)
     {
         detail::bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, pixels, a.scratch, a.relu_y, a.dz);
-        const float* dz = a.relu_y ? a.dz : a.dy;
+        const T* dz = a.relu_y ? a.dz : a.dy;
         void* ws = ctx.workspace(0);
         const unsigned fcs = unsigned(a.cout) * unsigned(g.c), parts = detail::filter_grad_part_count(fcs, a.n);
         const unsigned per_part = unsigned((a.n + parts - 1) / parts);
-        kernels::filter_grad_parts<g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow>
+        kernels::filter_grad_parts<T, g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow>
             <<<dim3(fcs, parts), detail::kThreads, 0, ctx.stream()>>>(a.x, dz, a.scratch, unsigned(a.cout), unsigned(a.n), per_part);
         detail::check_launch("filter_grad_parts");
         constexpr unsigned KW = unsigned(g.kh * g.kw);
@@ -178,7 +182,8 @@ struct DirectConv {
         if (a.dx) CudnnConv<g>::data_gradient(ctx, *plan, a.w, dz, a.dx, ws);
     }
 
-    // The scratch its backward needs: the bias's partial sums, then the filter gradient's.
+    // The scratch its backward needs: the bias's partial sums, then the filter gradient's (float for
+    // every T).
     static std::size_t scratch_size(int cout, std::size_t n)
     {
         const unsigned fcs = unsigned(cout) * unsigned(g.c);

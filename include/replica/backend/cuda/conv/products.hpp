@@ -5,13 +5,17 @@
 // ReLU in the product's epilogue; a transpose puts the output in the layer's layout. Backward runs
 // the same products' gradients and gathers the rows' gradient back to the input (row2im). The rows
 // that forward leaves in the context's workspace are reused by backward when nothing used the
-// workspace in between. Only under nvcc.
+// workspace in between. For T = bf16 or fp16 the rows, the products' inputs and the outputs are T
+// (products in FP32); the filter gradient and the rows' gradient come out of their products in
+// float. Only under nvcc.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/candidate.hpp"
+#include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/linear.hpp"
@@ -22,11 +26,12 @@ namespace replica::backend::cuda {
 namespace kernels {
 // im2row: row (s, p) of `rows` holds what output pixel p of
 // sample s reads, in the filter's order (channel, row, column), zeros where it reads padding; count =
-// n * oh * ow * c * kh * kw. A thread writes four consecutive values (a float4 where `rows` is
-// 16-byte aligned): it splits its first index into (sample, pixel, channel, row, column) once and
-// steps the others from it (splitting every index by divisions made the kernel instruction-bound).
-template <class I, int... G>
-__global__ void im2row(const float* x, float* rows, I count, bool aligned)
+// n * oh * ow * c * kh * kw. A thread writes four consecutive values (one vector store where `rows`
+// allows it: detail::vector_aligned): it splits its first index into (sample, pixel, channel, row,
+// column) once and steps the others from it (splitting every index by divisions made the kernel
+// instruction-bound).
+template <class I, class T, int... G>
+__global__ void im2row(const T* x, T* rows, I count, bool aligned)
 {
     constexpr core::Window g{G...};
     constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow;
@@ -40,8 +45,9 @@ __global__ void im2row(const float* x, float* rows, I count, bool aligned)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
-            v[j] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? __ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
-                                                              : 0.0f;
+            v[j] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w
+                       ? detail::load_ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
+                       : 0.0f;
             if (++b == g.kw) {
                 b = 0;
                 if (++a == g.kh) {
@@ -59,20 +65,20 @@ __global__ void im2row(const float* x, float* rows, I count, bool aligned)
                 }
             }
         }
-        if (aligned && first + 4 <= count) *reinterpret_cast<float4*>(rows + first) = make_float4(v[0], v[1], v[2], v[3]);
+        if (aligned && first + 4 <= count) detail::store4(rows + first, make_float4(v[0], v[1], v[2], v[3]), true);
         else
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (first + I(j) < count) rows[first + I(j)] = v[j];
+                if (first + I(j) < count) rows[first + I(j)] = core::from_float<T>(v[j]);
     }
 }
 
-// dx (n, c, h, w) from the rows' gradient, stored by filter position (c kh kw rows of `pixels` = n oh
-// ow values, so that neighbouring threads read neighbouring values): each input element sums the
-// entries that read it, in the filter's rows then columns (a gather: the same bits every run);
-// count = n * c * h * w.
-template <class I, int... G>
-__global__ void row2im(const float* drows, float* dx, I count, I pixels)
+// dx (n, c, h, w) from the rows' gradient (float), stored by filter position (c kh kw rows of
+// `pixels` = n oh ow values, so that neighbouring threads read neighbouring values): each input
+// element sums the entries that read it, in the filter's rows then columns (a gather: the same bits
+// every run), rounded to T once; count = n * c * h * w.
+template <class I, class T, int... G>
+__global__ void row2im(const float* drows, T* dx, I count, I pixels)
 {
     constexpr core::Window g{G...};
     constexpr int P = g.oh * g.ow;
@@ -92,13 +98,15 @@ __global__ void row2im(const float* drows, float* dx, I count, I pixels)
                 if (tx >= 0 && tx == ox * g.sw && ox < g.ow) sum += __ldg(d + I(a * g.kw + b) * pixels + oy * g.ow + ox);
             }
         }
-        dx[i] = sum;
+        dx[i] = core::from_float<T>(sum);
     }
 }
 
 // dst (batch, cols, rows) = src (batch, rows, cols) transposed, by tiles of 32 x 32 in shared memory;
-// with a mask (src's layout), the ReLU's backward too: 0 where the mask is not above 0.
-__global__ void transpose(const float* src, const float* mask, float* dst, unsigned rows, unsigned cols, unsigned batch)
+// with a mask (src's layout), the ReLU's backward too: 0 where the mask is not above 0. Exact for
+// every T (a value or 0 is moved).
+template <class T>
+__global__ void transpose(const T* src, const T* mask, T* dst, unsigned rows, unsigned cols, unsigned batch)
 {
     __shared__ float tile[32][33];
     const unsigned r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
@@ -108,13 +116,13 @@ __global__ void transpose(const float* src, const float* mask, float* dst, unsig
             const unsigned r = r0 + j, c = c0 + threadIdx.x;
             if (r < rows && c < cols) {
                 const std::size_t at = off + std::size_t(r) * cols + c;
-                tile[j][threadIdx.x] = mask ? relu_grad(mask[at], src[at]) : src[at];
+                tile[j][threadIdx.x] = mask ? relu_grad(core::to_float(mask[at]), core::to_float(src[at])) : core::to_float(src[at]);
             }
         }
         __syncthreads();
         for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
             const unsigned c = c0 + j, r = r0 + threadIdx.x;
-            if (r < rows && c < cols) dst[off + std::size_t(c) * rows + r] = tile[threadIdx.x][j];
+            if (r < rows && c < cols) dst[off + std::size_t(c) * rows + r] = core::from_float<T>(tile[threadIdx.x][j]);
         }
         __syncthreads();
     }
@@ -122,39 +130,43 @@ __global__ void transpose(const float* src, const float* mask, float* dst, unsig
 } // namespace kernels
 
 namespace detail {
-// The product path's workspace for n samples: the rows (n oh ow x c kh kw), then the output or its
-// gradient pixel-major (n oh ow x cout).
-inline std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n)
+// The product path's workspace for n samples: the rows (n oh ow x c kh kw; room for them in float,
+// which their gradient is), then the output or its gradient pixel-major (n oh ow x cout, T).
+template <core::Storage T = float>
+std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n)
 {
-    return sizeof(float) * n * std::size_t(g.oh) * g.ow * (std::size_t(g.c) * g.kh * g.kw + std::size_t(cout));
+    const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
+    return sizeof(float) * pixels * (std::size_t(g.c) * g.kh * g.kw) + sizeof(T) * pixels * std::size_t(cout);
 }
 
-// Whether the workspace still holds the rows of input x for window g over n samples (PlanCache::workspace_rows).
-inline bool rows_kept(const Context& ctx, const core::Window& g, const float* x, std::size_t n)
+// Whether the workspace still holds the rows of input x (of type T) for window g over n samples
+// (PlanCache::workspace_rows).
+template <core::Storage T>
+bool rows_kept(const Context& ctx, const core::Window& g, const T* x, std::size_t n)
 {
     const auto& r = ctx.plan_cache().workspace_rows;
     const core::Window& h = r.g;
-    return r.x == x && r.n == n && h.c == g.c && h.h == g.h && h.w == g.w && h.kh == g.kh && h.kw == g.kw && h.sh == g.sh &&
-           h.sw == g.sw && h.ph == g.ph && h.pw == g.pw && h.oh == g.oh && h.ow == g.ow;
+    return r.x == x && r.storage == storage_of<T> && r.n == n && h.c == g.c && h.h == g.h && h.w == g.w && h.kh == g.kh &&
+           h.kw == g.kw && h.sh == g.sh && h.sw == g.sw && h.ph == g.ph && h.pw == g.pw && h.oh == g.oh && h.ow == g.ow;
 }
 
-inline void transpose(const Context& ctx, const float* src, const float* mask, float* dst, std::size_t batch,
-                      std::size_t rows, std::size_t cols)
+template <core::Storage T>
+void transpose(const Context& ctx, const T* src, const T* mask, T* dst, std::size_t batch, std::size_t rows, std::size_t cols)
 {
     if (batch == 0 || rows == 0 || cols == 0) return;
     const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min<std::size_t>(batch, 65535)));
-    kernels::transpose<<<grid, dim3(32, 8), 0, ctx.stream()>>>(src, mask, dst, unsigned(rows), unsigned(cols), unsigned(batch));
+    kernels::transpose<T><<<grid, dim3(32, 8), 0, ctx.stream()>>>(src, mask, dst, unsigned(rows), unsigned(cols), unsigned(batch));
     check_launch("transpose");
 }
 
-template <core::Window g>
-void im2row(const Context& ctx, const float* x, float* rows, std::size_t n)
+template <core::Window g, core::Storage T>
+void im2row(const Context& ctx, const T* x, T* rows, std::size_t n)
 {
     const std::size_t count = n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
     indexed(count + 4, [&](auto index) {   // + 4: the last thread's first index + 4 does not wrap
         using I = decltype(index);
-        kernels::im2row<I, REPLICA_WINDOW_INTS(g)>
-            <<<blocks_for((count + 3) / 4), kThreads, 0, ctx.stream()>>>(x, rows, I(count), quad_aligned(rows));
+        kernels::im2row<I, T, REPLICA_WINDOW_INTS(g)>
+            <<<blocks_for((count + 3) / 4), kThreads, 0, ctx.stream()>>>(x, rows, I(count), vector_aligned<T>(rows));
     });
     check_launch("im2row");
 }
@@ -162,42 +174,44 @@ void im2row(const Context& ctx, const float* x, float* rows, std::size_t n)
 // The convolution as a fully connected layer (linear.hpp) over its windows: in = c kh kw, out = cout,
 // a "sample" per output pixel, its output pixel-major (n, oh ow, cout) and transposed to the layer's
 // (n, cout, oh ow); the bias (if b is not null) and ReLU in the product's epilogue. `work`:
-// gemm_workspace's bytes.
-template <core::Window g>
-void conv_forward_gemm(const Context& ctx, int cout, const float* w, const float* b, const float* x, float* y,
-                       std::size_t n, bool relu, float* work)
+// gemm_workspace<T>'s bytes.
+template <core::Window g, core::Storage T>
+void conv_forward_gemm(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, bool relu,
+                       float* work)
 {
     constexpr int K = g.c * g.kh * g.kw;
     const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
-    float* rows = work;
-    float* out = work + pixels * K;
+    T* rows = reinterpret_cast<T*>(work);
+    T* out = reinterpret_cast<T*>(work + pixels * K);
     im2row<g>(ctx, x, rows, n);
-    linear_forward(ctx, K, cout, w, b, rows, out, pixels, relu, ctx.options().allow_tf32);
-    transpose(ctx, out, nullptr, y, n, std::size_t(g.oh) * g.ow, std::size_t(cout));
+    linear_forward<T>(ctx, K, cout, w, b, rows, out, pixels, relu, ctx.options().allow_tf32);
+    transpose<T>(ctx, out, nullptr, y, n, std::size_t(g.oh) * g.ow, std::size_t(cout));
 }
 
 // Backward of the same: dy (n, cout, oh ow) transposed to pixel-major into dz (with the ReLU's rule
 // where relu_y, its output, is given), then the layer's products (db null: no bias gradient). The
 // rows are made again unless `kept` (forward left them in `work` and nothing used it since:
-// rows_kept); they hold the rows' gradient after.
-template <core::Window g>
-void conv_backward_gemm(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
-                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* work, bool kept)
+// rows_kept); the rows' gradient (float) takes their place after.
+template <core::Window g, core::Storage T>
+void conv_backward_gemm(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz, T* dx,
+                        float* dw, float* db, std::size_t n, float* work, bool kept)
 {
     constexpr int K = g.c * g.kh * g.kw;
     const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
-    transpose(ctx, dy, relu_y, dz, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
-    float* rows = work;
+    transpose<T>(ctx, dy, relu_y, dz, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
+    T* rows = reinterpret_cast<T*>(work);
     if (!kept) im2row<g>(ctx, x, rows, n);
     const bool tf32 = ctx.options().allow_tf32;
-    linear_backward(ctx, K, cout, w, rows, dz, nullptr, dw, db, pixels, tf32);
+    linear_backward<T>(ctx, K, cout, w, rows, dz, nullptr, dw, db, pixels, tf32);
     if (!dx) return;
     // The rows' gradient by filter position (GemmKey::input_grad_t), over the rows (read above).
-    run(ctx, linear_gemm(ctx, GemmKey::input_grad_t, K, cout, pixels, dz, w, rows, tf32), dz, w, rows);
+    float* drows = work;
+    run(ctx, linear_gemm(ctx, GemmKey::input_grad_t, K, cout, pixels, dz, w, drows, tf32, storage_of<T>), dz, w, drows);
     const std::size_t inputs = n * std::size_t(g.c) * g.h * g.w;
     indexed(std::max(inputs, pixels * K), [&](auto index) {
         using I = decltype(index);
-        kernels::row2im<I, REPLICA_WINDOW_INTS(g)><<<blocks_for(inputs), kThreads, 0, ctx.stream()>>>(rows, dx, I(inputs), I(pixels));
+        kernels::row2im<I, T, REPLICA_WINDOW_INTS(g)>
+            <<<blocks_for(inputs), kThreads, 0, ctx.stream()>>>(drows, dx, I(inputs), I(pixels));
     });
     check_launch("row2im");
 }
@@ -205,21 +219,22 @@ void conv_backward_gemm(const Context& ctx, int cout, const float* w, const floa
 // Seconds per call of the product path's forward and of its backward (both gradients, the rows made
 // again) over n samples, as a step runs them (CallTimer::never where its workspace is over the limit
 // of cuDNN's candidates).
-template <core::Window g>
+template <core::Window g, core::Storage T>
 PassSeconds gemm_seconds(const Context& ctx, int cout, std::size_t n)
 {
     constexpr std::size_t K = std::size_t(g.c) * g.kh * g.kw, f = sizeof(float);
-    const std::size_t work = gemm_workspace(g, cout, n);
+    const std::size_t work = gemm_workspace<T>(g, cout, n);
     if (work > workspace_limit(std::size_t{1} << 30)) return {CallTimer::never, CallTimer::never};
     const std::size_t in = n * g.c * g.h * g.w, out = n * std::size_t(cout) * g.oh * g.ow, weights = K * std::size_t(cout);
     const TimingScratch s(ctx, {in * f, out * f, weights * f, cout * f, in * f, weights * f, cout * f, work, out * f});
+    auto t = [&](std::size_t i) { return static_cast<T*>(s.bytes(i)); };   // float-sized: room for any T
     auto forward = [&] {
-        conv_forward_gemm<g>(ctx, cout, s.floats(2), s.floats(3), s.floats(0), s.floats(1), n, false, s.floats(7));
+        conv_forward_gemm<g, T>(ctx, cout, t(2), s.floats(3), t(0), t(1), n, false, s.floats(7));
         return true;
     };
     auto backward = [&] {
-        conv_backward_gemm<g>(ctx, cout, s.floats(2), s.floats(0), nullptr, s.floats(1), s.floats(8), s.floats(4),
-                              s.floats(5), s.floats(6), n, s.floats(7), false);
+        conv_backward_gemm<g, T>(ctx, cout, t(2), t(0), nullptr, t(1), t(8), t(4), s.floats(5), s.floats(6), n, s.floats(7),
+                                 false);
         return true;
     };
     forward();   // plans (and times) its products first: none is planned while a pass is captured
@@ -234,27 +249,38 @@ PassSeconds gemm_seconds(const Context& ctx, int cout, std::size_t n)
 template <core::Window g>
 struct ProductConv {
     // Needs no plan of its own: its cuBLASLt products are planned (and timed) as they first run.
-    static void forward(const Context& ctx, const ConvPlan*, const ConvForward& a)
+    template <core::Storage T>
+    static void forward(const Context& ctx, const ConvPlan*, const ConvForward<T>& a)
     {
         detail::conv_forward_gemm<g>(ctx, a.cout, a.w, a.b, a.x, a.y, a.n, a.relu, static_cast<float*>(ctx.workspace(0)));
-        ctx.plan_cache().workspace_rows = {a.x, g, a.n};   // for backward, unless something else uses the workspace first
+        // For backward, unless something else uses the workspace first.
+        ctx.plan_cache().workspace_rows = {a.x, g, a.n, storage_of<T>};
     }
 
     // Without relu_y, the output's gradient goes pixel-major to the workspace after the rows; with
     // it, to dz.
-    static void backward(const Context& ctx, const ConvPlan*, const ConvBackward& a)
+    template <core::Storage T>
+    static void backward(const Context& ctx, const ConvPlan*, const ConvBackward<T>& a)
     {
         const bool kept = detail::rows_kept(ctx, g, a.x, a.n);   // before workspace() forgets them
         auto* work = static_cast<float*>(ctx.workspace(0));
-        float* dz = a.relu_y ? a.dz : work + a.n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw;
+        T* dz = a.relu_y ? a.dz : reinterpret_cast<T*>(work + a.n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw);
         detail::conv_backward_gemm<g>(ctx, a.cout, a.w, a.x, a.relu_y, a.dy, dz, a.dx, a.dw, a.db, a.n, work, kept);
     }
 
     // Seconds per call of each pass as a step runs them (detail::gemm_seconds).
-    static PassSeconds time(const Context& ctx, int cout, std::size_t n) { return detail::gemm_seconds<g>(ctx, cout, n); }
+    template <core::Storage T = float>
+    static PassSeconds time(const Context& ctx, int cout, std::size_t n)
+    {
+        return detail::gemm_seconds<g, T>(ctx, cout, n);
+    }
 
     // The workspace its passes need.
-    static std::size_t workspace(int cout, std::size_t n) { return detail::gemm_workspace(g, cout, n); }
+    template <core::Storage T = float>
+    static std::size_t workspace(int cout, std::size_t n)
+    {
+        return detail::gemm_workspace<T>(g, cout, n);
+    }
 };
 
 } // namespace replica::backend::cuda
