@@ -3,9 +3,19 @@
 // Weights are (cout, c, kh, kw) for a convolution and (c, cout, kh, kw) for a transposed one, as in
 // PyTorch. The batch is cut into chunks so that the im2col buffer stays below kChunkFloats. A null bias
 // b (and then a null bias gradient db) is a convolution without bias.
+//
+// Activations x, y, dy, dx and the weights w are T (core::Storage); bias, gradients dw, db and the
+// scratch are float. For bf16/fp16 the T operands are converted to float (im2col and the layout changes
+// read T; the weights are copied to scratch), the same float GEMMs as for float run on them, and each
+// stored output is rounded once, after the bias, the ReLU and col2im's sums, which stay float. The
+// chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call gives
+// on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
+// the float weights and one chunk of the input-side tensor.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
@@ -26,6 +36,28 @@ std::size_t conv_per_sample(int cout)
 {
     return std::size_t(g.col_rows() + cout) * g.out_pixels();
 }
+
+// Scratch past float's chunk that a T convolution needs: `weights` floats for the weights, then a
+// chunk of m samples of the window's input side (g.in_size() each) where col2im sums in float.
+template <Window g, class T>
+std::size_t conversion_size(std::size_t m, std::size_t weights)
+{
+    static_assert(core::Storage<T>, "activations are float, core::bf16 or core::fp16");
+    if constexpr (std::same_as<T, float>) return 0;
+    else return weights + m * g.in_size();
+}
+
+// The weights as float: w itself for float, else converted into `buffer`.
+template <core::Storage T>
+const float* float_weights(const T* w, std::size_t count, float* buffer)
+{
+    if constexpr (std::same_as<T, float>) {
+        return w;
+    } else {
+        load_float(w, count, buffer);
+        return buffer;
+    }
+}
 } // namespace detail
 
 // ---- convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----
@@ -34,35 +66,42 @@ template <Window g, class T = float>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
     const std::size_t per = detail::conv_per_sample<g>(cout);
-    return detail::chunk(n, per) * per;
+    const std::size_t m = detail::chunk(n, per);
+    return m * per + detail::conversion_size<g, T>(m, std::size_t(cout) * g.col_rows());
 }
 
-template <Window g>
-void conv_forward(const Context&, int cout, const float* w, const float* b,
-                         const float* x, float* y, std::size_t n, float* scratch, bool relu)
+template <Window g, core::Storage T>
+void conv_forward(const Context&, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                  float* scratch, bool relu)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
+    const float* wf = detail::float_weights(w, std::size_t(cout) * k, scratch + m * detail::conv_per_sample<g>(cout));
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         float* col = scratch;                                   // (k, mm*p)
         float* out = scratch + std::size_t(k) * mm * p;         // (cout, mm*p)
         im2col<g>(x + s0 * g.in_size(), mm, col);
-        gemm(false, false, cout, mm * p, k, 1.0f, w, k, col, mm * p, 0.0f, out, mm * p);
-        to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
+        gemm(false, false, cout, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, out, mm * p);
+        if constexpr (std::same_as<T, float>) to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
+        else to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p, relu);
     }
-    if (relu)   // the ReLU op's own rule, so that fusing changes no bit
-        for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+    if constexpr (std::same_as<T, float>)
+        if (relu)   // the ReLU op's own rule, so that fusing changes no bit
+            for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
 // dw, db (null without a bias) are assigned; dx (may be null) is assigned.
-template <Window g>
-void conv_backward(const Context&, int cout, const float* w, const float* x,
-                          const float* dy, float* dx, float* dw, float* db, std::size_t n, float* scratch)
+template <Window g, core::Storage T>
+void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
+                   float* dw, float* db, std::size_t n, float* scratch)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
-    if (dx) std::fill(dx, dx + n * g.in_size(), 0.0f);
+    float* tail = scratch + m * detail::conv_per_sample<g>(cout);
+    const float* wf = dx ? detail::float_weights(w, std::size_t(cout) * k, tail) : nullptr;
+    if constexpr (std::same_as<T, float>)
+        if (dx) std::fill(dx, dx + n * g.in_size(), 0.0f);
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         const float beta = s0 == 0 ? 0.0f : 1.0f;
@@ -73,17 +112,24 @@ void conv_backward(const Context&, int cout, const float* w, const float* x,
         gemm(false, true, cout, k, mm * p, 1.0f, dyt, mm * p, col, mm * p, beta, dw, k);
         if (db) sum_cols(dyt, cout, mm * p, db, s0 != 0);
         if (dx) {
-            gemm(true, false, k, mm * p, cout, 1.0f, w, k, dyt, mm * p, 0.0f, col, mm * p);
-            col2im<g>(col, mm, dx + s0 * g.in_size());
+            gemm(true, false, k, mm * p, cout, 1.0f, wf, k, dyt, mm * p, 0.0f, col, mm * p);
+            if constexpr (std::same_as<T, float>) {
+                col2im<g>(col, mm, dx + s0 * g.in_size());
+            } else {
+                float* dxf = tail + std::size_t(cout) * k;       // (mm, c, h, w) summed in float
+                std::fill(dxf, dxf + std::size_t(mm) * g.in_size(), 0.0f);
+                col2im<g>(col, mm, dxf);
+                store_float(dxf, std::size_t(mm) * g.in_size(), dx + s0 * g.in_size());
+            }
         }
     }
 }
 
 // A convolution followed by a ReLU whose output is relu_y and whose output gradient is dy: dz (the
 // convolution output's gradient, n x cout x oh x ow) = the ReLU's backward, then conv_backward from dz.
-template <Window g>
-void conv_backward_relu(const Context& ctx, int cout, const float* w, const float* x, const float* relu_y,
-                        const float* dy, float* dz, float* dx, float* dw, float* db, std::size_t n, float* scratch)
+template <Window g, core::Storage T>
+void conv_backward_relu(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz,
+                        std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n, float* scratch)
 {
     relu_backward(ctx, relu_y, dy, dz, n * std::size_t(cout) * g.out_pixels());
     conv_backward<g>(ctx, cout, w, x, dz, dx, dw, db, n, scratch);
@@ -97,41 +143,65 @@ template <Window g, class T = float>
 std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
 {
     const std::size_t per = detail::conv_per_sample<g>(c);
-    return detail::chunk(n, per) * per;
+    const std::size_t m = detail::chunk(n, per);
+    return m * per + detail::conversion_size<g, T>(m, std::size_t(c) * g.col_rows());
 }
 
-template <Window g>
-void conv_transpose_forward(const Context&, int c, const float* w, const float* b,
-                                   const float* x, float* y, std::size_t n, float* scratch)
+template <Window g, core::Storage T>
+void conv_transpose_forward(const Context&, int c, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                            float* scratch)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
     const int p = g.out_pixels(), k = g.col_rows();        // p = h*w of x, k = cout*kh*kw
-    std::fill(y, y + n * g.in_size(), 0.0f);
-    for (std::size_t s0 = 0; s0 < n; s0 += m) {
-        const int mm = int(std::min(m, n - s0));
-        float* col = scratch;                                 // (k, mm*p)
-        float* xt = scratch + std::size_t(k) * mm * p;        // (c, mm*p)
-        to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
-        gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
-        col2im<g>(col, mm, y + s0 * g.in_size());
-    }
-    if (!b) return;
     const int planes = g.h * g.w;
-    for (std::size_t s = 0; s < n; ++s)
-        for (int co = 0; co < g.c; ++co) {
-            float* d = y + (s * g.c + co) * planes;
-            for (int i = 0; i < planes; ++i) d[i] += b[co];
+    if constexpr (std::same_as<T, float>) {
+        std::fill(y, y + n * g.in_size(), 0.0f);
+        for (std::size_t s0 = 0; s0 < n; s0 += m) {
+            const int mm = int(std::min(m, n - s0));
+            float* col = scratch;                                 // (k, mm*p)
+            float* xt = scratch + std::size_t(k) * mm * p;        // (c, mm*p)
+            to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
+            gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
+            col2im<g>(col, mm, y + s0 * g.in_size());
         }
+        if (!b) return;
+        for (std::size_t s = 0; s < n; ++s)
+            for (int co = 0; co < g.c; ++co) {
+                float* d = y + (s * g.c + co) * planes;
+                for (int i = 0; i < planes; ++i) d[i] += b[co];
+            }
+    } else {
+        float* tail = scratch + m * detail::conv_per_sample<g>(c);
+        const float* wf = detail::float_weights(w, std::size_t(c) * k, tail);
+        float* yf = tail + std::size_t(c) * k;                    // (mm, cout, oh, ow) in float
+        for (std::size_t s0 = 0; s0 < n; s0 += m) {
+            const int mm = int(std::min(m, n - s0));
+            float* col = scratch;
+            float* xt = scratch + std::size_t(k) * mm * p;
+            to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
+            gemm(true, false, k, mm * p, c, 1.0f, wf, k, xt, mm * p, 0.0f, col, mm * p);
+            std::fill(yf, yf + std::size_t(mm) * g.in_size(), 0.0f);
+            col2im<g>(col, mm, yf);
+            if (b)
+                for (int s = 0; s < mm; ++s)
+                    for (int co = 0; co < g.c; ++co) {
+                        float* d = yf + (std::size_t(s) * g.c + co) * planes;
+                        for (int i = 0; i < planes; ++i) d[i] += b[co];
+                    }
+            store_float(yf, std::size_t(mm) * g.in_size(), y + s0 * g.in_size());
+        }
+    }
 }
 
-template <Window g>
-void conv_transpose_backward(const Context&, int c, const float* w, const float* x,
-                                    const float* dy, float* dx, float* dw, float* db, std::size_t n,
-                                    float* scratch)
+template <Window g, core::Storage T>
+void conv_transpose_backward(const Context&, int c, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
+                             float* dw, float* db, std::size_t n, float* scratch)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
     const int p = g.out_pixels(), k = g.col_rows();
     const int planes = g.h * g.w;
+    const float* wf =
+        dx ? detail::float_weights(w, std::size_t(c) * k, scratch + m * detail::conv_per_sample<g>(c)) : nullptr;
     if (db) {
         std::fill(db, db + g.c, 0.0f);
         for (std::size_t s = 0; s < n; ++s) sum_cols(dy + s * g.in_size(), g.c, planes, db, true);
@@ -145,7 +215,7 @@ void conv_transpose_backward(const Context&, int c, const float* w, const float*
         to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
         gemm(false, true, c, k, mm * p, 1.0f, xt, mm * p, col, mm * p, beta, dw, k);
         if (dx) {
-            gemm(false, false, c, mm * p, k, 1.0f, w, k, col, mm * p, 0.0f, xt, mm * p);
+            gemm(false, false, c, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, xt, mm * p);
             to_sample_major(xt, mm, c, p, nullptr, dx + s0 * std::size_t(c) * p);
         }
     }

@@ -1,100 +1,144 @@
 #pragma once
 // Elementwise and layout kernels on the CPU: activations, dropout, copies, channel slices.
+//
+// Activations and their gradients are any core::Storage type T (float, bf16, fp16), deduced from the
+// pointers. Each value is loaded with to_float, computed in float exactly as for float, and stored
+// with from_float<T>: a bf16/fp16 result is round_through<T> of the float result on the same inputs.
+// The reproducible mode's fixed-point sums take parameter gradients, which are always float.
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/core/fixed_point.hpp"
+#include "replica/core/number.hpp"
 #include "replica/core/rng.hpp"
 
 namespace replica::backend::cpu {
 
-inline void relu_forward(const Context&, const float* x, float* y, std::size_t count)
+namespace detail {
+// y[i] = f(x[i]) and dx[i] = f(a[i], dy[i]), computed in float.
+template <core::Storage T, class F>
+void map1(const T* x, T* y, std::size_t count, F f)
 {
-    for (std::size_t i = 0; i < count; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (std::size_t i = 0; i < count; ++i) y[i] = core::from_float<T>(f(core::to_float(x[i])));
+}
+template <core::Storage T, class F>
+void map2(const T* a, const T* dy, T* dx, std::size_t count, F f)
+{
+    for (std::size_t i = 0; i < count; ++i) dx[i] = core::from_float<T>(f(core::to_float(a[i]), core::to_float(dy[i])));
+}
+} // namespace detail
+
+template <core::Storage T>
+void relu_forward(const Context&, const T* x, T* y, std::size_t count)
+{
+    detail::map1(x, y, count, [](float v) { return v > 0.0f ? v : 0.0f; });
 }
 
-inline void relu_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+template <core::Storage T>
+void relu_backward(const Context&, const T* y, const T* dy, T* dx, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    detail::map2(y, dy, dx, count, [](float v, float d) { return v > 0.0f ? d : 0.0f; });
 }
 
-inline void sigmoid_forward(const Context&, const float* x, float* y, std::size_t count)
+template <core::Storage T>
+void sigmoid_forward(const Context&, const T* x, T* y, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+    detail::map1(x, y, count, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
 }
 
-inline void sigmoid_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+template <core::Storage T>
+void sigmoid_backward(const Context&, const T* y, const T* dy, T* dx, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+    detail::map2(y, dy, dx, count, [](float v, float d) { return d * v * (1.0f - v); });
 }
 
-inline void tanh_forward(const Context&, const float* x, float* y, std::size_t count)
+template <core::Storage T>
+void tanh_forward(const Context&, const T* x, T* y, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) y[i] = std::tanh(x[i]);
+    detail::map1(x, y, count, [](float v) { return std::tanh(v); });
 }
 
-inline void tanh_backward(const Context&, const float* y, const float* dy, float* dx, std::size_t count)
+template <core::Storage T>
+void tanh_backward(const Context&, const T* y, const T* dy, T* dx, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+    detail::map2(y, dy, dx, count, [](float v, float d) { return d * (1.0f - v * v); });
 }
 
 // GELU, the exact form: y = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x).
-inline void gelu_forward(const Context&, const float* x, float* y, std::size_t count)
+template <core::Storage T>
+void gelu_forward(const Context&, const T* x, T* y, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+    detail::map1(x, y, count, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); });
 }
 
-inline void gelu_backward(const Context&, const float* x, const float* dy, float* dx, std::size_t count)
+template <core::Storage T>
+void gelu_backward(const Context&, const T* x, const T* dy, T* dx, std::size_t count)
 {
-    constexpr float inv_sqrt_2pi = 0.39894228040143268f;
-    for (std::size_t i = 0; i < count; ++i) {
-        const float v = x[i];
+    detail::map2(x, dy, dx, count, [](float v, float d) {
+        constexpr float inv_sqrt_2pi = 0.39894228040143268f;
         const float cdf = 0.5f * (1.0f + std::erf(v * 0.70710678118654752f));
-        dx[i] = dy[i] * (cdf + v * inv_sqrt_2pi * std::exp(-0.5f * v * v));
-    }
+        return d * (cdf + v * inv_sqrt_2pi * std::exp(-0.5f * v * v));
+    });
 }
 
 // Inverted dropout over n samples of `size` elements: element e of global sample first_sample + s is
 // kept when its random number (seed, dropout, layer, sample, e) is >= p, and scaled by 1 / (1 - p).
 // `dx = mask * dy` uses the same rule, so nothing is stored between forward and backward.
-inline void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer,
-                          std::uint64_t first_sample, const float* x, float* y, std::size_t n, std::size_t size)
+template <core::Storage T>
+void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
+                   const T* x, T* y, std::size_t n, std::size_t size)
 {
     const float scale = 1.0f / (1.0f - p);
     for (std::size_t s = 0; s < n; ++s)
         for (std::size_t e = 0; e < size; ++e) {
             const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
                                                  std::uint32_t(e));
-            y[s * size + e] = u >= p ? x[s * size + e] * scale : 0.0f;
+            y[s * size + e] = core::from_float<T>(u >= p ? core::to_float(x[s * size + e]) * scale : 0.0f);
         }
 }
 
-inline void copy(const Context&, const float* src, float* dst, std::size_t count)
+template <core::Storage T>
+void copy(const Context&, const T* src, T* dst, std::size_t count)
 {
-    if (count != 0 && src != dst) std::memcpy(dst, src, count * sizeof(float));
+    if (count != 0 && src != dst) std::memcpy(dst, src, count * sizeof(T));
 }
 
-inline void fill(const Context&, float* dst, float value, std::size_t count)
+// dst[i] = from_float<D>(to_float(src[i])): between storage types (S == D: a copy).
+template <core::Storage S, core::Storage D>
+void convert(const Context& ctx, const S* src, D* dst, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dst[i] = value;
+    if constexpr (std::same_as<S, D>) copy(ctx, src, dst, count);
+    else
+        for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<D>(core::to_float(src[i]));
+}
+
+// dst[i] = value, rounded to T.
+template <core::Storage T>
+void fill(const Context&, T* dst, float value, std::size_t count)
+{
+    const T v = core::from_float<T>(value);
+    for (std::size_t i = 0; i < count; ++i) dst[i] = v;
 }
 
 // dst += src
-inline void add(const Context&, const float* src, float* dst, std::size_t count)
+template <core::Storage T>
+void add(const Context&, const T* src, T* dst, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dst[i] += src[i];
+    for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<T>(core::to_float(dst[i]) + core::to_float(src[i]));
 }
 
 // y = a + b, then max(y, 0) when relu (a residual block's merge).
-inline void add_into(const Context&, const float* a, const float* b, float* y, std::size_t count, bool relu)
+template <core::Storage T>
+void add_into(const Context&, const T* a, const T* b, T* y, std::size_t count, bool relu)
 {
     for (std::size_t i = 0; i < count; ++i) {
-        const float v = a[i] + b[i];
-        y[i] = relu && v < 0.0f ? 0.0f : v;
+        const float v = core::to_float(a[i]) + core::to_float(b[i]);
+        y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
     }
 }
 
@@ -111,19 +155,21 @@ inline void check_fixed(const Context&) {}
 inline void make_deterministic(const Context&) {}
 
 // Channel slices of (n, channels, pixels) tensors, for Concat: dst[:, offset:offset+c] = src (n, c, pixels)
-inline void copy_channels_in(const Context&, const float* src, std::size_t n, std::size_t c,
-                             std::size_t pixels, float* dst, std::size_t channels, std::size_t offset)
+template <core::Storage T>
+void copy_channels_in(const Context&, const T* src, std::size_t n, std::size_t c, std::size_t pixels, T* dst,
+                      std::size_t channels, std::size_t offset)
 {
     for (std::size_t s = 0; s < n; ++s)
-        std::memcpy(dst + (s * channels + offset) * pixels, src + s * c * pixels, sizeof(float) * c * pixels);
+        std::memcpy(dst + (s * channels + offset) * pixels, src + s * c * pixels, sizeof(T) * c * pixels);
 }
 
 // dst (n, c, pixels) = src[:, offset:offset+c]
-inline void copy_channels_out(const Context&, const float* src, std::size_t channels, std::size_t offset,
-                              std::size_t n, std::size_t c, std::size_t pixels, float* dst)
+template <core::Storage T>
+void copy_channels_out(const Context&, const T* src, std::size_t channels, std::size_t offset, std::size_t n,
+                       std::size_t c, std::size_t pixels, T* dst)
 {
     for (std::size_t s = 0; s < n; ++s)
-        std::memcpy(dst + s * c * pixels, src + (s * channels + offset) * pixels, sizeof(float) * c * pixels);
+        std::memcpy(dst + s * c * pixels, src + (s * channels + offset) * pixels, sizeof(T) * c * pixels);
 }
 
 } // namespace replica::backend::cpu

@@ -1,7 +1,16 @@
 #pragma once
 // Fully connected layer on the CPU: y (n, out) = x (n, in) W^T + b, W (out, in).
+//
+// x, y, dy, dx and the weights w are T (core::Storage); b, dw, db are float. For bf16/fp16 the T
+// operands are converted to float in memory allocated for the call (the layer passes no scratch), the
+// float products run on them as for float, and each stored output is rounded once, after the bias and
+// the ReLU: bit for bit round_through<T> of the float call on the same (T-valued) inputs.
 
+#include <concepts>
 #include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
@@ -10,28 +19,53 @@
 namespace replica::backend::cpu {
 
 // relu: the ReLU after the layer is applied too (y is its output).
-inline void linear_forward(const Context& ctx, int in, int out, const float* w, const float* b, const float* x,
-                           float* y, std::size_t n, bool relu = false)
+template <core::Storage T>
+void linear_forward(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                    bool relu = false)
 {
-    for (std::size_t s = 0; s < n; ++s) std::memcpy(y + s * out, b, sizeof(float) * out);
-    gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, 1.0f, y, out);
-    if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
+    if constexpr (std::same_as<T, float>) {
+        for (std::size_t s = 0; s < n; ++s) std::memcpy(y + s * out, b, sizeof(float) * out);
+        gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+        if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
+    } else {
+        std::vector<float> xf(n * std::size_t(in)), wf(std::size_t(out) * in), yf(n * std::size_t(out));
+        load_float(x, xf.size(), xf.data());
+        load_float(w, wf.size(), wf.data());
+        linear_forward(ctx, in, out, wf.data(), b, xf.data(), yf.data(), n, relu);
+        store_float(yf.data(), yf.size(), y);
+    }
 }
 
 // dw, db assigned; dx (may be null) assigned.
-inline void linear_backward(const Context&, int in, int out, const float* w, const float* x, const float* dy,
-                            float* dx, float* dw, float* db, std::size_t n)
+template <core::Storage T>
+void linear_backward(const Context&, int in, int out, const T* w, const T* x, const T* dy,
+                     std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n)
 {
-    gemm(true, false, out, in, int(n), 1.0f, dy, out, x, in, 0.0f, dw, in);
-    sum_rows(dy, int(n), out, db, false);
-    if (dx) gemm(false, false, int(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    if constexpr (std::same_as<T, float>) {
+        gemm(true, false, out, in, int(n), 1.0f, dy, out, x, in, 0.0f, dw, in);
+        sum_rows(dy, int(n), out, db, false);
+        if (dx) gemm(false, false, int(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    } else {
+        std::vector<float> xf(n * std::size_t(in)), dyf(n * std::size_t(out));
+        load_float(x, xf.size(), xf.data());
+        load_float(dy, dyf.size(), dyf.data());
+        gemm(true, false, out, in, int(n), 1.0f, dyf.data(), out, xf.data(), in, 0.0f, dw, in);
+        sum_rows(dyf.data(), int(n), out, db, false);
+        if (dx) {
+            std::vector<float> wf(std::size_t(out) * in);
+            load_float(w, wf.size(), wf.data());
+            float* dxf = xf.data();   // x is no longer needed
+            gemm(false, false, int(n), in, out, 1.0f, dyf.data(), out, wf.data(), in, 0.0f, dxf, in);
+            store_float(dxf, xf.size(), dx);
+        }
+    }
 }
 
 // The backward of the layer and the ReLU after it: relu_y and dy are the ReLU's output and its
 // gradient; dz receives the layer output's gradient.
-inline void linear_backward_relu(const Context& ctx, int in, int out, const float* w, const float* x,
-                                 const float* relu_y, const float* dy, float* dz, float* dx, float* dw, float* db,
-                                 std::size_t n)
+template <core::Storage T>
+void linear_backward_relu(const Context& ctx, int in, int out, const T* w, const T* x, const T* relu_y, const T* dy,
+                          T* dz, std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n)
 {
     relu_backward(ctx, relu_y, dy, dz, n * std::size_t(out));
     linear_backward(ctx, in, out, w, x, dz, dx, dw, db, n);

@@ -1,6 +1,10 @@
 #pragma once
 // Batch normalisation kernels on the CPU (layers/normalization.hpp). x is (n, c, inner); per-channel
 // sums run in double, in a fixed order.
+//
+// x, y, dy, dx are T (core::Storage), loaded as float; weight, bias, mean, invstd, the sums, the
+// running estimates and dparams are float. A bf16/fp16 output element is round_through<T> of the float
+// path's on the same inputs; the float outputs (sums, dparams) are the float path's bit for bit.
 
 #include <algorithm>
 #include <cmath>
@@ -8,22 +12,29 @@
 
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cpu {
 
-// The per-channel sums need no scratch here.
-inline std::size_t batch_norm_scratch(const Context&, std::size_t) { return 0; }
+// The per-channel sums need no scratch here, for any T.
+template <class T = float>
+std::size_t batch_norm_scratch(const Context&, std::size_t)
+{
+    static_assert(core::Storage<T>, "activations are float, core::bf16 or core::fp16");
+    return 0;
+}
 
 // sums = [sum of (x - shift[c]) (c) | sum of its square (c) | n * inner].
-inline void batch_norm_sums(const Context&, const float* x, std::size_t n, std::size_t c, std::size_t inner,
-                            const float* shift, float* sums, float*)
+template <core::Storage T>
+void batch_norm_sums(const Context&, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
+                     float* sums, float*)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double s1 = 0.0, s2 = 0.0;
         for (std::size_t i = 0; i < n; ++i) {
-            const float* p = x + (i * c + ch) * inner;
+            const T* p = x + (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                const double d = double(p[j]) - double(shift[ch]);
+                const double d = double(core::to_float(p[j])) - double(shift[ch]);
                 s1 += d;
                 s2 += d * d;
             }
@@ -79,33 +90,36 @@ inline void batch_norm_running(const Context&, const float* running_mean, const 
 }
 
 // y = weight * (x - mean) * invstd + bias, then max(y, 0) when relu.
-inline void batch_norm_apply(const Context&, const float* x, float* y, std::size_t n, std::size_t c, std::size_t inner,
-                             const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
+template <core::Storage T>
+void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
+                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
 {
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t ch = 0; ch < c; ++ch) {
             const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
-            const float* p = x + (i * c + ch) * inner;
-            float* q = y + (i * c + ch) * inner;
+            const T* p = x + (i * c + ch) * inner;
+            T* q = y + (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                const float v = p[j] * scale + shift;
-                q[j] = relu && v < 0.0f ? 0.0f : v;
+                const float v = core::to_float(p[j]) * scale + shift;
+                q[j] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
             }
         }
 }
 
 // dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd.
-inline void batch_norm_backward_sums(const Context&, const float* x, const float* dy, std::size_t n, std::size_t c,
-                                     std::size_t inner, const float* mean, const float* invstd, float* dparams, float*)
+template <core::Storage T>
+void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
+                              const float* mean, const float* invstd, float* dparams, float*)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double sdy = 0.0, sdyx = 0.0;
         for (std::size_t i = 0; i < n; ++i) {
-            const float* p = x + (i * c + ch) * inner;
-            const float* d = dy + (i * c + ch) * inner;
+            const T* p = x + (i * c + ch) * inner;
+            const T* d = dy + (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                sdy += d[j];
-                sdyx += double(d[j]) * (double(p[j]) - double(mean[ch]));
+                const float dj = core::to_float(d[j]);
+                sdy += dj;
+                sdyx += double(dj) * (double(core::to_float(p[j])) - double(mean[ch]));
             }
         }
         dparams[ch] = float(sdyx * invstd[ch]);
@@ -115,21 +129,22 @@ inline void batch_norm_backward_sums(const Context&, const float* x, const float
 
 // dx = weight * invstd * (dy - sum dy / N - xhat * sum(dy * xhat) / N), sums = [sum dy*xhat | sum dy]
 // over the whole batch of *count elements a channel.
-inline void batch_norm_backward_input(const Context&, const float* x, const float* dy, float* dx, std::size_t n,
-                                      std::size_t c, std::size_t inner, const float* weight, const float* mean,
-                                      const float* invstd, const float* sums, const float* count)
+template <core::Storage T>
+void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
+                               std::size_t inner, const float* weight, const float* mean, const float* invstd,
+                               const float* sums, const float* count)
 {
     const float inv_count = 1.0f / *count;
     for (std::size_t ch = 0; ch < c; ++ch) {
         const float k = weight[ch] * invstd[ch];
         const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
         for (std::size_t i = 0; i < n; ++i) {
-            const float* p = x + (i * c + ch) * inner;
-            const float* d = dy + (i * c + ch) * inner;
-            float* q = dx + (i * c + ch) * inner;
+            const T* p = x + (i * c + ch) * inner;
+            const T* d = dy + (i * c + ch) * inner;
+            T* q = dx + (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                const float xhat = (p[j] - mean[ch]) * invstd[ch];
-                q[j] = k * (d[j] - mdy - xhat * mdyx);
+                const float xhat = (core::to_float(p[j]) - mean[ch]) * invstd[ch];
+                q[j] = core::from_float<T>(k * (core::to_float(d[j]) - mdy - xhat * mdyx));
             }
         }
     }

@@ -1,13 +1,18 @@
 #pragma once
 // CPU kernels the layers are built from: GEMM through BLAS, im2col/col2im, layout changes.
-// All arrays are row-major float. Nothing here allocates.
+// All arrays are row-major. GEMM and its operands are float; the helpers that read or write
+// activations take them in any core::Storage type T and convert on the way (to_float on load,
+// from_float<T> on store), so a bf16/fp16 layer runs the same float products as a float one. For
+// T = float they are the float code. Nothing here allocates.
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 
+#include "replica/core/number.hpp"
 #include "replica/core/window.hpp"
 
 namespace replica::backend::cpu {
@@ -22,21 +27,43 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 
 using core::Window;
 
-// col (c*kh*kw, m*oh*ow) <- patches of samples x[0..m) (m, c, h, w). Row r = (ci, ki, kj),
+// dst[i] = to_float(src[i]): T values loaded as float (a copy for T = float).
+template <core::Storage T>
+void load_float(const T* src, std::size_t count, float* dst)
+{
+    if constexpr (std::same_as<T, float>) {
+        if (count != 0) std::memcpy(dst, src, count * sizeof(float));
+    } else {
+        for (std::size_t i = 0; i < count; ++i) dst[i] = core::to_float(src[i]);
+    }
+}
+
+// dst[i] = from_float<T>(src[i]): float results stored as T, one rounding each.
+template <core::Storage T>
+void store_float(const float* src, std::size_t count, T* dst)
+{
+    if constexpr (std::same_as<T, float>) {
+        if (count != 0) std::memcpy(dst, src, count * sizeof(float));
+    } else {
+        for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<T>(src[i]);
+    }
+}
+
+// col (c*kh*kw, m*oh*ow) <- patches of samples x[0..m) (m, c, h, w), as float. Row r = (ci, ki, kj),
 // column s*oh*ow + p holds input pixel under kernel tap r for output pixel p of sample s.
-template <Window g>
-void im2col(const float* x, int m, float* col)
+template <Window g, core::Storage T>
+void im2col(const T* x, int m, float* col)
 {
     const int pixels = g.out_pixels();
     const std::size_t ld = std::size_t(m) * pixels;
     for (int s = 0; s < m; ++s) {
-        const float* xs = x + std::size_t(s) * g.in_size();
+        const T* xs = x + std::size_t(s) * g.in_size();
         for (int ci = 0; ci < g.c; ++ci)
             for (int ki = 0; ki < g.kh; ++ki)
                 for (int kj = 0; kj < g.kw; ++kj) {
                     const int row = (ci * g.kh + ki) * g.kw + kj;
                     float* dst = col + row * ld + std::size_t(s) * pixels;
-                    const float* plane = xs + std::size_t(ci) * g.h * g.w;
+                    const T* plane = xs + std::size_t(ci) * g.h * g.w;
                     for (int oy = 0; oy < g.oh; ++oy) {
                         const int iy = oy * g.sh - g.ph + ki;
                         float* d = dst + oy * g.ow;
@@ -44,18 +71,18 @@ void im2col(const float* x, int m, float* col)
                             std::fill(d, d + g.ow, 0.0f);
                             continue;
                         }
-                        const float* src = plane + iy * g.w;
+                        const T* src = plane + iy * g.w;
                         if (g.sw == 1) {
                             // ix = ox - pw + kj is in range for ox in [lo, hi)
                             const int lo = std::clamp(g.pw - kj, 0, g.ow);
                             const int hi = std::clamp(g.w + g.pw - kj, lo, g.ow);
                             std::fill(d, d + lo, 0.0f);
-                            std::memcpy(d + lo, src + lo - g.pw + kj, sizeof(float) * (hi - lo));
+                            load_float(src + lo - g.pw + kj, std::size_t(hi - lo), d + lo);
                             std::fill(d + hi, d + g.ow, 0.0f);
                         } else {
                             for (int ox = 0; ox < g.ow; ++ox) {
                                 const int ix = ox * g.sw - g.pw + kj;
-                                d[ox] = (ix >= 0 && ix < g.w) ? src[ix] : 0.0f;
+                                d[ox] = (ix >= 0 && ix < g.w) ? core::to_float(src[ix]) : 0.0f;
                             }
                         }
                     }
@@ -92,23 +119,32 @@ void col2im(const float* col, int m, float* dx)
 }
 
 // (m, c, p) sample-major -> (c, m*p) channel-major, and back. For batched GEMMs over samples.
-inline void to_channel_major(const float* src, int m, int c, int p, float* dst)
+// to_channel_major loads T as float; to_sample_major stores its float sums as T (relu: max(v, 0)
+// first, as relu_forward does, so that fusing changes no bit).
+template <core::Storage T>
+void to_channel_major(const T* src, int m, int c, int p, float* dst)
 {
     for (int s = 0; s < m; ++s)
         for (int ci = 0; ci < c; ++ci)
-            std::memcpy(dst + (std::size_t(ci) * m + s) * p, src + (std::size_t(s) * c + ci) * p,
-                        sizeof(float) * p);
+            load_float(src + (std::size_t(s) * c + ci) * p, std::size_t(p), dst + (std::size_t(ci) * m + s) * p);
 }
 
-// dst (m, c, p) = src (c, m*p) + bias[c] (bias may be null).
-inline void to_sample_major(const float* src, int m, int c, int p, const float* bias, float* dst)
+// dst (m, c, p) = src (c, m*p) + bias[c] (bias may be null), then max(., 0) when relu.
+template <core::Storage T>
+void to_sample_major(const float* src, int m, int c, int p, const float* bias, T* dst, bool relu = false)
 {
     for (int s = 0; s < m; ++s)
         for (int ci = 0; ci < c; ++ci) {
             const float* a = src + (std::size_t(ci) * m + s) * p;
-            float* d = dst + (std::size_t(s) * c + ci) * p;
+            T* d = dst + (std::size_t(s) * c + ci) * p;
             const float b = bias ? bias[ci] : 0.0f;
-            for (int i = 0; i < p; ++i) d[i] = a[i] + b;
+            if (relu)
+                for (int i = 0; i < p; ++i) {
+                    const float v = a[i] + b;
+                    d[i] = core::from_float<T>(v > 0.0f ? v : 0.0f);
+                }
+            else
+                for (int i = 0; i < p; ++i) d[i] = core::from_float<T>(a[i] + b);
         }
 }
 
@@ -122,13 +158,14 @@ inline void sum_rows(const float* a, int rows, int cols, float* out, bool accumu
     }
 }
 
-// out[i] (+)= sum of a's row i (rows, cols).
-inline void sum_cols(const float* a, int rows, int cols, float* out, bool accumulate)
+// out[i] (+)= sum of a's row i (rows, cols), in float.
+template <core::Storage T>
+void sum_cols(const T* a, int rows, int cols, float* out, bool accumulate)
 {
     for (int r = 0; r < rows; ++r) {
-        const float* row = a + std::size_t(r) * cols;
+        const T* row = a + std::size_t(r) * cols;
         float s = 0.0f;
-        for (int j = 0; j < cols; ++j) s += row[j];
+        for (int j = 0; j < cols; ++j) s += core::to_float(row[j]);
         out[r] = accumulate ? out[r] + s : s;
     }
 }

@@ -2,10 +2,16 @@
 // Pooling on the CPU. Windows are described by a Window (g.c channels pooled independently).
 // Max pooling ignores padding and window parts past the input (ceil mode); forward records where each
 // maximum came from (the first maximal element in scan order) for backward.
+//
+// x, y, dy, dx are T (core::Storage), the arg positions float. Sums run in float, each input-gradient
+// element summed in float over its windows before its one rounding: a bf16/fp16 result is
+// round_through<T> of the float result on the same inputs.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <limits>
+#include <vector>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
@@ -26,75 +32,90 @@ void for_each_window(F&& f)
         }
     }
 }
+
+// dx planes (n * g.c of them, h*w each) = what `route(plane, dxp)` adds into a zeroed float plane
+// dxp. Float sums into dx itself; T sums each plane in a float buffer, then rounds it into dx.
+template <Window g, core::Storage T, class F>
+void backward_planes(T* dx, std::size_t n, F&& route)
+{
+    const std::size_t planes = n * g.c, size = std::size_t(g.h) * g.w;
+    if constexpr (std::same_as<T, float>) {
+        std::fill(dx, dx + n * g.in_size(), 0.0f);
+        for (std::size_t plane = 0; plane < planes; ++plane) route(plane, dx + plane * size);
+    } else {
+        std::vector<float> buffer(size);
+        for (std::size_t plane = 0; plane < planes; ++plane) {
+            std::fill(buffer.begin(), buffer.end(), 0.0f);
+            route(plane, buffer.data());
+            store_float(buffer.data(), size, dx + plane * size);
+        }
+    }
+}
 } // namespace detail
 
 // y = the maximum of each window; arg = its position in the input plane (the first maximum in scan
 // order), as a float.
-template <Window g>
-void max_pool_forward(const Context&, const float* x, float* y, float* arg, std::size_t n)
+template <Window g, core::Storage T>
+void max_pool_forward(const Context&, const T* x, T* y, float* arg, std::size_t n)
 {
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
-        const float* xp = x + plane * g.h * g.w;
-        float* yp = y + plane * g.out_pixels();
+        const T* xp = x + plane * g.h * g.w;
+        T* yp = y + plane * g.out_pixels();
         float* ap = arg + plane * g.out_pixels();
         detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             float best = -std::numeric_limits<float>::infinity();
             int at = ya * g.w + xa;
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix)
-                    if (xp[iy * g.w + ix] > best) {
-                        best = xp[iy * g.w + ix];
+                    if (core::to_float(xp[iy * g.w + ix]) > best) {
+                        best = core::to_float(xp[iy * g.w + ix]);
                         at = iy * g.w + ix;
                     }
-            yp[o] = best;
+            yp[o] = core::from_float<T>(best);
             ap[o] = float(at);
         });
     }
 }
 
 // dx = each window's gradient routed to its maximum (windows are visited in order: deterministic).
-template <Window g>
-void max_pool_backward(const Context&, const float* arg, const float* dy, float* dx, std::size_t n)
+template <Window g, core::Storage T>
+void max_pool_backward(const Context&, const float* arg, const T* dy, T* dx, std::size_t n)
 {
-    std::fill(dx, dx + n * g.in_size(), 0.0f);
-    for (std::size_t plane = 0; plane < n * g.c; ++plane) {
+    detail::backward_planes<g>(dx, n, [&](std::size_t plane, float* dxp) {
         const float* ap = arg + plane * g.out_pixels();
-        const float* dyp = dy + plane * g.out_pixels();
-        float* dxp = dx + plane * g.h * g.w;
-        for (int o = 0; o < g.out_pixels(); ++o) dxp[int(ap[o])] += dyp[o];
-    }
+        const T* dyp = dy + plane * g.out_pixels();
+        for (int o = 0; o < g.out_pixels(); ++o) dxp[int(ap[o])] += core::to_float(dyp[o]);
+    });
 }
 
 // Average over kh*kw taps, padding counted as zeros (PyTorch's count_include_pad).
-template <Window g>
-void avg_pool_forward(const Context&, const float* x, float* y, std::size_t n)
+template <Window g, core::Storage T>
+void avg_pool_forward(const Context&, const T* x, T* y, std::size_t n)
 {
     const float scale = 1.0f / float(g.kh * g.kw);
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
-        const float* xp = x + plane * g.h * g.w;
-        float* yp = y + plane * g.out_pixels();
+        const T* xp = x + plane * g.h * g.w;
+        T* yp = y + plane * g.out_pixels();
         detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             float s = 0.0f;
             for (int iy = ya; iy < yb; ++iy)
-                for (int ix = xa; ix < xb; ++ix) s += xp[iy * g.w + ix];
-            yp[o] = s * scale;
+                for (int ix = xa; ix < xb; ++ix) s += core::to_float(xp[iy * g.w + ix]);
+            yp[o] = core::from_float<T>(s * scale);
         });
     }
 }
 
-template <Window g>
-void avg_pool_backward(const Context&, const float* dy, float* dx, std::size_t n)
+template <Window g, core::Storage T>
+void avg_pool_backward(const Context&, const T* dy, T* dx, std::size_t n)
 {
     const float scale = 1.0f / float(g.kh * g.kw);
-    std::fill(dx, dx + n * g.in_size(), 0.0f);
-    for (std::size_t plane = 0; plane < n * g.c; ++plane) {
-        const float* dyp = dy + plane * g.out_pixels();
-        float* dxp = dx + plane * g.h * g.w;
+    detail::backward_planes<g>(dx, n, [&](std::size_t plane, float* dxp) {
+        const T* dyp = dy + plane * g.out_pixels();
         detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             for (int iy = ya; iy < yb; ++iy)
-                for (int ix = xa; ix < xb; ++ix) dxp[iy * g.w + ix] += dyp[o] * scale;
+                for (int ix = xa; ix < xb; ++ix) dxp[iy * g.w + ix] += core::to_float(dyp[o]) * scale;
         });
-    }
+    });
 }
 
 } // namespace replica::backend::cpu
