@@ -139,8 +139,6 @@ TEST_CASE("DataParallel in bf16 equals one bf16 model, and bit for bit in the re
         CHECK(differences(five_steps(dp, data, 3), exact) == "");
         CHECK(differences(dp.statistics(), statistics) == "");
     }
-    DataParallel<Net, SingleThread> two{cpus(2), 2};
-    CHECK(differences(five_steps(two, data, 3), exact) == "");
 }
 
 TEST_CASE("Checkpoints move between precisions: they hold the fp32 master parameters", "[cpu][precision][checkpoint]")

@@ -130,24 +130,26 @@ concept TrainableModel =
 //   mark_step(slot), finish_step(slot)  what the host waits for of a slot's step, and the wait: returns
 //                            its loss sum.
 //   forward_train(pass, x, n), backward_from(pass, dy, dx, hook)  the two halves of forward_backward,
-//                            for a replica of a DataParallel nested in a larger model.
+//                            for a replica of a DataParallel nested in a larger model; x, dy and dx are
+//                            activations (M::storage: float, bf16 or fp16), in the larger model's memory.
 //   queue_shard_gradients(...), finish_shards(losses), set_gradients_exact(batch, shard)  the
 //                            reproducible mode's parts (model/exact_gradient.hpp), over exact_count
 //                            integers a replica.
 //   copy_state_from(w, state, size, after)  parameters and optimizer state from another replica.
 template <class M>
 concept Replica =
-    TrainableModel<M> && requires { typename M::chain; } &&
-    requires(M& m, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float* dx,
-             int slot, core::NoHook& hook, double* losses) {
+    TrainableModel<M> && requires { typename M::chain; typename M::storage; } &&
+    requires(M& m, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+             const typename M::storage* activations, typename M::storage* dx, int slot, core::NoHook& hook,
+             double* losses) {
         { m.queue_forward_backward(pass, x, labels, n, 1.0f, hook) } -> std::same_as<int>;
         { m.queue_or_defer(pass, x, labels, n, 1.0f, hook) } -> std::same_as<std::size_t>;
         m.launch_deferred(n, hook);
         m.mark_step(slot);
         { m.finish_step(slot) } -> std::convertible_to<double>;
         { m.last_slot() } -> std::same_as<int>;
-        { m.forward_train(pass, x, n) } -> std::same_as<const float*>;
-        m.backward_from(pass, x, dx, hook);
+        { m.forward_train(pass, activations, n) } -> std::same_as<const typename M::storage*>;
+        m.backward_from(pass, activations, dx, hook);
         { m.queue_shard_gradients(pass, x, labels, n, 1.0f, n, n) } -> std::same_as<std::int64_t*>;
         m.finish_shards(losses);
         m.set_gradients_exact(n, n);
