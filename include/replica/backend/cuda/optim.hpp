@@ -110,7 +110,7 @@ __global__ void unscale_gradient(float* g, std::size_t count, float inv_scale, i
 // needs the answer (it decides whether the optimizer runs), so this waits for the compute stream.
 inline bool unscale_gradient(const Context& ctx, float* g, std::size_t count, float inv_scale)
 {
-    const core::Buffer<int> flag = ctx.allocate<int>(1);
+    core::Buffer<int> flag = ctx.allocate<int>(1);
     REPLICA_CHECK(cudaMemsetAsync(flag.data(), 0, sizeof(int), ctx.stream()));
     if (count > 0) {
         kernels::unscale_gradient<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, count, inv_scale,
