@@ -286,6 +286,19 @@ TEST_CASE("DataParallel over 2 Threaded CPU replicas takes the same decisions as
     // parameters by about lr, 1e-2.
     CHECK(max_relative_difference(parameters(one), parameters(two)) < 1e-4);
     CHECK(differences(parameters(two.replica(1)), parameters(two)) == "");
+
+    // The reproducible mode: a term beyond the exact sum's range, found on a replica's thread, is an
+    // overflow for the whole model too.
+    const auto w = parameters(two);
+    b.set_scale_state({.scale = 0x1p40f});
+    CHECK(std::isnan(train_step(two, b, data.batch(0), kReproducible)));
+    CHECK(b.skipped_last());
+    CHECK(b.scale() == 0x1p39f);
+    CHECK(differences(parameters(two), w) == "");
+    b.set_scale_state({.scale = 1.0f});
+    train_step(two, b, data.batch(1), kReproducible);   // and the model trains on
+    CHECK(!b.skipped_last());
+    CHECK(differences(parameters(two), w) != "");
 }
 
 TEST_CASE("The Trainer's loss_scale option: skips and the scale in History and the epoch line", "[cpu][loss_scale][train]")
