@@ -320,6 +320,25 @@ TEST_CASE("The Trainer's loss_scale option: skips and the scale in History and t
     CHECK(log.str().find("skipped") != std::string::npos);
     CHECK(h.skipped_steps == 0);
 
+    // A run resumed from its checkpoint goes on with the scale it had, as if never stopped.
+    {
+        TempDir dir;
+        TrainOptions straight = options, first = options, second = options;
+        straight.epochs = second.epochs = 3;
+        straight.log = first.log = second.log = nullptr;
+        first.checkpoint = second.checkpoint = dir / "scaled.ckpt";
+        second.resume = true;
+        Net a{Device::cpu(), 9}, b{Device::cpu(), 9}, c{Device::cpu(), 1};
+        Adam oa{{.lr = 0.01f}}, ob{{.lr = 0.01f}}, oc{{.lr = 0.01f}};
+        const History whole = Trainer{a, oa, straight}.fit(set);
+        Trainer{b, ob, first}.fit(set);
+        const History resumed = Trainer{c, oc, second}.fit(set);
+        CHECK(resumed.scale_skipped_steps == 0);   // the skips were the first epoch's
+        CHECK(resumed.epochs[2].loss_scale == whole.epochs[2].loss_scale);
+        CHECK(oc.step_count() == oa.step_count());
+        CHECK(differences(parameters(c), parameters(a)) == "");
+    }
+
     // Without it, no scale in the line.
     std::ostringstream quiet;
     options.loss_scale.reset();
