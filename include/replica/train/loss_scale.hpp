@@ -3,7 +3,7 @@
 // fp16, where small gradients would round to zero. It wraps an optimizer:
 //   LossScale opt{AdamW{{.lr = 1e-3f}}};                              scale 2^16, x2 every 2000 clean steps
 //   LossScale opt{ClipGradNorm{SGD{{.lr = 0.1f}}, 1.0f}, {.growth_interval = 500}};
-// train_step multiplies the loss by scale() (so every gradient comes out multiplied by it). Before the
+// train_step multiplies the loss by loss_scale() (so every gradient comes out multiplied by it). Before the
 // update the whole gradient is checked: when a value is NaN or infinite the update is SKIPPED
 // (parameters, optimizer state and the wrapped optimizer's update count as before it), the scale is
 // multiplied by backoff_factor and the skip is counted; otherwise the gradient is divided by the scale
@@ -34,6 +34,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -153,10 +154,12 @@ public:
         opt_.set_step_count(t);
     }
     // Before each update of the model. The wrapped optimizer counts it now; end_update() takes a
-    // skipped update back off its count.
+    // skipped update back off its count. A new window (every update, without an Accumulate) starts
+    // with no overflow found, even when the previous step threw before its end_update().
     void begin_update()
     {
         if constexpr (requires { opt_.begin_update(); }) opt_.begin_update();
+        if (starts_window()) found_non_finite_.store(false);
     }
 
     // The whole gradient, once per update, before apply: checked for NaN and infinity and divided by
@@ -219,6 +222,13 @@ public:
     }
 
 private:
+    // Whether the current batch is the first of an accumulation window (after begin_update()).
+    bool starts_window() const
+    {
+        if constexpr (requires { opt_.k(); opt_.step_count(); }) return (opt_.step_count() - 1) % opt_.k() == 0;
+        else return true;
+    }
+
     // The skipped update is not counted by the optimizer that counts updates (Adam's t): the wrapped
     // one, or the one an Accumulate wraps.
     void uncount_update()
