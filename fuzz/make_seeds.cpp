@@ -71,5 +71,8 @@ int main(int argc, char** argv)
     replica::save_checkpoint(root / "checkpoint" / "trained.ckpt", net,
                              {.epoch = 2, .step = 2, .seed = 1,
                               .history = {{1, 0.7, 0.6, 0.5, 0.01}, {2, 0.5, std::nan(""), std::nan(""), 0.01}}});
+    replica::save_checkpoint(root / "checkpoint" / "scaled.ckpt", net,   // format 3: with loss scaling's state
+                             {.epoch = 2, .step = 2, .seed = 1,
+                              .loss_scale = replica::LossScaleState{.scale = 1024.0f, .clean_steps = 5, .skipped_steps = 1}});
     return 0;
 }

@@ -27,8 +27,9 @@ def checkpoint(path):
         raise ValueError(f"{path}: {len(data)} bytes, not a checkpoint")
     version = struct.unpack_from("<I", data, 8)[0]
     params, states, epoch, step, _seed, records = struct.unpack_from("<QQQQQQ", data, 20)
-    # Format 2 (train/checkpoint.hpp) adds the optimizer's id and step count and the statistics count.
-    header, statistics = (68, 0) if version == 1 else (88, struct.unpack_from("<Q", data, 80)[0])
+    # Format 2 (train/checkpoint.hpp) adds the optimizer's id and step count and the statistics count;
+    # format 3 the loss scaling state (20 bytes).
+    header, statistics = (68, 0) if version == 1 else (88 if version == 2 else 108, struct.unpack_from("<Q", data, 80)[0])
     size = header + 40 * records + 4 * (params + states + statistics) + 4
     if len(data) != size:
         raise ValueError(f"{path}: {len(data)} bytes, its header promises {size}")

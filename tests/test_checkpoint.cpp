@@ -253,9 +253,9 @@ TEST_CASE("a damaged checkpoint is refused as corrupt", "[cpu]")
     }
     SECTION("another format version") {
         std::vector<char> newer = bytes;
-        newer[8] = 3;
+        newer[8] = 4;
         write_bytes(bad, newer);
-        require_error([&] { load_checkpoint(bad, model); }, {bad.string(), "format version 3"});
+        require_error([&] { load_checkpoint(bad, model); }, {bad.string(), "format version 4"});
         REQUIRE(model.parameters() == before);
     }
 }

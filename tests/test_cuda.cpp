@@ -1183,6 +1183,36 @@ TEST_CASE("ClipGradNorm on the GPU clips as on the CPU", "[cuda][optim][clip]")
     CHECK(norm_relative(parameters(cpu), parameters(gpu)) < 1e-5);
 }
 
+TEST_CASE("LossScale on the GPU skips an overflow with nothing changed, and otherwise updates as on the CPU",
+          "[cuda][optim][loss_scale]")
+{
+    REQUIRE_GPU();
+    const RandomBatches<FusedMlpNet> data(18, 3);
+    RandomBatches<FusedMlpNet> loud(18, 3);
+    for (float& v : loud.inputs) v *= 100.0f;   // with a scale of 2^127, the gradient overflows
+    FusedMlpNet cpu{Device::cpu(), 1}, gpu{Device::cuda(0), 1};
+    LossScale a{Adam{{.lr = 0.01f}}, {.init_scale = 1024.0f}}, b{Adam{{.lr = 0.01f}}, {.init_scale = 1024.0f}};
+    train_step(cpu, a, data.batch(0, 9, 0));
+    train_step(gpu, b, data.batch(0, 9, 0));
+    CHECK(!b.skipped_last());
+    const auto w = parameters(gpu);
+    const auto state = gpu.optimizer_state();
+    b.set_scale_state({.scale = 0x1p127f});
+    const auto next = data.batch(9, 9, 9);
+    train_step(gpu, b, loud.batch(9, 9, 9), {}, &next);   // the fast mode: the next step is queued ahead
+    CHECK(b.skipped_last());
+    CHECK(b.scale() == 0x1p126f);
+    CHECK(b.wrapped().step_count() == 1);
+    CHECK(parameters(gpu) == w);
+    CHECK(gpu.optimizer_state() == state);
+    b.set_scale_state({.scale = 1024.0f});   // the step queued ahead at 2^126 is computed again at 1024
+    train_step(gpu, b, next);
+    train_step(cpu, a, next);
+    CHECK(!b.skipped_last());
+    CHECK(b.wrapped().step_count() == 2);
+    CHECK(norm_relative(parameters(cpu), parameters(gpu)) < 1e-4);
+}
+
 // ---- convolutions without bias (issue 22) ----
 
 TEST_CASE("Convolutions without bias equal the CPU's through cuDNN and the products, alone and with a fused ReLU",

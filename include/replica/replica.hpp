@@ -31,6 +31,7 @@
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/clip.hpp"
 #include "replica/train/history.hpp"
+#include "replica/train/loss_scale.hpp"
 #include "replica/train/schedule.hpp"
 #include "replica/train/sgd.hpp"
 #include "replica/train/step.hpp"

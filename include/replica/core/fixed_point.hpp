@@ -36,9 +36,16 @@ struct FixedStatus {
     float value = 0.0f;
 };
 
-inline Error fixed_range_error(const std::string& value)
+// A term out of range: its own type, so that loss scaling (train/loss_scale.hpp) can take it for an
+// overflow of the scaled gradient.
+class FixedRangeError : public Error {
+public:
+    using Error::Error;
+};
+
+inline FixedRangeError fixed_range_error(const std::string& value)
 {
-    return Error("a gradient (or a BatchNorm batch sum) of " + value + " is outside what the reproducible mode can "
+    return FixedRangeError("a gradient (or a BatchNorm batch sum) of " + value + " is outside what the reproducible mode can "
                  "sum exactly (|g| < 2^22): lower the learning rate, normalise the inputs, or check the data for NaN "
                  "or huge values");
 }

@@ -67,6 +67,13 @@ public:
         fill(ctx, sum, 0.0f, count);
     }
 
+    // Drops a slice's sum without an update (LossScale skips a window whose gradient overflowed).
+    template <class Ctx>
+    void discard(Ctx& ctx, float* state, std::size_t count) const
+    {
+        fill(ctx, state, 0.0f, count);
+    }
+
 private:
     Opt opt_;
     std::size_t k_;

@@ -5,7 +5,8 @@
 //   CheckpointState s = load_checkpoint("run/lenet.ckpt", model, opt);
 // Given the optimizer, the file names it (SGD, Adam, AdamW) and holds its step count (Adam's t);
 // loading it into another optimizer is refused. Without it the file names no optimizer, and any
-// optimizer that keeps as many values per parameter may load it.
+// optimizer that keeps as many values per parameter may load it. A LossScale's state (its scale and
+// counts, train/loss_scale.hpp) is kept too; a file without it loads into a LossScale as a new run's.
 //
 // A checkpoint loads on any device count: one saved from DataParallel<M> or AutoParallel<M> loads
 // into M and back, since model_signature is that of the replica type M.
@@ -13,7 +14,7 @@
 // File format, every number little-endian:
 //   offset  bytes
 //   0       8      magic "REPLICA\0"
-//   8       4      u32 format version, 2 (version 1 files, without the fields from offset 68, still load)
+//   8       4      u32 format version: 3 with loss scaling's state, else 2 (versions 1 and 2 load)
 //   12      8      u64 model signature, model_signature<M>()
 //   20      8      u64 param_count P
 //   28      8      u64 state_count S, optimizer state floats (0 before the first update)
@@ -25,13 +26,15 @@
 //   72      8      u64 optimizer step count (the updates Adam and AdamW counted; 0 for SGD)
 //   80      8      u64 statistics count T: the model's statistics (BatchNorm's running means and
 //                  variances), 0 for a model without them
-//   88      40 H   H records: u64 epoch, f64 train_loss, f64 validation_loss, f64 validation_accuracy,
+//   88      20     version 3 only: f32 loss scale, u64 clean steps, u64 skipped steps (LossScaleState)
+//   88|108  40 H   H records: u64 epoch, f64 train_loss, f64 validation_loss, f64 validation_accuracy,
 //                  f64 seconds
 //           4 P    f32 parameters
 //           4 S    f32 optimizer state
 //           4 T    f32 statistics
 //           4      u32 CRC-32 (zlib's crc32) of every byte before it
-// Version 1 ends its header at offset 68 (no optimizer id or step count, no statistics).
+// Version 1 ends its header at offset 68 (no optimizer id or step count, no statistics); version 2
+// at 88, version 3 at 108.
 //
 // save_checkpoint is atomic: it writes <path>.tmp beside <path>, fsyncs it, renames it over <path> and
 // fsyncs the directory, creating missing parent directories first. On failure it removes the temporary
@@ -56,6 +59,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -66,6 +70,7 @@
 #include "replica/core/error.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/train/history.hpp"
+#include "replica/train/loss_scale.hpp"
 
 namespace replica::train {
 
@@ -77,6 +82,7 @@ struct CheckpointState {
     std::vector<EpochRecord> history = {};   // "= {}": {.epoch = 3} stays warning-free under -Wextra
     std::uint32_t optimizer = 0;        // the optimizer's checkpoint_id (SGD 1, Adam 2, AdamW 3); 0: none named
     std::uint64_t optimizer_steps = 0;  // the updates the optimizer counted (Adam's t)
+    std::optional<LossScaleState> loss_scale = {};   // a LossScale's; none: the file is version 2
 };
 
 // What the loading run allows, checked after the checksum (defaults: only the checks every file passes).
@@ -161,8 +167,10 @@ constexpr std::uint64_t model_signature()
 namespace detail {
 
 inline constexpr unsigned char checkpoint_magic[8] = {'R', 'E', 'P', 'L', 'I', 'C', 'A', '\0'};
-inline constexpr std::uint32_t checkpoint_version = 2;
-inline constexpr std::size_t checkpoint_header_size = 88;      // up to and including the statistics count
+inline constexpr std::uint32_t checkpoint_version = 3;         // the newest this build reads
+inline constexpr std::uint32_t checkpoint_version_unscaled = 2;   // written when there is no loss scaling state
+inline constexpr std::size_t checkpoint_header_size = 108;     // version 3: up to the loss scaling state
+inline constexpr std::size_t checkpoint_v2_header_size = 88;   // version 2: up to the statistics count
 inline constexpr std::size_t checkpoint_v1_header_size = 68;   // version 1: up to the history count
 inline constexpr std::size_t checkpoint_record_size = 40;
 // Bounds a reader trusts a header with: more is a damaged header, never a real checkpoint.
@@ -174,7 +182,7 @@ inline constexpr std::size_t checkpoint_state_per_param[] = {0, 1, 2, 2};
 
 inline std::size_t header_size_of(std::uint32_t version)
 {
-    return version == 1 ? checkpoint_v1_header_size : checkpoint_header_size;
+    return version == 1 ? checkpoint_v1_header_size : version == 2 ? checkpoint_v2_header_size : checkpoint_header_size;
 }
 
 class ByteWriter {
@@ -306,9 +314,9 @@ inline std::uint64_t checkpoint_size_from_header(const std::string& name, std::s
         throw Error(name + " is not a replica checkpoint (it does not start with \"REPLICA\"): check the path");
     if (size < 12) throw truncated();
     const std::uint32_t version = read_u32(b.data() + 8);
-    if (version != checkpoint_version && version != 1)
+    if (version < 1 || version > checkpoint_version)
         throw Error("checkpoint " + name + " has format version " + std::to_string(version) +
-                    "; this build of replica reads versions 1 and " + std::to_string(checkpoint_version) +
+                    "; this build of replica reads versions 1 to " + std::to_string(checkpoint_version) +
                     ": load it with the replica that wrote it");
     header = header_size_of(version);
     if (size < header) throw truncated();
@@ -340,9 +348,9 @@ inline std::vector<unsigned char> read_checkpoint_bytes(const std::filesystem::p
 {
     CheckpointFile file(path);
     std::vector<unsigned char> out;
-    file.read(out, checkpoint_header_size);   // a version 1 file has a shorter header, and at least 4 bytes after it
+    file.read(out, checkpoint_header_size);   // a version 1 or 2 file has a shorter header
     const std::uint64_t size = checkpoint_size_from_header(path.string(), out, param_count, statistics_count);
-    file.read(out, std::size_t(size - out.size() + 1));
+    if (size >= out.size()) file.read(out, std::size_t(size - out.size() + 1));
     return out;
 }
 
@@ -381,6 +389,9 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
                     std::to_string(c.optimizer_state[bad]) + advice);
     if (!all_finite(c.statistics, bad))
         throw Error(refused + "statistics value " + std::to_string(bad) + " is " + std::to_string(c.statistics[bad]) +
+                    advice);
+    if (s.loss_scale && !(std::isfinite(s.loss_scale->scale) && s.loss_scale->scale > 0.0f))
+        throw Error(refused + "its loss scale is " + std::to_string(s.loss_scale->scale) + " (it must be finite and > 0)" +
                     advice);
     if (s.history.size() > s.epoch)
         throw Error(refused + "holds " + std::to_string(s.history.size()) + " history records after " +
@@ -464,6 +475,10 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
         out.state.optimizer = read_u32(b.data() + 68);
         out.state.optimizer_steps = read_u64(b.data() + 72);
     }
+    if (version >= 3)
+        out.state.loss_scale = LossScaleState{.scale = std::bit_cast<float>(read_u32(b.data() + 88)),
+                                              .clean_steps = read_u64(b.data() + 92),
+                                              .skipped_steps = read_u64(b.data() + 100)};
     const unsigned char* p = b.data() + header_size_of(version);
     out.state.history.resize(std::size_t(records));
     for (auto& r : out.state.history) {
@@ -493,6 +508,8 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
 {
     static_assert(Checkpointable<M>, "save_checkpoint: the model must be a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
+    core::require(!state.loss_scale || (std::isfinite(state.loss_scale->scale) && state.loss_scale->scale > 0.0f),
+                  "save_checkpoint: the loss scale must be finite and > 0");
     core::require(state.optimizer <= detail::checkpoint_max_optimizer,
                   "save_checkpoint: optimizer id " + std::to_string(state.optimizer) + " is not one of 0 (none named), "
                   "1 (SGD), 2 (Adam), 3 (AdamW)");
@@ -518,7 +535,7 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
     out.reserve(detail::checkpoint_header_size + detail::checkpoint_record_size * state.history.size() +
                 4 * (w.size() + s.size() + t.size()) + 4);
     out.raw(detail::checkpoint_magic, sizeof detail::checkpoint_magic);
-    out.u32(detail::checkpoint_version);
+    out.u32(state.loss_scale ? detail::checkpoint_version : detail::checkpoint_version_unscaled);
     out.u64(model_signature<M>());
     out.u64(w.size());
     out.u64(s.size());
@@ -529,6 +546,11 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, const Ch
     out.u32(state.optimizer);
     out.u64(state.optimizer_steps);
     out.u64(t.size());
+    if (state.loss_scale) {
+        out.u32(std::bit_cast<std::uint32_t>(state.loss_scale->scale));
+        out.u64(state.loss_scale->clean_steps);
+        out.u64(state.loss_scale->skipped_steps);
+    }
     for (const auto& r : state.history) {
         out.u64(r.epoch);
         out.f64(r.train_loss);
@@ -550,13 +572,15 @@ concept NamedOptimizer = requires {
     { Opt::state_per_param } -> std::convertible_to<std::size_t>;
 };
 
-// The same, naming opt and keeping its step count (Adam's t), if it counts its updates.
+// The same, naming opt and keeping its step count (Adam's t), if it counts its updates, and a
+// LossScale's state.
 template <class M, NamedOptimizer Opt>
 void save_checkpoint(const std::filesystem::path& path, const M& model, CheckpointState state, const Opt& opt)
 {
     state.optimizer = Opt::checkpoint_id;
     if constexpr (requires { opt.step_count(); }) state.optimizer_steps = opt.step_count();
     else state.optimizer_steps = 0;
+    if constexpr (requires { opt.scale_state(); }) state.loss_scale = opt.scale_state();
     save_checkpoint(path, model, state);
 }
 
@@ -581,7 +605,8 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, con
 
 // The same for the optimizer opt: a file that names another optimizer, or holds another number of
 // state values per parameter, is refused (the model and opt untouched); opt takes the file's step
-// count, if it counts its updates.
+// count, if it counts its updates, and a LossScale the file's state (a file without: init_scale and
+// no counts).
 template <class M, NamedOptimizer Opt>
 CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, Opt& opt, CheckpointExpectations expect = {})
 {
@@ -589,6 +614,8 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, Opt
     expect.state_per_param = Opt::state_per_param;
     CheckpointState state = load_checkpoint(path, model, expect);
     if constexpr (requires { opt.set_step_count(state.optimizer_steps); }) opt.set_step_count(state.optimizer_steps);
+    if constexpr (requires { opt.set_scale_state(opt.initial_state()); })
+        opt.set_scale_state(state.loss_scale ? *state.loss_scale : opt.initial_state());
     return state;
 }
 

@@ -25,6 +25,10 @@ struct EpochRecord {
     double validation_loss = 0.0;       // mean over the validation set's labelled elements
     double validation_accuracy = 0.0;   // fraction of them predicted right
     double seconds = 0.0;               // wall time of the epoch
+    // Loss scaling (train/loss_scale.hpp), when on: the updates it skipped in the epoch, and the scale
+    // at the epoch's end (0: no loss scaling). Not kept in checkpoints (a resumed epoch's are 0).
+    std::uint64_t scale_skipped_steps = 0;
+    double loss_scale = 0.0;
 };
 
 struct StepRecord {
@@ -38,6 +42,8 @@ struct History {
     std::vector<StepRecord> steps;      // only with TrainOptions::history_every; not kept in checkpoints
     std::size_t skipped_steps = 0;   // steps undone for a NaN or infinite loss (TrainOptions::skip_nonfinite),
                                      // in this call of fit(); checkpoints do not keep it
+    std::size_t scale_skipped_steps = 0;   // updates loss scaling skipped (a NaN or infinite gradient), in this
+                                           // call of fit(); each epoch's are in its record
 };
 
 // Writes a History as it grows: `csv` gets one line per record, flushed at once (a plot can follow a

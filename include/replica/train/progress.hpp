@@ -33,7 +33,8 @@ public:
         start_ = last_ = clock::now();
     }
 
-    void update(std::size_t step, std::size_t samples, double mean_loss)
+    // `extra`: more to show after the rate (loss scaling's scale and skips), or empty.
+    void update(std::size_t step, std::size_t samples, double mean_loss, const std::string& extra = {})
     {
         if (!enabled_) return;
         const auto now = clock::now();
@@ -43,16 +44,16 @@ public:
         const double rate = elapsed > 0 ? double(samples) / elapsed : 0.0;
         const double eta = step > 0 ? elapsed * double(steps_ - step) / double(step) : 0.0;
         const int width = 24, filled = steps_ ? int(width * step / steps_) : width;
-        std::fprintf(stderr, "\r  epoch %zu/%zu [%s%s] %zu/%zu  loss %.4f  %.0f samples/s  ETA %s   ", epoch_ + 1,
+        std::fprintf(stderr, "\r  epoch %zu/%zu [%s%s] %zu/%zu  loss %.4f  %.0f samples/s%s  ETA %s   ", epoch_ + 1,
                      epochs_, std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step,
-                     steps_, mean_loss, rate, format_duration(eta).c_str());
+                     steps_, mean_loss, rate, extra.c_str(), format_duration(eta).c_str());
         std::fflush(stderr);
     }
 
     void finish_epoch()
     {
         if (!enabled_) return;
-        std::fprintf(stderr, "\r%100s\r", "");
+        std::fprintf(stderr, "\r%130s\r", "");
         std::fflush(stderr);
     }
 

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "replica/core/fixed_point.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/model/concepts.hpp"
 
@@ -36,6 +38,11 @@ struct StepOptions {
 // An optimizer that counts its updates (Adam, AdamW: a begin_update() member) is told of this one
 // once the batch has passed its checks, before the model applies it (train/adam.hpp); such an
 // optimizer must be passed non-const.
+//
+// A LossScale (train/loss_scale.hpp) multiplies the loss by its scale and is told, after the model's
+// update, to count a skip and move the scale (end_update()). In the reproducible mode a scaled
+// gradient term outside the exact sum's range (core/fixed_point.hpp) counts as an overflow: the
+// update is skipped, and since the shards' losses were not read, the step's loss is NaN.
 template <class M, class Opt>
 float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOptions& options = {},
                  const data::Batch* next = nullptr)
@@ -50,17 +57,31 @@ float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOption
                       "this optimizer counts its updates (Adam, AdamW): pass it to train_step as a non-const object");
         opt.begin_update();
     }
+    constexpr bool scales_loss = requires(const O& o) { o.loss_scale(); };
+    double scale = 1.0;   // a power of two times 1 / elements is exact: the unscaled gradient is not changed
+    if constexpr (scales_loss) scale = double(opt.loss_scale());
     const double elements = double(batch.size) * double(M::label_size);
     const model::Pass pass{.seed = batch.seed, .first_sample = batch.first_sample, .training = true};
     double loss_sum = 0.0;
     if (options.reproducible) {
-        loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
-                                                       float(1.0 / elements), options.micro_shard);
+        if constexpr (scales_loss) {
+            try {
+                loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
+                                                               float(scale / elements), options.micro_shard);
+            } catch (const core::FixedRangeError&) {
+                if (!opt.enabled()) throw;
+                opt.note_non_finite();
+                loss_sum = std::numeric_limits<double>::quiet_NaN();
+            }
+        } else {
+            loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
+                                                           float(1.0 / elements), options.micro_shard);
+        }
         model.update(opt);
     } else {
-        auto input = [](const data::Batch& b) {
+        auto input = [scale](const data::Batch& b) {
             return model::StepInput{model::Pass{.seed = b.seed, .first_sample = b.first_sample, .training = true},
-                                    b.inputs, b.labels, b.size, float(1.0 / (double(b.size) * double(M::label_size)))};
+                                    b.inputs, b.labels, b.size, float(scale / (double(b.size) * double(M::label_size)))};
         };
         // A next batch with a bad label is not queued ahead: the call that trains on it throws.
         const bool queue_next = next != nullptr && next->size > 0 &&
@@ -69,6 +90,7 @@ float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOption
         const model::StepInput ahead = queue_next ? input(*next) : model::StepInput{};
         loss_sum = model.step(input(batch), opt, queue_next ? &ahead : nullptr);
     }
+    if constexpr (scales_loss) opt.end_update();
     return float(loss_sum / elements);
 }
 

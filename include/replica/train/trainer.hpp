@@ -16,6 +16,10 @@
 // skip_nonfinite such a step is undone instead (parameters and optimizer state as before it) and
 // counted in History::skipped_steps. The parameters are checked at the end of every epoch (ReLU can
 // hide a NaN from the loss), and save_checkpoint refuses non-finite values.
+//
+// Loss scaling (train/loss_scale.hpp): TrainOptions::loss_scale wraps the optimizer in a LossScale for
+// the run (or pass a LossScale as the optimizer). Its skips are not divergence: each epoch's record
+// counts them and holds the scale, the epoch's line shows both, and checkpoints keep its state.
 
 #include <chrono>
 #include <string>
@@ -26,6 +30,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <utility>
 
 #include "replica/core/checked.hpp"
@@ -35,6 +40,7 @@
 #include "replica/parallel/scaling.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"
+#include "replica/train/loss_scale.hpp"
 #include "replica/train/progress.hpp"
 #include "replica/train/schedule.hpp"
 #include "replica/train/step.hpp"
@@ -63,7 +69,17 @@ struct TrainOptions {
     std::filesystem::path history_csv = {};
     std::filesystem::path history_json = {};
     std::size_t history_every = 0;
+    // Dynamic loss scaling of the optimizer (train/loss_scale.hpp); empty: none, unless the optimizer
+    // is a LossScale itself (then this must stay empty).
+    std::optional<LossScaleOptions> loss_scale = {};
 };
+
+namespace detail {
+template <class Opt>
+inline constexpr bool is_loss_scale = false;
+template <class Opt>
+inline constexpr bool is_loss_scale<LossScale<Opt>> = true;
+} // namespace detail
 
 template <class M, class Opt>
 class Trainer {
@@ -91,6 +107,20 @@ public:
     // `train_set`: a Dataset, or a SampleSource (images decoded and augmented as the loader reads them).
     History fit(const data::SampleSource& train_set, const data::Dataset& validation_set = {})
     {
+        if constexpr (detail::is_loss_scale<Opt>) {
+            core::require(!options_.loss_scale, "TrainOptions::loss_scale is set, but the optimizer is a LossScale "
+                                                "already: set the options in one place");
+        } else if (options_.loss_scale) {
+            LossScale<Opt&> scaled(opt_, *options_.loss_scale);
+            return fit_with(scaled, train_set, validation_set);
+        }
+        return fit_with(opt_, train_set, validation_set);
+    }
+
+private:
+    template <class O>
+    History fit_with(O& opt, const data::SampleSource& train_set, const data::Dataset& validation_set)
+    {
         check_fits(train_set, "training");
         if (validation_set.count) check_fits(validation_set, "validation");
         core::require(train_set.count > 0, "the training set is empty");
@@ -113,10 +143,10 @@ public:
             if (std::filesystem::exists(options_.checkpoint)) {
                 CheckpointExpectations expect{.max_epoch = options_.epochs,
                                               .steps_per_epoch = loader.batches_per_epoch()};
-                if constexpr (NamedOptimizer<Opt>) {   // refuses another optimizer's state; takes Adam's step count
-                    state = load_checkpoint(options_.checkpoint, model_, opt_, expect);
+                if constexpr (NamedOptimizer<O>) {   // refuses another optimizer's state; takes Adam's step count
+                    state = load_checkpoint(options_.checkpoint, model_, opt, expect);
                 } else {
-                    if constexpr (requires { Opt::state_per_param; }) expect.state_per_param = Opt::state_per_param;
+                    if constexpr (requires { O::state_per_param; }) expect.state_per_param = O::state_per_param;
                     state = load_checkpoint(options_.checkpoint, model_, expect);
                 }
                 core::require(state.seed == options_.seed,
@@ -129,10 +159,10 @@ public:
             }
         }
 
-        const float base_lr = opt_.options().lr *
+        const float base_lr = opt.options().lr *
                               (options_.scaling == parallel::Scaling::weak && options_.scale_lr ? float(replicas()) : 1.0f);
         const std::size_t steps = loader.batches_per_epoch();
-        std::size_t skipped = 0;
+        std::size_t skipped = 0, scale_skipped_total = 0;
         Progress progress(options_.progress);
         if (state.epoch == 0 && state.history.empty()) header();
         const bool first = model_.process_rank() == 0;
@@ -149,23 +179,30 @@ public:
             std::size_t samples = 0, step = 0;
             double seen_loss = 0.0;          // loss_sum and samples at the last step record
             std::size_t seen_samples = 0;
+            std::uint64_t scale_skipped = 0;   // updates loss scaling skipped in this epoch
             // Two batches at hand: this step's, and the next one, which GPU replicas copy meanwhile.
             for (auto b = loader.next(), next = loader.next(); b; b = next, next = loader.next()) {
-                opt_.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
+                opt.set_lr(options_.schedule.lr(base_lr, double(epoch) + double(step) / double(steps)));
                 if (options_.skip_nonfinite) {
                     saved_parameters_ = model_.parameters();
                     saved_state_ = model_.optimizer_state();
                 }
-                const float loss = train_step(model_, opt_, *b, {options_.reproducible, options_.micro_shard},
+                const float loss = train_step(model_, opt, *b, {options_.reproducible, options_.micro_shard},
                                               next ? &*next : nullptr);
                 ++step;
                 ++state.step;
-                if (!std::isfinite(loss)) {
+                bool scale_skip = false;
+                if constexpr (scales_loss<O>) scale_skip = opt.skipped_last();
+                if (scale_skip) {   // the scaler's business, not divergence; a loss it could not read is left out
+                    ++scale_skipped;
+                    ++scale_skipped_total;
+                    if (!std::isfinite(loss)) continue;
+                } else if (!std::isfinite(loss)) {
                     if (!options_.skip_nonfinite) diverged(loss, state.step, epoch, step, steps);
                     model_.set_parameters(saved_parameters_);   // the update is undone
                     model_.set_optimizer_state(saved_state_);
-                    if constexpr (requires { opt_.set_step_count(opt_.step_count()); })
-                        opt_.set_step_count(opt_.step_count() - 1);   // the undone update is not counted
+                    if constexpr (requires { opt.set_step_count(opt.step_count()); })
+                        opt.set_step_count(opt.step_count() - 1);   // the undone update is not counted
                     ++skipped;
                     say("step " + std::to_string(state.step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
                         std::to_string(step) + "): loss " + std::to_string(loss) + ", batch skipped");
@@ -173,7 +210,7 @@ public:
                 }
                 loss_sum += double(loss) * double(b->size);
                 samples += b->size;
-                progress.update(step, samples, loss_sum / double(samples));
+                progress.update(step, samples, loss_sum / double(samples), scale_text(opt, scale_skipped));
                 recent_loss += loss_sum - std::exchange(seen_loss, loss_sum);
                 recent_samples += samples - std::exchange(seen_samples, samples);
                 if (options_.history_every && state.step % options_.history_every == 0) {
@@ -191,6 +228,10 @@ public:
 
             EpochRecord record{.epoch = epoch + 1, .train_loss = loss_sum / double(samples),
                                .validation_loss = std::nan(""), .validation_accuracy = std::nan(""), .seconds = 0.0};
+            if constexpr (scales_loss<O>) {
+                record.scale_skipped_steps = scale_skipped;
+                record.loss_scale = opt.enabled() ? double(opt.scale()) : 0.0;
+            }
             record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             const bool last = epoch + 1 == options_.epochs;
             if (validation_set.count && options_.validate_every && ((epoch + 1) % options_.validate_every == 0 || last)) {
@@ -204,14 +245,35 @@ public:
             row(record, double(samples) / record.seconds);
             if (!options_.checkpoint.empty() && (state.epoch % options_.checkpoint_every == 0 || last) &&
                 model_.process_rank() == 0) {
-                if constexpr (NamedOptimizer<Opt>) save_checkpoint(options_.checkpoint, model_, state, opt_);
+                if constexpr (NamedOptimizer<O>) save_checkpoint(options_.checkpoint, model_, state, opt);
                 else save_checkpoint(options_.checkpoint, model_, state);
             }
         }
-        return History{.epochs = state.history, .steps = history.history().steps, .skipped_steps = skipped};
+        return History{.epochs = state.history, .steps = history.history().steps, .skipped_steps = skipped,
+                       .scale_skipped_steps = scale_skipped_total};
     }
 
-private:
+    template <class O>
+    static constexpr bool scales_loss = requires(const O& o) {
+        o.skipped_last();
+        o.scale();
+        o.enabled();
+    };
+
+    // The progress line's part for loss scaling, when on.
+    template <class O>
+    static std::string scale_text(const O& opt, std::uint64_t skipped)
+    {
+        if constexpr (scales_loss<O>) {
+            if (!opt.enabled()) return {};
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "  scale %g  skipped %llu", double(opt.scale()), (unsigned long long)skipped);
+            return buf;
+        } else {
+            return {};
+        }
+    }
+
     // Replicas of every process: weak scaling's global batch (and scaled lr) grow with them.
     std::size_t replicas() const { return model_.global_replica_count(); }
 
@@ -271,9 +333,13 @@ private:
     void row(const EpochRecord& r, double rate) const
     {
         if (!options_.log) return;
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "%6llu  %10.4f  %10.4f  %9.4f  %7.1fs  %10.0f", (unsigned long long)r.epoch,
-                      r.train_loss, r.validation_loss, r.validation_accuracy, r.seconds, rate);
+        char buf[224];
+        const int n = std::snprintf(buf, sizeof buf, "%6llu  %10.4f  %10.4f  %9.4f  %7.1fs  %10.0f",
+                                    (unsigned long long)r.epoch, r.train_loss, r.validation_loss,
+                                    r.validation_accuracy, r.seconds, rate);
+        if (r.loss_scale > 0.0 && n > 0 && std::size_t(n) < sizeof buf)
+            std::snprintf(buf + n, sizeof buf - std::size_t(n), "  scale %g, %llu skipped", r.loss_scale,
+                          (unsigned long long)r.scale_skipped_steps);
         *options_.log << buf << std::endl;
     }
 

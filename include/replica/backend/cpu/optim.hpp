@@ -64,4 +64,16 @@ inline void clip_by_norm(const Context&, float* g, std::size_t count, float max_
     for (std::size_t i = 0; i < count; ++i) g[i] *= scale;
 }
 
+// Loss scaling's check and unscale (train/loss_scale.hpp), in one pass: g *= inv_scale. Returns
+// whether every value of g was finite before the product; when one was not, the caller discards g.
+inline bool unscale_gradient(const Context&, float* g, std::size_t count, float inv_scale)
+{
+    bool finite = true;
+    for (std::size_t i = 0; i < count; ++i) {
+        finite = finite && std::isfinite(g[i]);
+        g[i] *= inv_scale;
+    }
+    return finite;
+}
+
 } // namespace replica::backend::cpu

@@ -94,5 +94,34 @@ inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float 
     detail::check_launch("clip_by_norm");
 }
 
+namespace kernels {
+__global__ void unscale_gradient(float* g, std::size_t count, float inv_scale, int* non_finite)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        const float v = g[i];
+        if (!isfinite(v)) *non_finite = 1;
+        g[i] = v * inv_scale;
+    }
+}
+} // namespace kernels
+
+// The CPU backend's rule: g *= inv_scale, and whether every value of g was finite before. The host
+// needs the answer (it decides whether the optimizer runs), so this waits for the compute stream.
+inline bool unscale_gradient(const Context& ctx, float* g, std::size_t count, float inv_scale)
+{
+    core::Buffer<int> flag = ctx.allocate<int>(1);
+    REPLICA_CHECK(cudaMemsetAsync(flag.data(), 0, sizeof(int), ctx.stream()));
+    if (count > 0) {
+        kernels::unscale_gradient<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, count, inv_scale,
+                                                                                                   flag.data());
+        detail::check_launch("unscale_gradient");
+    }
+    int non_finite = 0;
+    ctx.download(&non_finite, flag.data(), 1);
+    ctx.synchronize();
+    return non_finite == 0;
+}
+
 } // namespace replica::backend::cuda
 
