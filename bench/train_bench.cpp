@@ -37,6 +37,7 @@ struct Settings {
     std::size_t bucket_floats;           // DataParallelOptions::bucket_floats (0: its default)
     std::size_t first_bucket_floats;     // DataParallelOptions::first_bucket_floats (0: its default)
     bool data_parallel;                  // a DataParallel even over one device (what its machinery costs)
+    std::string precision;               // the activations' type: fp32, bf16 or fp16
 };
 
 DataParallelOptions data_parallel_options(const Settings& s)
@@ -44,6 +45,13 @@ DataParallelOptions data_parallel_options(const Settings& s)
     return {.bucket_floats = s.bucket_floats ? s.bucket_floats : DataParallelOptions{}.bucket_floats,
             .first_bucket_floats = s.first_bucket_floats ? s.first_bucket_floats : DataParallelOptions{}.first_bucket_floats,
             .processes = s.processes};
+}
+
+// The activation memory of the model's first replica (Sequential::activation_bytes).
+template <class Model>
+std::size_t activation_bytes(Model& model)
+{
+    return model.activation_bytes();
 }
 
 template <class M, class Model>
@@ -102,19 +110,21 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
 #else
     const bool graphs = false;
 #endif
+    const double activation_mib = double(activation_bytes(model)) / double(1 << 20);
     if (s.json)
-        std::printf("{\"library\": \"replica\", \"model\": \"%s\", \"devices\": %zu, \"processes\": %d, \"device\": \"%s\", "
+        std::printf("{\"library\": \"replica\", \"precision\": \"%s\", \"activation_mib\": %.2f, \"model\": \"%s\", \"devices\": %zu, \"processes\": %d, \"device\": \"%s\", "
                     "\"dispatch\": \"%s\", \"chosen\": \"%s\", \"graphs\": %s, "
                     "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
                     "\"min_ms\": %.4f, \"first_ms\": %.1f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-                    s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(), graphs ? "true" : "false",
+                    s.precision.c_str(), activation_mib, s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(), graphs ? "true" : "false",
                     s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
                     s.steps, median, times.front(), first, rate, loss);
     else
-        std::printf("%s on %s%s: batch %zu (global %zu), median step %.3f ms (min %.3f, first %.1f), %.0f samples/s, loss %.4f\n",
-                    s.model.c_str(), description.c_str(),
+        std::printf("%s (%s) on %s%s: batch %zu (global %zu), median step %.3f ms (min %.3f, first %.1f), %.0f samples/s, "
+                    "loss %.4f, activations %.1f MiB\n",
+                    s.model.c_str(), s.precision.c_str(), description.c_str(),
                     processes > 1 ? (" in each of " + std::to_string(processes) + " processes").c_str() : "", batch,
-                    global, median, times.front(), first, rate, loss);
+                    global, median, times.front(), first, rate, loss, activation_mib);
     return 0;
 }
 
@@ -147,13 +157,26 @@ int run(const Settings& s)
     return measure<M>(s, batch, model, model.description());
 }
 
+// The network in the precision asked for. bf16 and fp16 are built into the CUDA program only (the CPU
+// computes them in fp32 with rounding: semantics, not speed).
+template <class M>
+int run_in(const Settings& s)
+{
+    if (s.precision == "fp32") return run<M>(s);
+#if defined(REPLICA_CUDA)
+    if (s.precision == "bf16") return run<with_precision<M, bf16>>(s);
+    if (s.precision == "fp16") return run<with_precision<M, fp16>>(s);
+#endif
+    throw Error("--precision " + s.precision + ": this program is built for fp32 only; train_bench_cuda has bf16 and fp16");
+}
+
 } // namespace
 
 int main(int argc, char** argv)
 try {
     const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
     CLI::App app{"median training-step time of a standard network on synthetic data", "train_bench"};
-    std::string model = "lenet", conv_path = "timed";
+    std::string model = "lenet", conv_path = "timed", precision = "fp32";
     std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0;
     int blas_threads = 0;
     bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false;
@@ -194,6 +217,10 @@ try {
         ->capture_default_str();
     app.add_flag("--log-choices", log_choices,
                  "GPUs: print each timed convolution and product (cuBLASLt) choice to stderr as it is made");
+    app.add_option("--precision", precision, "the activations' type: fp32, bf16 or fp16 (fp32 master parameters "
+                                             "in all three; bf16 and fp16 in train_bench_cuda)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+        ->capture_default_str();
     app.add_flag("--json", json, "print one JSON object");
     if (int code = examples::parse(app, argc, argv)) return code - 1;
 #if defined(REPLICA_CUDA)
@@ -207,16 +234,16 @@ try {
     if (processes) devices = parallel::process_devices(*processes, devices);
     Settings s{model, batch, steps, warmup, devices, dev.dispatch_choice(), dev.scaling_choice(), json, blas_threads,
                StepOptions{.reproducible = repro.reproducible, .micro_shard = repro.micro_shard},
-               processes.get(), bucket_floats, first_bucket_floats, data_parallel};
-    if (s.model == "lenet") return run<LeNet>(s);
-    if (s.model == "alexnet") return run<AlexNet>(s);
-    if (s.model == "alexnet-plain") return run<AlexNetPlain>(s);
-    if (s.model == "googlenet") return run<GoogLeNet>(s);
-    if (s.model == "textcnn") return run<TextCNN>(s);
-    if (s.model == "fcn") return run<FCN>(s);
-    if (s.model == "resnet18") return run<ResNet18>(s);
-    if (s.model == "resnet50") return run<ResNet50>(s);
-    if (s.model == "resnet20") return run<ResNet20>(s);
+               processes.get(), bucket_floats, first_bucket_floats, data_parallel, precision};
+    if (s.model == "lenet") return run_in<LeNet>(s);
+    if (s.model == "alexnet") return run_in<AlexNet>(s);
+    if (s.model == "alexnet-plain") return run_in<AlexNetPlain>(s);
+    if (s.model == "googlenet") return run_in<GoogLeNet>(s);
+    if (s.model == "textcnn") return run_in<TextCNN>(s);
+    if (s.model == "fcn") return run_in<FCN>(s);
+    if (s.model == "resnet18") return run_in<ResNet18>(s);
+    if (s.model == "resnet50") return run_in<ResNet50>(s);
+    if (s.model == "resnet20") return run_in<ResNet20>(s);
     throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn, fcn, resnet18, "
                 "resnet50 or resnet20");
 } catch (const std::exception& e) {

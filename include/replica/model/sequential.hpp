@@ -452,6 +452,13 @@ public:
 
     chain& layers() { return chain_; }
     const backend::AnyContext& context() const { return ctx_; }
+    // Bytes of activation memory held for the largest batch seen: the arena (kept activations, saved
+    // state, output and its gradient, the input in storage, scratch) and, on a device, the input
+    // gradient of a nested replica and predict's float outputs.
+    std::size_t activation_bytes() const
+    {
+        return arena_.size() * sizeof(float) + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
+    }
     float* parameter_data() { return params_.data(); }
     // The parameters as the layers' products read them: in storage (the parameters themselves in fp32).
     const storage* weight_data() const

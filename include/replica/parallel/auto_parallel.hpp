@@ -134,6 +134,8 @@ public:
     // "cpu:0" or "DataParallel<threaded> over cpu:0,cpu:1"
     std::string description() const { return with([](const auto& m) { return m.description(); }); }
     std::size_t replica_count() const { return with([](const auto& m) { return m.replica_count(); }); }
+    // The activation memory of one replica (Sequential::activation_bytes).
+    std::size_t activation_bytes() const { return with([](const auto& m) { return m.activation_bytes(); }); }
     std::size_t global_replica_count() const { return with([](const auto& m) { return m.global_replica_count(); }); }
     int process_rank() const { return with([](const auto& m) { return m.process_rank(); }); }
     // See DataParallel::process_share; one model in one process trains on every sample.

@@ -320,6 +320,8 @@ public:
     std::span<const Device> devices() const { return devices_; }
     const Device& device() const { return devices_.front(); }
     M& replica(std::size_t r) { return replicas_[r]; }
+    // The activation memory of one replica (Sequential::activation_bytes).
+    std::size_t activation_bytes() const { return replicas_.front().activation_bytes(); }
     const DataParallelOptions& options() const { return options_; }
     std::size_t bucket_count() const { return set_.bucket_count(); }
 
