@@ -9,6 +9,8 @@
 //   mpirun -np 2 lenet_fashion_mnist                     # two processes, each with half the devices
 //   lenet_fashion_mnist --export lenet.onnx              # then the trained model as ONNX (built with
 //                                                        # libonnx-dev), and lenet.onnx.reference
+//   lenet_fashion_mnist --precision bf16                 # activations in bf16 (GPU builds; fp16 too,
+//                                                        # with dynamic loss scaling)
 //
 // Each model has its own defaults (epochs, batch size, learning rate, weight decay, schedule); the
 // flags override them, and the first line printed says what was used.
@@ -33,7 +35,7 @@ using namespace replica;
 namespace {
 
 struct Settings {
-    std::string model = "lenet", optimizer = "sgd", schedule;
+    std::string model = "lenet", optimizer = "sgd", schedule, precision = "fp32";
     std::size_t epochs = 0, batch_size = 0, validate_every = 1, checkpoint_every = 1, train_samples = 0,
                 test_samples = 0;
     float lr = 0.0f, momentum = 0.9f, weight_decay = -1.0f, warmup = -1.0f;
@@ -95,13 +97,16 @@ int train(Settings& s, Opt opt)
                      .schedule = schedule_of(s),
                      .reproducible = s.repro.reproducible,
                      .skip_nonfinite = s.skip_nonfinite,
-                     .micro_shard = s.repro.micro_shard}};
+                     .micro_shard = s.repro.micro_shard,
+                     .loss_scale = s.precision == "fp16" ? std::optional<LossScaleOptions>(LossScaleOptions{})
+                                                         : std::nullopt}};
 
     const bool first = model.process_rank() == 0;   // one process prints
     if (first)
-        std::printf("%s (%zu parameters) on %s%s; batch %zu (%s scaling: global batch %zu); %s lr %g, weight decay "
+        std::printf("%s (%zu parameters, %s) on %s%s; batch %zu (%s scaling: global batch %zu); %s lr %g, weight decay "
                     "%g, %s schedule%s, %zu epochs\n",
-                    s.model == "resnet20" ? "ResNet-20" : "LeNet", Net::param_count, model.description().c_str(),
+                    s.model == "resnet20" ? "ResNet-20" : "LeNet", Net::param_count, s.precision.c_str(),
+                    model.description().c_str(),
                     s.processes ? (" in each of " + std::to_string(s.processes->size()) + " processes").c_str() : "",
                     s.batch_size, s.dev.scaling.c_str(), global, s.optimizer == "adamw" ? "AdamW" : "SGD",
                     double(s.lr), double(s.weight_decay), s.schedule.c_str(),
@@ -123,6 +128,20 @@ int train_with_optimizer(Settings& s)
     return train<Net>(s, SGD{{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay}});
 }
 
+// The network in the precision asked for. bf16 and fp16 are built into the CUDA program only: on the
+// CPU they compute in fp32 and round where a GPU stores (the tests check that), which is slower.
+template <class Net>
+int train_in(Settings& s)
+{
+    if (s.precision == "fp32") return train_with_optimizer<Net>(s);
+#if defined(REPLICA_CUDA)
+    if (s.precision == "bf16") return train_with_optimizer<with_precision<Net, bf16>>(s);
+    if (s.precision == "fp16") return train_with_optimizer<with_precision<Net, fp16>>(s);
+#endif
+    throw Error("--precision " + s.precision + ": this program is built for fp32 only; the CUDA build "
+                "(lenet_fashion_mnist_cuda) has bf16 and fp16");
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -132,6 +151,10 @@ try {
     CLI::App app{"train LeNet or ResNet-20 on Fashion-MNIST, data-parallel over the given devices", "lenet_fashion_mnist"};
     app.add_option("--model", s.model, "the network: lenet, or resnet20 (BatchNorm and residual blocks)")
         ->check(CLI::IsMember({"lenet", "resnet20"}))
+        ->capture_default_str();
+    app.add_option("--precision", s.precision, "the activations' type: fp32, bf16, or fp16 with dynamic loss "
+                                               "scaling (bf16 and fp16 in the CUDA build); parameters stay fp32")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
         ->capture_default_str();
     app.add_option("--optimizer", s.optimizer, "sgd (with --momentum) or adamw")
         ->check(CLI::IsMember({"sgd", "adamw"}))
@@ -177,8 +200,8 @@ try {
     if (int code = examples::parse(app, argc, argv)) return code - 1;
     s.exporter.prepare();
     fill_defaults(s);
-    if (s.model == "resnet20") return train_with_optimizer<ResNet20>(s);
-    return train_with_optimizer<LeNet>(s);
+    if (s.model == "resnet20") return train_in<ResNet20>(s);
+    return train_in<LeNet>(s);
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
