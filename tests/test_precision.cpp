@@ -221,6 +221,7 @@ static_assert(converts<float, bf16> && converts<fp16, bf16> && converts<bf16, bf
 
 namespace {
 
+// Activations and their gradients, dropout, copy, fill, add, add_into and the channel slices.
 template <class T>
 void check_elementwise(const Ctx& ctx, Random& random)
 {
@@ -262,6 +263,8 @@ void check_elementwise(const Ctx& ctx, Random& random)
           }, samples * c * pixels, whole) == "");
 }
 
+// float -> T, T -> float, T -> T and T -> the other 16-bit format; -0, infinity, fp16 overflow and
+// subnormals among the values.
 template <class T>
 void check_convert(const Ctx& ctx, Random& random)
 {
@@ -273,18 +276,20 @@ void check_convert(const Ctx& ctx, Random& random)
     f[1] = std::numeric_limits<float>::infinity();
     f[2] = 1e-7f;
     std::vector<T> t(n), same(n);
-    std::vector<float> back(n);
     cpu::convert(ctx, f.data(), t.data(), n);
     CHECK(rounding_differences("float -> T", t, f) == "");
+    std::vector<float> values(n), back(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = core::to_float(t[i]);
     cpu::convert(ctx, t.data(), back.data(), n);
-    for (std::size_t i = 0; i < n; ++i) CHECK(bits_of(back[i]) == bits_of(core::to_float(t[i])));
+    CHECK(float_differences("T -> float", back, values) == "");
     cpu::convert(ctx, t.data(), same.data(), n);
-    for (std::size_t i = 0; i < n; ++i) CHECK(same[i].bits == t[i].bits);
+    CHECK(rounding_differences("T -> T", same, values) == "");
     std::vector<Other> other(n);
     cpu::convert(ctx, t.data(), other.data(), n);
-    CHECK(rounding_differences("T -> the other 16-bit format", other, back) == "");
+    CHECK(rounding_differences("T -> the other 16-bit format", other, values) == "");
 }
 
+// Max and average pooling, forward and backward.
 template <class T>
 void check_pooling(const Ctx& ctx, Random& random)
 {
@@ -402,6 +407,7 @@ void check_conv_transpose(int c, std::size_t n, std::mt19937_64& rng)
     CHECK(st.guard_intact());
 }
 
+// linear_forward (with and without ReLU), linear_backward (with and without dx), linear_backward_relu.
 template <class T>
 void check_linear(const Ctx& ctx, Random& random)
 {
@@ -444,6 +450,8 @@ void check_linear(const Ctx& ctx, Random& random)
     CHECK(float_differences("linear_backward_relu db", dbt, dbf) == "");
 }
 
+// The BatchNorm kernels that read activations: sums, apply (with and without ReLU), backward sums and
+// input gradient; the statistics between them come from the float sums.
 template <class T>
 void check_batch_norm(const Ctx& ctx, Random& random)
 {
@@ -486,6 +494,7 @@ void check_batch_norm(const Ctx& ctx, Random& random)
     CHECK(rounding_differences("batch_norm_backward_input", dxt, dxf) == "");
 }
 
+// softmax_cross_entropy (with and without dlogits) and count_correct.
 template <class T>
 void check_loss(const Ctx& ctx, Random& random)
 {

@@ -3,9 +3,9 @@
 // Max pooling ignores padding and window parts past the input (ceil mode); forward records where each
 // maximum came from (the first maximal element in scan order) for backward.
 //
-// x, y, dy, dx are T (core::Storage), the arg positions float. Sums run in float, each input-gradient
-// element summed in float over its windows before its one rounding: a bf16/fp16 result is
-// round_through<T> of the float result on the same inputs.
+// x, y, dy, dx are T (core::Storage), the arg positions float. Sums run in float; in bf16/fp16 each
+// input-gradient plane is summed over its windows in a float plane allocated for the call, then
+// rounded once: a bf16/fp16 result is round_through<T> of the float result on the same inputs.
 
 #include <algorithm>
 #include <concepts>
