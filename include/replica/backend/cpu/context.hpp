@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "replica/backend/contract.hpp"
@@ -58,6 +59,15 @@ public:
     template <class T>
     void download(T* dst, const T* src, std::size_t n) const { if (n) std::memcpy(dst, src, n * sizeof(T)); }
 
+    // Host memory for a kernel's float copies of bf16 or fp16 values, at least `floats` floats: the
+    // largest request so far, reused from call to call (no allocation once warm), valid until the next
+    // call. Shared by copies of this context, which run on one thread.
+    float* workspace(std::size_t floats) const
+    {
+        if (workspace_->size() < floats) *workspace_ = core::Buffer<float>::host(floats);
+        return workspace_->data();
+    }
+
     void synchronize() const {}
     void activate() const {}
     // Work is finished when a call returns: nothing to order.
@@ -68,6 +78,7 @@ public:
 
 private:
     Device device_;
+    std::shared_ptr<core::Buffer<float>> workspace_ = std::make_shared<core::Buffer<float>>();
 };
 static_assert(backend::Context<Context>);
 

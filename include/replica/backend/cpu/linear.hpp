@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
@@ -28,17 +27,20 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
         gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, 1.0f, y, out);
         if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
     } else {
-        std::vector<float> xf(n * std::size_t(in)), wf(std::size_t(out) * in), yf(n * std::size_t(out));
-        load_float(x, xf.size(), xf.data());
-        load_float(w, wf.size(), wf.data());
-        linear_forward(ctx, in, out, wf.data(), b, xf.data(), yf.data(), n, relu);
-        store_float(yf.data(), yf.size(), y);
+        const std::size_t nx = n * std::size_t(in), nw = std::size_t(out) * in, ny = n * std::size_t(out);
+        float* xf = ctx.workspace(nx + nw + ny);
+        float* wf = xf + nx;
+        float* yf = wf + nw;
+        load_float(x, nx, xf);
+        load_float(w, nw, wf);
+        linear_forward(ctx, in, out, static_cast<const float*>(wf), b, static_cast<const float*>(xf), yf, n, relu);
+        store_float(yf, ny, y);
     }
 }
 
 // dw, db assigned; dx (may be null) assigned.
 template <core::Storage T>
-void linear_backward(const Context&, int in, int out, const T* w, const T* x, const T* dy,
+void linear_backward(const Context& ctx, int in, int out, const T* w, const T* x, const T* dy,
                      std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n)
 {
     if constexpr (std::same_as<T, float>) {
@@ -46,17 +48,19 @@ void linear_backward(const Context&, int in, int out, const T* w, const T* x, co
         sum_rows(dy, int(n), out, db, false);
         if (dx) gemm(false, false, int(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
     } else {
-        std::vector<float> xf(n * std::size_t(in)), dyf(n * std::size_t(out));
-        load_float(x, xf.size(), xf.data());
-        load_float(dy, dyf.size(), dyf.data());
-        gemm(true, false, out, in, int(n), 1.0f, dyf.data(), out, xf.data(), in, 0.0f, dw, in);
-        sum_rows(dyf.data(), int(n), out, db, false);
+        const std::size_t nx = n * std::size_t(in), ndy = n * std::size_t(out), nw = std::size_t(out) * in;
+        float* xf = ctx.workspace(nx + ndy + (dx ? nw : 0));
+        float* dyf = xf + nx;
+        load_float(x, nx, xf);
+        load_float(dy, ndy, dyf);
+        gemm(true, false, out, in, int(n), 1.0f, dyf, out, xf, in, 0.0f, dw, in);
+        sum_rows(dyf, int(n), out, db, false);
         if (dx) {
-            std::vector<float> wf(std::size_t(out) * in);
-            load_float(w, wf.size(), wf.data());
-            float* dxf = xf.data();   // x is no longer needed
-            gemm(false, false, int(n), in, out, 1.0f, dyf.data(), out, wf.data(), in, 0.0f, dxf, in);
-            store_float(dxf, xf.size(), dx);
+            float* wf = dyf + ndy;
+            load_float(w, nw, wf);
+            float* dxf = xf;   // x is no longer needed
+            gemm(false, false, int(n), in, out, 1.0f, dyf, out, wf, in, 0.0f, dxf, in);
+            store_float(dxf, nx, dx);
         }
     }
 }

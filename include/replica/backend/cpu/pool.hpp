@@ -11,7 +11,6 @@
 #include <concepts>
 #include <cstddef>
 #include <limits>
-#include <vector>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
@@ -36,18 +35,18 @@ void for_each_window(F&& f)
 // dx planes (n * g.c of them, h*w each) = what `route(plane, dxp)` adds into a zeroed float plane
 // dxp. Float sums into dx itself; T sums each plane in a float buffer, then rounds it into dx.
 template <Window g, core::Storage T, class F>
-void backward_planes(T* dx, std::size_t n, F&& route)
+void backward_planes(const Context& ctx, T* dx, std::size_t n, F&& route)
 {
     const std::size_t planes = n * g.c, size = std::size_t(g.h) * g.w;
     if constexpr (std::same_as<T, float>) {
         std::fill(dx, dx + n * g.in_size(), 0.0f);
         for (std::size_t plane = 0; plane < planes; ++plane) route(plane, dx + plane * size);
     } else {
-        std::vector<float> buffer(size);
+        float* buffer = ctx.workspace(size);
         for (std::size_t plane = 0; plane < planes; ++plane) {
-            std::fill(buffer.begin(), buffer.end(), 0.0f);
-            route(plane, buffer.data());
-            store_float(buffer.data(), size, dx + plane * size);
+            std::fill(buffer, buffer + size, 0.0f);
+            route(plane, buffer);
+            store_float(buffer, size, dx + plane * size);
         }
     }
 }
@@ -79,9 +78,9 @@ void max_pool_forward(const Context&, const T* x, T* y, float* arg, std::size_t 
 
 // dx = each window's gradient routed to its maximum (windows are visited in order: deterministic).
 template <Window g, core::Storage T>
-void max_pool_backward(const Context&, const float* arg, const T* dy, T* dx, std::size_t n)
+void max_pool_backward(const Context& ctx, const float* arg, const T* dy, T* dx, std::size_t n)
 {
-    detail::backward_planes<g>(dx, n, [&](std::size_t plane, float* dxp) {
+    detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
         const float* ap = arg + plane * g.out_pixels();
         const T* dyp = dy + plane * g.out_pixels();
         for (int o = 0; o < g.out_pixels(); ++o) dxp[int(ap[o])] += core::to_float(dyp[o]);
@@ -106,10 +105,10 @@ void avg_pool_forward(const Context&, const T* x, T* y, std::size_t n)
 }
 
 template <Window g, core::Storage T>
-void avg_pool_backward(const Context&, const T* dy, T* dx, std::size_t n)
+void avg_pool_backward(const Context& ctx, const T* dy, T* dx, std::size_t n)
 {
     const float scale = 1.0f / float(g.kh * g.kw);
-    detail::backward_planes<g>(dx, n, [&](std::size_t plane, float* dxp) {
+    detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
         const T* dyp = dy + plane * g.out_pixels();
         detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             for (int iy = ya; iy < yb; ++iy)
