@@ -1338,3 +1338,48 @@ TEST_CASE("Adam and AdamW on a GPU equal PyTorch's after 5 steps, and the CPU's"
         CHECK(max_error(gpu, std::vector<double>(cpu.begin(), cpu.end())) < kTorchTolerance);
     }
 }
+
+TEST_CASE("bf16 models on the GPU: close to the CPU's bf16 run, replicas sharing the GPU as one, the reproducible "
+          "mode bit for bit, CUDA graphs on and off",
+          "[cuda][same-gpu][precision]")
+{
+    REQUIRE_GPU();
+    const bool graphs = GENERATE(false, true);
+    const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+    CAPTURE(graphs);
+    using Net = with_precision<SmallResNet, bf16>;
+    const RandomBatches<Net> data(100, 4);
+    // The CPU rounds where the GPU stores: the two runs differ by the products' summation order and
+    // its effect on later roundings (one bf16 ulp is 2^-8 of a value).
+    Net gpu{Device::cuda(0), 1}, cpu{Device::cpu(), 1};
+    const auto on_gpu = five_steps(gpu, data, 7, StepOptions{});
+    CHECK(norm_relative(five_steps(cpu, data, 7, StepOptions{}), on_gpu) < 2e-2);
+    CHECK(norm_relative(cpu.statistics(), gpu.statistics()) < 2e-2);
+    for (std::size_t n : {2, 3}) {
+        CAPTURE(n);
+        DataParallel<Net, Threaded> dp{shared_gpu(n), 1};
+        CHECK(norm_relative(five_steps(dp, data, 7, StepOptions{}), on_gpu) < 2e-2);
+        CHECK(replicas_disagree(dp) == "");
+    }
+    Net one{Device::cuda(0), 1};
+    const auto exact = five_steps(one, data, 7);
+    for (std::size_t n : {2, 3}) {
+        CAPTURE(n);
+        DataParallel<Net, Threaded> dp{shared_gpu(n), 1};
+        CHECK(differences(five_steps(dp, data, 7), exact) == "");
+        CHECK(differences(dp.statistics(), one.statistics()) == "");
+    }
+}
+
+TEST_CASE("A bf16 LeNet with a nested DataParallel on replicas sharing the GPU trains as the plain bf16 model",
+          "[cuda][same-gpu][precision]")
+{
+    REQUIRE_GPU();
+    using Nested = with_precision<SmallAlexNet<Threaded>, bf16>;
+    using Plain = with_precision<SmallAlexNetPlain, bf16>;
+    const RandomBatches<Plain> data(100, 3);
+    Nested nested{shared_gpu(2), 5};
+    Plain plain{Device::cuda(0), 5};
+    plain.set_parameters(parameters(nested));
+    CHECK(norm_relative(five_steps(nested, data, 7, StepOptions{}), five_steps(plain, data, 7, StepOptions{})) < 2e-2);
+}

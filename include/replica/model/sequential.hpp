@@ -438,6 +438,12 @@ public:
         if (n == 0) return;
         visit([&](auto& ctx) {
             reserve(ctx, n);
+            if constexpr (reduced) {   // predict's alone: made at its first call, before anything is queued
+                if (outputs_.size() < n * output_shape::size) {
+                    ctx.synchronize();
+                    outputs_ = ctx.template allocate<float>(capacity_ * output_shape::size);
+                }
+            }
             const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
             chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
             if constexpr (reduced) {
@@ -453,8 +459,8 @@ public:
     chain& layers() { return chain_; }
     const backend::AnyContext& context() const { return ctx_; }
     // Bytes of activation memory held for the largest batch seen: the arena (kept activations, saved
-    // state, output and its gradient, the input in storage, scratch) and, on a device, the input
-    // gradient of a nested replica and predict's float outputs.
+    // state, output and its gradient, the input in storage, scratch), on a device the input gradient
+    // of a nested replica, and in bf16 or fp16 predict's float outputs once predict has run.
     std::size_t activation_bytes() const
     {
         return arena_.size() * sizeof(float) + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
@@ -562,7 +568,7 @@ private:
             slots_.staging().reserve(ctx, n);
             input_grad_ = ctx.template allocate<storage>(n * input_shape::size);
         }
-        if constexpr (reduced) outputs_ = ctx.template allocate<float>(n * output_shape::size);
+        outputs_ = {};   // sized for the old capacity
         capacity_ = n;
     }
 
@@ -637,7 +643,7 @@ private:
     core::Buffer<float> params_, grads_, state_, stats_;
     core::Buffer<storage> weights_;    // bf16, fp16: the parameters in storage
     core::Buffer<float> arena_;
-    core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats
+    core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats (made by predict)
     std::size_t capacity_ = 0;
     StepSlots<input_shape::size, label_size> slots_;
     QueueAhead ahead_;
