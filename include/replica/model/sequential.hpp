@@ -12,14 +12,13 @@
 //
 // As a model it owns, on its device: its layers (a Chain), one flat parameter buffer (and, in bf16 or
 // fp16, its copy in that type, which the layers' products read), one flat gradient buffer, the
-// optimizer's state, and one activation arena that grows to the largest batch
-// seen and is reused from then on, so a warm training step allocates nothing. How a step travels is
+// optimizer's state, and one activation arena (model/arena.hpp) that grows to the largest batch seen
+// and is reused from then on, so a warm training step allocates nothing. How a step travels is
 // the step pipeline's (model/step_pipeline.hpp); how it is executed, the backend's
 // (backend/step_run.hpp); the reproducible mode's gradient, a strategy of its own
 // (model/exact_gradient.hpp).
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -32,6 +31,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/layers/loss.hpp"
+#include "replica/model/arena.hpp"
 #include "replica/model/chain.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/exact_gradient.hpp"
@@ -74,6 +74,7 @@ struct chain_of<In, T, type_list<Ls...>> {
 struct NotAModel {
     using input_shape = Shape<1>;
     using output_shape = Shape<1>;
+    using storage = float;
     static constexpr std::size_t param_count = 0, saved_size = 0, kept_size = 0, statistics_count = 0, syncs = 0;
     static constexpr bool spans_devices = false;
     explicit NotAModel(const Build&) {}
@@ -332,7 +333,7 @@ public:
     {
         return visit([&](auto& ctx) -> const storage* {
             reserve(ctx, n);
-            if constexpr (reduced) last_x_ = ctx.stage(x, input_values(), n * input_shape::size);
+            if constexpr (reduced) last_x_ = ctx.stage(x, arena_.input(), n * input_shape::size);
             else last_x_ = slots_.staging().take(ctx, x, nullptr, n).first;
             last_n_ = n;
             if (n) chain_.forward(ctx, pass, forward_args(last_x_, n));
@@ -441,7 +442,7 @@ public:
             if constexpr (reduced) {   // predict's alone: made at its first call, before anything is queued
                 if (outputs_.size() < n * output_shape::size) {
                     ctx.synchronize();
-                    outputs_ = ctx.template allocate<float>(capacity_ * output_shape::size);
+                    outputs_ = ctx.template allocate<float>(arena_.capacity() * output_shape::size);
                 }
             }
             const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
@@ -463,7 +464,7 @@ public:
     // of a nested replica, and in bf16 or fp16 predict's float outputs once predict has run.
     std::size_t activation_bytes() const
     {
-        return arena_.size() * sizeof(float) + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
+        return arena_.bytes() + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
     }
     float* parameter_data() { return params_.data(); }
     // The parameters as the layers' products read them: in storage (the parameters themselves in fp32).
@@ -560,50 +561,31 @@ private:
     template <class Ctx>
     void reserve(Ctx& ctx, std::size_t n)
     {
-        if (n <= capacity_) return;
+        if (n <= arena_.capacity()) return;
         ctx.synchronize();   // no step still queued reads the buffers replaced here
-        arena_ = ctx.template allocate<float>(arena_layout(n).back() + chain_.scratch_size(ctx, n));
+        arena_.allocate(ctx, chain_, n);
         if constexpr (!Ctx::host_visible) {
             ctx.drop_graphs();   // they point into the buffers replaced here
             slots_.staging().reserve(ctx, n);
             input_grad_ = ctx.template allocate<storage>(n * input_shape::size);
         }
         outputs_ = {};   // sized for the old capacity
-        capacity_ = n;
     }
 
-    // The arena, for n samples: the kept activations, the saved state (floats), the output and its
-    // gradient, in bf16 or fp16 the input in that type, then scratch. Offsets in floats.
-    static std::array<std::size_t, 6> arena_layout(std::size_t n)
-    {
-        const std::size_t out = output_shape::size;
-        std::array<std::size_t, 6> at{};
-        at[1] = at[0] + floats_for<storage>(n * chain::kept_size);
-        at[2] = at[1] + n * chain::saved_size;
-        at[3] = at[2] + floats_for<storage>(n * out);
-        at[4] = at[3] + floats_for<storage>(n * out);
-        at[5] = at[4] + (reduced ? floats_for<storage>(n * input_shape::size) : 0);
-        return at;
-    }
     ForwardArgs<storage> forward_args(const storage* x, std::size_t n)
     {
         return ForwardArgs<storage>{.params = params_.data(), .weights = weight_data(), .x = x, .y = y(), .n = n,
-                                    .saved = saved(), .kept = kept(), .scratch = scratch(), .statistics = stats_.data()};
+                                    .saved = arena_.saved(), .kept = arena_.kept(), .scratch = arena_.scratch(),
+                                    .statistics = stats_.data()};
     }
     BackwardArgs<storage> backward_args(const storage* x, const storage* dyd, storage* dx, std::size_t n)
     {
         return BackwardArgs<storage>{.params = params_.data(), .weights = weight_data(), .x = x, .y = y(), .dy = dyd,
-                                     .dx = dx, .dparams = grads_.data(), .n = n, .saved = saved(), .kept = kept(),
-                                     .scratch = scratch()};
+                                     .dx = dx, .dparams = grads_.data(), .n = n, .saved = arena_.saved(),
+                                     .kept = arena_.kept(), .scratch = arena_.scratch()};
     }
-    template <class T>
-    T* region(std::size_t i) { return reinterpret_cast<T*>(arena_.data() + arena_layout(capacity_)[i]); }
-    storage* kept() { return region<storage>(0); }
-    float* saved() { return region<float>(1); }
-    storage* y() { return region<storage>(2); }
-    storage* dy() { return region<storage>(3); }
-    storage* input_values() { return region<storage>(4); }
-    float* scratch() { return region<float>(5); }
+    storage* y() { return arena_.y(); }
+    storage* dy() { return arena_.dy(); }
     float* shard_sums() { return grads_.data() + param_count; }
 
     // Inputs arrive as floats (host batches); in bf16 or fp16 the layers read them converted.
@@ -611,8 +593,8 @@ private:
     const storage* to_storage(Ctx& ctx, const float* x, std::size_t n)
     {
         if constexpr (reduced) {
-            convert(ctx, x, input_values(), n * input_shape::size);
-            return input_values();
+            convert(ctx, x, arena_.input(), n * input_shape::size);
+            return arena_.input();
         } else {
             return x;
         }
@@ -642,9 +624,8 @@ private:
     // accumulator sums both.
     core::Buffer<float> params_, grads_, state_, stats_;
     core::Buffer<storage> weights_;    // bf16, fp16: the parameters in storage
-    core::Buffer<float> arena_;
+    Arena<chain, input_shape::size> arena_;
     core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats (made by predict)
-    std::size_t capacity_ = 0;
     StepSlots<input_shape::size, label_size> slots_;
     QueueAhead ahead_;
     backend::StepRun deferred_;        // the last step queued: launch_deferred() launches what it left
