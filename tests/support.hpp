@@ -74,4 +74,15 @@ inline std::string differences(const std::vector<float>& a, const std::vector<fl
            std::to_string(largest);
 }
 
+// ||a - b|| / ||a|| over whole vectors (parameters, outputs).
+inline double norm_relative(const std::vector<float>& a, const std::vector<float>& b)
+{
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+        norm += double(a[i]) * double(a[i]);
+    }
+    return std::sqrt(diff / norm);
+}
+
 } // namespace replica::testing

@@ -234,17 +234,6 @@ TEST_CASE("CUDA layers equal CPU layers: linear, activations, dropout, flatten, 
 }
 
 namespace {
-// ||a - b|| / ||a|| over whole parameter vectors.
-double norm_relative(const std::vector<float>& a, const std::vector<float>& b)
-{
-    double diff = 0.0, norm = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-        norm += double(a[i]) * double(a[i]);
-    }
-    return std::sqrt(diff / norm);
-}
-
 template <class M>
 void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-4)
 {

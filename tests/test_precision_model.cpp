@@ -16,17 +16,6 @@ using namespace replica::testing;
 
 namespace {
 
-// ||a - b|| / ||b||.
-double relative_l2(const std::vector<float>& a, const std::vector<float>& b)
-{
-    double num = 0.0, den = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-        den += double(b[i]) * double(b[i]);
-    }
-    return std::sqrt(num / std::max(den, 1e-30));
-}
-
 std::vector<float> minus(std::vector<float> a, const std::vector<float>& b)
 {
     for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
@@ -71,8 +60,8 @@ void trains_close_to_fp32(double tolerance)
 
     // Predictions before training: within the format's rounding of the activations.
     const auto y_full = predict(full, data.inputs.data(), 8), y_reduced = predict(reduced, data.inputs.data(), 8);
-    CHECK(relative_l2(y_reduced, y_full) < tolerance);
-    CHECK(relative_l2(y_reduced, y_full) > 0.0);   // it did compute in T
+    CHECK(norm_relative(y_full, y_reduced) < tolerance);
+    CHECK(norm_relative(y_full, y_reduced) > 0.0);   // it did compute in T
 
     SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
     for (std::size_t s = 0; s < 3; ++s) {
@@ -80,7 +69,7 @@ void trains_close_to_fp32(double tolerance)
         train_step(reduced, opt, data.batch(s * 8, 8, s * 8));
     }
     const auto w_full = parameters(full), w_reduced = parameters(reduced);
-    const double update_error = relative_l2(minus(w_reduced, initial), minus(w_full, initial));
+    const double update_error = norm_relative(minus(w_full, initial), minus(w_reduced, initial));
     CAPTURE(update_error);
     CHECK(update_error < 4 * tolerance);
     CHECK(w_reduced != rounded<T>(w_reduced));          // masters keep float precision
