@@ -401,7 +401,12 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
 {
     using T = TestType;
     CPU_AND_GPU(host, ctx);
-    const std::size_t n = 3, c = 4, inner = 37, count = n * c * inner;
+    // Planes of 37 values (read value by value), 36 (moves of 4, a chunk of 8 across two samples),
+    // 56 and 64 (moves of 8), each from aligned pointers and from pointers one value off.
+    const std::size_t n = 3, c = 4;
+    const auto inner = GENERATE(std::size_t(37), std::size_t(36), std::size_t(56), std::size_t(64));
+    const std::size_t count = n * c * inner;
+    INFO("inner " << inner);
     const auto x = inputs<T>(count, 15), dy = inputs<T>(count, 16);
     // Parameters and statistics (float): weight, bias, mean (also the sums' shift), invstd > 0, the
     // backward sums [sum dy * xhat | sum dy], the element count a channel.
@@ -419,48 +424,57 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     auto back_sums_d = on_gpu(back_sums), elements_d = on_gpu(elements);
     auto scratch = ctx.allocate<float>(cuda::batch_norm_scratch<T>(ctx, c));
     auto sums_d = ctx.allocate<float>(2 * c + 1);
-    std::vector<float> sums(2 * c + 1), got(2 * c + 1), want(count);
     const std::vector<float> zero(count);
+    std::vector<float> first_sums, first_back_sums;   // those of the aligned run
 
-    // Sums in double on both, in another order: the floats they end in agree to float precision.
-    OnGpu<T> x_d(ctx, x, 0), dy_d(ctx, dy, 0), y_d(ctx, zero, 0);
-    cuda::batch_norm_sums(ctx, x_d.data(), n, c, inner, mean_d.data(), sums_d.data(), scratch.data());
-    cpu::batch_norm_sums(host, x.data(), n, c, inner, mean.data(), sums.data(), nullptr);
-    ctx.download(got.data(), sums_d.data(), got.size());
-    ctx.synchronize();
-    CHECK(ulps<float>(got, sums) <= 1.0);
-    CHECK(got[2 * c] == float(n * inner));
+    aligned_and_not([&](std::size_t offset) {
+        std::vector<float> sums(2 * c + 1), got(2 * c + 1), want(count);
+        // Sums in double on both, in another order: the floats they end in agree to float precision.
+        OnGpu<T> x_d(ctx, x, offset), dy_d(ctx, dy, offset), y_d(ctx, zero, offset);
+        cuda::batch_norm_sums(ctx, x_d.data(), n, c, inner, mean_d.data(), sums_d.data(), scratch.data());
+        cpu::batch_norm_sums(host, x.data(), n, c, inner, mean.data(), sums.data(), nullptr);
+        ctx.download(got.data(), sums_d.data(), got.size());
+        ctx.synchronize();
+        CHECK(ulps<float>(got, sums) <= 1.0);
+        CHECK(got[2 * c] == float(n * inner));
+        // How the values are read (moves of 8, 4 or one at a time) leaves the sums' bits alone.
+        if (offset == 0) first_sums = got;
+        else CHECK(differences(got, first_sums) == "");
 
-    cuda::batch_norm_backward_sums(ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(), sums_d.data(),
-                                   scratch.data());
-    cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), sums.data(), nullptr);
-    ctx.download(got.data(), sums_d.data(), 2 * c);
-    ctx.synchronize();
-    got.resize(2 * c);
-    sums.resize(2 * c);
-    CHECK(ulps<float>(got, sums) <= 1.0);
+        cuda::batch_norm_backward_sums(ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                       sums_d.data(), scratch.data());
+        cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), sums.data(),
+                                      nullptr);
+        ctx.download(got.data(), sums_d.data(), 2 * c);
+        ctx.synchronize();
+        got.resize(2 * c);
+        sums.resize(2 * c);
+        CHECK(ulps<float>(got, sums) <= 1.0);
+        if (offset == 0) first_back_sums = got;
+        else CHECK(differences(got, first_back_sums) == "");
 
-    // Elementwise passes: the GPU's float kernel rounded once; the CPU's within 1 ulp (fused multiply-adds).
-    OnGpu<float> xf_d(ctx, x, 0), dyf_d(ctx, dy, 0), yf_d(ctx, zero, 0);
-    for (const bool relu : {false, true}) {
-        INFO("apply, relu " << relu);
-        cuda::batch_norm_apply(ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(), mean_d.data(),
-                               invstd_d.data(), relu);
-        cuda::batch_norm_apply(ctx, xf_d.data(), yf_d.data(), n, c, inner, weight_d.data(), bias_d.data(), mean_d.data(),
-                               invstd_d.data(), relu);
-        cpu::batch_norm_apply(host, x.data(), want.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
-                              invstd.data(), relu);
+        // Elementwise passes: the GPU's float kernel rounded once; the CPU's within 1 ulp (fused multiply-adds).
+        OnGpu<float> xf_d(ctx, x, offset), dyf_d(ctx, dy, offset), yf_d(ctx, zero, offset);
+        for (const bool relu : {false, true}) {
+            INFO("apply, relu " << relu);
+            cuda::batch_norm_apply(ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
+                                   mean_d.data(), invstd_d.data(), relu);
+            cuda::batch_norm_apply(ctx, xf_d.data(), yf_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
+                                   mean_d.data(), invstd_d.data(), relu);
+            cpu::batch_norm_apply(host, x.data(), want.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
+                                  invstd.data(), relu);
+            CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
+            CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
+        }
+
+        cuda::batch_norm_backward_input(ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
+        cuda::batch_norm_backward_input(ctx, xf_d.data(), dyf_d.data(), yf_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
+        cpu::batch_norm_backward_input(host, x.data(), dy.data(), want.data(), n, c, inner, weight.data(), mean.data(),
+                                       invstd.data(), back_sums.data(), elements.data());
         CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
         CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
-    }
-
-    cuda::batch_norm_backward_input(ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(), mean_d.data(),
-                                    invstd_d.data(), back_sums_d.data(), elements_d.data());
-    cuda::batch_norm_backward_input(ctx, xf_d.data(), dyf_d.data(), yf_d.data(), n, c, inner, weight_d.data(),
-                                    mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
-    cpu::batch_norm_backward_input(host, x.data(), dy.data(), want.data(), n, c, inner, weight.data(), mean.data(),
-                                   invstd.data(), back_sums.data(), elements.data());
-    CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
-    CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
+    });
 }
 

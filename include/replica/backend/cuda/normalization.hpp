@@ -21,29 +21,89 @@
 namespace replica::backend::cuda {
 
 namespace kernels {
-// Stage one of a per-channel sum: block (ch, part) sums part `part` of channel ch's n * inner
-// elements (a contiguous range of its (sample, position) index) into partial[(ch * parts + part) * 2 +
-// {0, 1}]. Stage two (finish_channel_sums) adds the parts in order. Both in double.
-template <bool Backward, core::Storage T>
-__global__ void channel_partial_sums(const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
-                                     const float* centre, double* partial)
+// V consecutive values at p as floats, and V floats stored there as T: V = 8 (16-byte aligned), 4
+// (16 bytes of float or 8 of a 16-bit type, aligned to that) or 1.
+template <int V, core::Storage T>
+__device__ inline void load_v(const T* p, float (&v)[8])
+{
+    if constexpr (V == 8) {
+        load8(p, v);
+    } else if constexpr (V == 4 && std::same_as<T, float>) {
+        const float4 a = *reinterpret_cast<const float4*>(p);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else if constexpr (V == 4) {
+        const uint2 r = *reinterpret_cast<const uint2*>(p);
+        v[0] = widen(T{std::uint16_t(r.x & 0xffffu)}), v[1] = widen(T{std::uint16_t(r.x >> 16)});
+        v[2] = widen(T{std::uint16_t(r.y & 0xffffu)}), v[3] = widen(T{std::uint16_t(r.y >> 16)});
+    } else {
+        v[0] = widen(*p);
+    }
+}
+template <int V, core::Storage T>
+__device__ inline void store_v(T* p, const float (&v)[8])
+{
+    if constexpr (V == 8) {
+        store8(p, v);
+    } else if constexpr (V == 4 && std::same_as<T, float>) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (V == 4) {
+        const auto two = [](float a, float b) { return unsigned(narrow<T>(a).bits) | unsigned(narrow<T>(b).bits) << 16; };
+        *reinterpret_cast<uint2*>(p) = make_uint2(two(v[0], v[1]), two(v[2], v[3]));
+    } else {
+        *p = narrow<T>(v[0]);
+    }
+}
+
+// Stage one of a per-channel sum. A channel's n * inner elements, in (sample, position) order, fall
+// into chunks of 8; block (ch, part) sums the chunks of part `part` (a fixed range of them) into
+// partial[(ch * parts + part) * 2 + {0, 1}]; each thread takes every blockDim.x-th chunk and adds its
+// values in order. Stage two (finish_channel_sums) adds the parts in order. All in double. V is how a
+// chunk is read (8: one 16-byte move, inner a multiple of 8 and x, dy aligned; 4: two moves, inner a
+// multiple of 4; 1: value by value): the sums, and so their bits, do not depend on it.
+template <bool Backward, int V, class I, core::Storage T>
+__global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner, const float* centre, double* partial)
 {
     __shared__ double lane[detail::kThreads];
-    const std::size_t ch = blockIdx.x, parts = gridDim.y, count = n * inner;
-    const std::size_t per = (count + parts - 1) / parts, begin = blockIdx.y * per;
-    const std::size_t end = begin + per < count ? begin + per : count;
+    const I ch = blockIdx.x, parts = gridDim.y, count = n * inner;
+    const I chunks = (count + 7) / 8, per = (chunks + parts - 1) / parts, first = I(blockIdx.y) * per;
+    const I last = first + per < chunks ? first + per : chunks;
     const double k = centre[ch];
     double s1 = 0.0, s2 = 0.0;
-    for (std::size_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-        const std::size_t i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-        const double d = double(widen(x[at])) - k;
-        if constexpr (Backward) {   // sum of dy, and of dy * (x - mean)
-            const double g = widen(dy[at]);
-            s1 += g;
-            s2 += g * d;
-        } else {   // sum of x - shift, and of its square
-            s1 += d;
-            s2 += d * d;
+    for (I q = first + I(threadIdx.x); q < last; q += I(blockDim.x)) {
+        float v[8], g[8] = {};
+        const I e0 = 8 * q, m = count - e0 < 8 ? count - e0 : 8;
+        if constexpr (V == 1) {
+            for (I j = 0; j < m; ++j) {
+                const I e = e0 + j, i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
+                v[j] = widen(x[at]);
+                if constexpr (Backward) g[j] = widen(dy[at]);
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 8; h += V) {   // a move of V values lies in one sample's plane
+                if (I(h) >= m) break;
+                const I e = e0 + I(h), i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
+                float u[8], d[8];
+                load_v<V>(x + at, u);
+                if constexpr (Backward) load_v<V>(dy + at, d);
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    v[h + j] = u[j];
+                    if constexpr (Backward) g[h + j] = d[j];
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (I(j) >= m) break;
+            const double d = double(v[j]) - k;
+            if constexpr (Backward) {   // sum of dy, and of dy * (x - mean)
+                s1 += double(g[j]);
+                s2 += double(g[j]) * d;
+            } else {   // sum of x - shift, and of its square
+                s1 += d;
+                s2 += d * d;
+            }
         }
     }
     const auto plus = [](double a, double b) { return a + b; };
@@ -118,30 +178,47 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
     invstd[ch] = float(1.0 / sqrt(double(running_var[ch]) + double(eps)));
 }
 
-template <bool Relu, class I, core::Storage T>
-__global__ void batch_norm_apply(const T* x, T* y, I count, I c, I inner, const float* weight, const float* bias,
+// The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
+// V, and the pointers aligned to a move of V where V > 1): one channel lookup a group.
+template <bool Relu, int V, class I, core::Storage T>
+__global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups, const float* weight, const float* bias,
                                  const float* mean, const float* invstd)
 {
-    REPLICA_GRID_LOOP_AS(I, e, count)
+    REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = (e / inner) % c;
-        const float scale = weight[ch] * invstd[ch];
-        const float v = widen(x[e]) * scale + (bias[ch] - mean[ch] * scale);
-        y[e] = narrow<T>(Relu && v < 0.0f ? 0.0f : v);
+        const I ch = (g / inner_groups) % c;
+        const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
+        float v[8];
+        load_v<V>(x + g * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const float u = v[j] * scale + shift;
+            v[j] = Relu && u < 0.0f ? 0.0f : u;
+        }
+        store_v<V>(y + g * V, v);
     }
 }
 
-template <class I, core::Storage T>
-__global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I count, I c, I inner,
+template <int V, class I, core::Storage T>
+__global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I groups, I c, I inner_groups,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
                                           const float* elements)
 {
     const float inv_count = 1.0f / *elements;
-    REPLICA_GRID_LOOP_AS(I, e, count)
+    REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = (e / inner) % c;
-        const float xhat = (widen(x[e]) - mean[ch]) * invstd[ch];
-        dx[e] = narrow<T>(weight[ch] * invstd[ch] * (widen(dy[e]) - sums[c + ch] * inv_count - xhat * sums[ch] * inv_count));
+        const I ch = (g / inner_groups) % c;
+        const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
+        const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
+        float v[8], d[8];
+        load_v<V>(x + g * V, v);
+        load_v<V>(dy + g * V, d);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const float xhat = (v[j] - m) * s;
+            v[j] = scale * (d[j] - mean_dy - xhat * mean_dy_xhat);
+        }
+        store_v<V>(dx + g * V, v);
     }
 }
 
@@ -196,10 +273,39 @@ std::size_t batch_norm_scratch(const Context&, std::size_t c)
 }
 
 namespace detail {
+// f(std::integral_constant<int, V>{}) for the widest move V (8, 4 or 1 values) that splits every
+// (sample, channel) plane of `inner` values and that every pointer is aligned to.
+template <core::Storage T, class F, class... P>
+void with_move(std::size_t inner, F&& f, const P*... p)
+{
+    const auto aligned = [&](std::size_t bytes) { return ((reinterpret_cast<std::uintptr_t>(p) % bytes == 0) && ...); };
+    if (inner % 8 == 0 && aligned(16)) f(std::integral_constant<int, 8>{});
+    else if (inner % 4 == 0 && aligned(4 * sizeof(T))) f(std::integral_constant<int, 4>{});
+    else f(std::integral_constant<int, 1>{});
+}
+
 inline double* partial_sums(float* scratch)
 {
     const auto p = reinterpret_cast<std::uintptr_t>(scratch);
     return reinterpret_cast<double*>((p + alignof(double) - 1) / alignof(double) * alignof(double));
+}
+} // namespace detail
+
+namespace detail {
+template <bool Backward, core::Storage T>
+void channel_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
+                  const float* centre, double* partial, std::size_t parts)
+{
+    const auto launch = [&](auto v, auto index) {
+        using I = decltype(index);
+        kernels::channel_partial_sums<Backward, decltype(v)::value, I, T>
+            <<<dim3(unsigned(c), unsigned(parts)), kThreads, 0, ctx.stream()>>>(x, dy, I(n), I(c), I(inner), centre,
+                                                                             partial);
+    };
+    indexed(n * c * inner, [&](auto index) {
+        if constexpr (Backward) with_move<T>(inner, [&](auto v) { launch(v, index); }, x, dy);
+        else with_move<T>(inner, [&](auto v) { launch(v, index); }, x);
+    });
 }
 } // namespace detail
 
@@ -209,8 +315,7 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
 {
     const std::size_t parts = detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
-    kernels::channel_partial_sums<false><<<dim3(unsigned(c), unsigned(parts)), detail::kThreads, 0, ctx.stream()>>>(
-        x, static_cast<const T*>(nullptr), n, c, inner, shift, partial);
+    detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
     kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, nullptr, sums);
     detail::check_launch("batch_norm_sums");
@@ -252,15 +357,22 @@ void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::
 {
     const std::size_t count = n * c * inner;
     if (count == 0) return;
-    detail::indexed(count, [&](auto index) {
-        using I = decltype(index);
-        if (relu)
-            kernels::batch_norm_apply<true, I, T><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
-                x, y, I(count), I(c), I(inner), weight, bias, mean, invstd);
-        else
-            kernels::batch_norm_apply<false, I, T><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
-                x, y, I(count), I(c), I(inner), weight, bias, mean, invstd);
-    });
+    detail::with_move<T>(
+        inner,
+        [&](auto v) {
+            constexpr int V = decltype(v)::value;
+            detail::indexed(count, [&](auto index) {
+                using I = decltype(index);
+                const auto groups = count / V;
+                if (relu)
+                    kernels::batch_norm_apply<true, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                        x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
+                else
+                    kernels::batch_norm_apply<false, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                        x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
+            });
+        },
+        x, y);
     detail::check_launch("batch_norm_apply");
 }
 
@@ -270,8 +382,7 @@ void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::
 {
     const std::size_t parts = detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
-    kernels::channel_partial_sums<true><<<dim3(unsigned(c), unsigned(parts)), detail::kThreads, 0, ctx.stream()>>>(
-        x, dy, n, c, inner, mean, partial);
+    detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts);
     kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, invstd, dparams);
     detail::check_launch("batch_norm_backward_sums");
@@ -284,11 +395,18 @@ void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* d
 {
     const std::size_t total = n * c * inner;
     if (total == 0) return;
-    detail::indexed(total, [&](auto index) {
-        using I = decltype(index);
-        kernels::batch_norm_backward_input<I, T><<<detail::blocks_for(total), detail::kThreads, 0, ctx.stream()>>>(
-            x, dy, dx, I(total), I(c), I(inner), weight, mean, invstd, sums, count);
-    });
+    detail::with_move<T>(
+        inner,
+        [&](auto v) {
+            constexpr int V = decltype(v)::value;
+            detail::indexed(total, [&](auto index) {
+                using I = decltype(index);
+                const auto groups = total / V;
+                kernels::batch_norm_backward_input<V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                    x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count);
+            });
+        },
+        x, dy, dx);
     detail::check_launch("batch_norm_backward_input");
 }
 
