@@ -97,8 +97,16 @@ static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::param_count == 431080);
 static_assert(op_of<LeNetBody, Shape<1, 28, 28>>::layer_count == 8);
 static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::kept_size == 2 * 3 * 3);
 static_assert(op_of<Sequential<Conv2d<2, 3>, ReLU>, Shape<1, 5, 5>>::saved_size == 0);
-// Max pooling's argmax positions are saved state (floats); the outputs a chain keeps are activations.
-static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::saved_size == 2);
+// Max pooling's positions of the maxima are saved state, one byte an output for windows of up to 255
+// elements, two above, rounded up to whole floats a sample; the outputs a chain keeps are activations.
+static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::saved_size == 1);   // 2 bytes
+static_assert(std::is_same_v<core::pool_position_t<core::Window{1, 15, 17, 15, 17, 1, 1, 0, 0, 1, 1}>, std::uint8_t>);
+static_assert(std::is_same_v<core::pool_position_t<core::Window{1, 16, 16, 16, 16, 1, 1, 0, 0, 1, 1}>, std::uint16_t>);
+// 3x3, stride 2, padding 1: (3, 9, 9) -> (3, 5, 5), 75 bytes in 19 floats.
+static_assert(op_of<MaxPool2d<3, 2, 1>, Shape<3, 9, 9>>::saved_size == (3 * 5 * 5 * 1 + 3) / 4);
+// 17x17: (3, 17, 34) -> (3, 1, 2), 6 two-byte positions in 3 floats.
+static_assert(op_of<MaxPool2d<17>, Shape<3, 17, 34>>::saved_size == (3 * 1 * 2 * 2 + 3) / 4);
+static_assert(op_of<AvgPool2d<17>, Shape<3, 17, 34>>::saved_size == 0);
 static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::kept_size == 2 * 3 * 3);
 
 // ---------------------------------------------------------------------------------------------
@@ -504,6 +512,36 @@ TEST_CASE("Identity, Sigmoid, Tanh and GELU gradients match finite differences",
     // skipped between two ops.
     static_assert(model::Chain<Shape<6>, float, Linear<5>, Identity, GELU, Linear<3>>::skipped_view<1>);
     check_gradients<Sequential<Linear<5>, Identity, GELU, Linear<4>, Sigmoid, Linear<3>, Tanh>, Shape<6>>(3);
+}
+
+TEST_CASE("Max pooling: the first maximum in scan order wins, NaN never, a window of NaN and -inf gives -inf",
+          "[cpu][layers][pool]")
+{
+    // 3x3 windows, stride 2, padding 1 over a 4x4 plane: rows and columns [-1, 2) and [1, 4).
+    constexpr core::Window g{1, 4, 4, 3, 3, 2, 2, 1, 1, 2, 2};
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> plane = {nan,  nan,  2, 2,
+                                      nan,  nan,  2, 1,
+                                      -inf, -inf, 5, 5,
+                                      -inf, -inf, 5, 0};
+    std::vector<float> x = plane;
+    x.insert(x.end(), plane.begin(), plane.end());   // two samples
+    const std::vector<float> dy = {1, 2, 4, 8, 16, 32, 64, 128};
+    std::vector<float> y(8), dx(32);
+    std::vector<core::pool_position_t<g>> arg(8);
+    Ctx ctx{Device::cpu()};
+    backend::cpu::max_pool_forward<g>(ctx, x.data(), y.data(), arg.data(), 2);
+    CHECK(y == std::vector<float>{-inf, 2, -inf, 5, -inf, 2, -inf, 5});
+    backend::cpu::max_pool_backward<g>(ctx, arg.data(), dy.data(), dx.data(), 2);
+    // A window without a maximum routes its gradient to its first element inside the plane.
+    std::vector<float> want(32, 0.0f);
+    for (std::size_t s = 0; s < 2; ++s) {
+        want[s * 16 + 0] = dy[s * 4 + 0];    // all NaN
+        want[s * 16 + 2] = dy[s * 4 + 1];    // NaN, then ties at 2
+        want[s * 16 + 4] = dy[s * 4 + 2];    // NaN and -inf
+        want[s * 16 + 10] = dy[s * 4 + 3];   // ties at 5
+    }
+    CHECK(dx == want);
 }
 
 TEST_CASE("Pooling gradients match finite differences", "[cpu][layers][gradient]")

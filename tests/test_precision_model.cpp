@@ -92,6 +92,26 @@ TEST_CASE("A model in bf16 or fp16 keeps fp32 parameters and trains as fp32 does
     trains_close_to_fp32<SmallAlexNet<Threaded>, bf16>(2e-2);
 }
 
+TEST_CASE("Max pooling in bf16 saves a byte an output: activation memory less by the positions' floats",
+          "[cpu][precision][pool]")
+{
+    // The same network with average pooling saves nothing; everything else in the arena is the same.
+    // Input (3, 9, 9); 3x3 pooling, stride 2, padding 1: (3, 5, 5).
+    using WithMax = Sequential<Precision<bf16>, Input<3, 9, 9>, Conv2d<3, 3, 1, 1>, MaxPool2d<3, 2, 1>, Flatten, Linear<5>>;
+    using WithAvg = Sequential<Precision<bf16>, Input<3, 9, 9>, Conv2d<3, 3, 1, 1>, AvgPool2d<3, 2, 1>, Flatten, Linear<5>>;
+    constexpr std::size_t n = 6, outputs = 3 * 5 * 5;
+    WithMax with_max{Device::cpu(), 3};
+    WithAvg with_avg{Device::cpu(), 3};
+    const std::vector<float> x(n * WithMax::input_shape::size, 0.5f);
+    std::vector<float> y(n * 5);
+    with_max.predict(x.data(), n, y.data());
+    with_avg.predict(x.data(), n, y.data());
+    // A byte an output, a sample's bytes rounded up to whole floats (75 -> 76), in place of a float
+    // an output (300 bytes a sample).
+    const std::size_t positions = n * ((outputs + sizeof(float) - 1) / sizeof(float)) * sizeof(float);
+    CHECK(with_max.activation_bytes() == with_avg.activation_bytes() + positions);
+}
+
 TEST_CASE("A nested DataParallel in bf16 equals the plain model in bf16", "[cpu][precision][parallel]")
 {
     using Nested = with_precision<SmallAlexNet<Threaded>, bf16>;

@@ -8,6 +8,7 @@
 //   GlobalAvgPool                                          (c, h, w) -> (c)
 
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/core/window.hpp"
 #include "replica/layers/op.hpp"
@@ -27,28 +28,52 @@ constexpr std::size_t pooled(std::size_t in, std::size_t k, std::size_t s, std::
 
 enum class PoolKind { max, average };
 
-// Max pooling keeps, per output, the position of its maximum within the input plane (saved state,
-// exact as a float up to 2^24 positions), so backward routes gradients without searching again.
+// What pooling saves for backward, one per output: max pooling the positions of its maxima, average
+// pooling nothing (void).
+template <PoolKind Kind, core::Window G>
+struct SavedPosition {
+    using type = core::pool_position_t<G>;
+};
+template <core::Window G>
+struct SavedPosition<PoolKind::average, G> {
+    using type = void;
+};
+
+// Floats a sample that hold Outputs values of P (none for void), rounded up.
+template <class P, std::size_t Outputs>
+constexpr std::size_t saved_floats()
+{
+    if constexpr (std::is_void_v<P>) return 0;
+    else return (Outputs * sizeof(P) + sizeof(float) - 1) / sizeof(float);
+}
+
+// Max pooling keeps, per output, the position of its maximum within its window (saved state:
+// core::pool_position_t<G>, a byte for windows of up to 255 elements), so backward routes gradients
+// without searching again. The n samples' saved floats are one contiguous region (model/parts.hpp),
+// read as one array of n * Out::size positions, sample after sample; saved_size rounds a sample's
+// positions up to whole floats, so the array fits in the n * saved_size floats.
 template <PoolKind Kind, class In, class Out, core::Window G, class T>
 struct PoolOp : LeafOp {
-    static_assert(std::size_t(G.h) * std::size_t(G.w) < (std::size_t(1) << 24), "pooling planes above 2^24 pixels");
     using input_shape = In;
     using output_shape = Out;
     static constexpr std::size_t param_count = 0;
-    static constexpr std::size_t saved_size = Kind == PoolKind::max ? Out::size : 0;
+    using position = typename SavedPosition<Kind, G>::type;
+    static constexpr std::size_t saved_size = saved_floats<position, Out::size>();
     using LeafOp::LeafOp;
     void init(float*, std::uint64_t) const {}
     template <class Ctx>
     void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
     {
-        if constexpr (Kind == PoolKind::max) max_pool_forward<G>(ctx, a.x, a.y, a.saved, a.n);
+        if constexpr (Kind == PoolKind::max)
+            max_pool_forward<G>(ctx, a.x, a.y, reinterpret_cast<position*>(a.saved), a.n);
         else avg_pool_forward<G>(ctx, a.x, a.y, a.n);
     }
     template <class Ctx>
     void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
     {
         if (!a.dx) return;
-        if constexpr (Kind == PoolKind::max) max_pool_backward<G>(ctx, a.saved, a.dy, a.dx, a.n);
+        if constexpr (Kind == PoolKind::max)
+            max_pool_backward<G>(ctx, reinterpret_cast<const position*>(a.saved), a.dy, a.dx, a.n);
         else avg_pool_backward<G>(ctx, a.dy, a.dx, a.n);
     }
 };

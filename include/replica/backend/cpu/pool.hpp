@@ -3,9 +3,10 @@
 // Max pooling ignores padding and window parts past the input (ceil mode); forward records where each
 // maximum came from (the first maximal element in scan order) for backward.
 //
-// x, y, dy, dx are T (core::Storage), the arg positions float. Sums run in float; in bf16/fp16 each
-// input-gradient plane is summed over its windows in a float plane allocated for the call, then
-// rounded once: a bf16/fp16 result is round_through<T> of the float result on the same inputs.
+// x, y, dy, dx are T (core::Storage), the maxima's positions core::pool_position_t<g>. Sums run in
+// float; in bf16/fp16 each input-gradient plane is summed over its windows in a float plane allocated
+// for the call, then rounded once: a bf16/fp16 result is round_through<T> of the float result on the
+// same inputs.
 
 #include <algorithm>
 #include <concepts>
@@ -52,38 +53,42 @@ void backward_planes(const Context& ctx, T* dx, std::size_t n, F&& route)
 }
 } // namespace detail
 
-// y = the maximum of each window; arg = its position in the input plane (the first maximum in scan
-// order), as a float.
+// y = the maximum of each window; arg = its position within the window (core::pool_position_t: the
+// first maximum in scan order; the window's first element inside the input when no element exceeds
+// -inf, NaN never does), n * g.c * g.oh * g.ow positions.
 template <Window g, core::Storage T>
-void max_pool_forward(const Context&, const T* x, T* y, float* arg, std::size_t n)
+void max_pool_forward(const Context&, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
     for (std::size_t plane = 0; plane < n * g.c; ++plane) {
         const T* xp = x + plane * g.h * g.w;
         T* yp = y + plane * g.out_pixels();
-        float* ap = arg + plane * g.out_pixels();
+        core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
         detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
             float best = -std::numeric_limits<float>::infinity();
-            int at = ya * g.w + xa;
+            int at_y = ya, at_x = xa;
             for (int iy = ya; iy < yb; ++iy)
                 for (int ix = xa; ix < xb; ++ix)
                     if (core::to_float(xp[iy * g.w + ix]) > best) {
                         best = core::to_float(xp[iy * g.w + ix]);
-                        at = iy * g.w + ix;
+                        at_y = iy;
+                        at_x = ix;
                     }
             yp[o] = core::from_float<T>(best);
-            ap[o] = float(at);
+            const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
+            ap[o] = core::pool_position_t<g>((at_y - y0) * g.kw + at_x - x0);
         });
     }
 }
 
 // dx = each window's gradient routed to its maximum (windows are visited in order: deterministic).
 template <Window g, core::Storage T>
-void max_pool_backward(const Context& ctx, const float* arg, const T* dy, T* dx, std::size_t n)
+void max_pool_backward(const Context& ctx, const core::pool_position_t<g>* arg, const T* dy, T* dx, std::size_t n)
 {
     detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
-        const float* ap = arg + plane * g.out_pixels();
+        const core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
         const T* dyp = dy + plane * g.out_pixels();
-        for (int o = 0; o < g.out_pixels(); ++o) dxp[int(ap[o])] += core::to_float(dyp[o]);
+        for (int o = 0; o < g.out_pixels(); ++o)
+            dxp[core::pool_input_offset(g, o / g.ow, o % g.ow, ap[o])] += core::to_float(dyp[o]);
     });
 }
 

@@ -6,13 +6,16 @@
 // (a 64-bit division by a value known only at run time costs dozens of instructions), and on the
 // index type, 32-bit where it fits, with windows unrolled. x, y, dy, dx are activations of one type T
 // (float, bf16, fp16), read as float, summed in float, each output rounded once; the maxima's
-// positions (arg) stay float.
+// positions (arg) are positions within their windows, core::pool_position_t<g> (a byte for windows of
+// up to 255 elements), core::pool_no_position<g> where a window has no element above -inf.
 
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/window.hpp"
 
 namespace replica::backend::cuda {
 
@@ -21,8 +24,8 @@ namespace kernels {
 // input along an axis), unrolled (up to 8 per axis, so a global pooling stays small), with bounds
 // tests inside: the same elements in the same order as a loop over the clipped range, so the same bits.
 
-// f(value, offset in its input plane) for every input element of output element i's window
-// (padding skipped), rows then columns.
+// f(value, position in the window) for every input element of output element i's window (padding
+// skipped), rows then columns.
 template <class I, core::Storage T, class F>
 __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
 {
@@ -35,14 +38,16 @@ __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
 #pragma unroll 8
         for (int b = 0; b < g.kw; ++b) {
             const int iy = y0 + a, ix = x0 + b;
-            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + iy * g.w + ix), iy * g.w + ix);
+            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + iy * g.w + ix), a * g.kw + b);
         }
 }
 
-template <class I, core::Storage T, int... G>
-__global__ void max_pool_forward(const T* x, T* y, float* arg, I count)
+// P: core::pool_position_t<g> (a parameter of its own: nvcc cannot name it from G... in the signature).
+template <class I, core::Storage T, class P, int... G>
+__global__ void max_pool_forward(const T* x, T* y, P* arg, I count)
 {
     constexpr core::Window g{G...};
+    static_assert(std::is_same_v<P, core::pool_position_t<g>>);
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
         float best = -INFINITY;
@@ -54,7 +59,7 @@ __global__ void max_pool_forward(const T* x, T* y, float* arg, I count)
             }
         });
         y[i] = narrow<T>(best);
-        arg[i] = float(at);
+        arg[i] = at < 0 ? core::pool_no_position<g> : P(at);
     }
 }
 
@@ -137,13 +142,14 @@ __device__ inline float sum_windows(const float (&d)[NY][NX], Take&& take)
     return s;
 }
 
-template <class I, core::Storage T, int... G>
-__global__ void max_pool_backward(const float* arg, const T* dy, T* dx, I count)
+template <class I, core::Storage T, class P, int... G>
+__global__ void max_pool_backward(const P* arg, const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
+    static_assert(std::is_same_v<P, core::pool_position_t<g>>);
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
     for_tiles(g, count, [&](I plane, int y0, int x0) {
-        const float* ap = arg + plane * I(g.oh * g.ow);
+        const P* ap = arg + plane * I(g.oh * g.ow);
         const T* dyp = dy + plane * I(g.oh * g.ow);
         int at[NY][NX];
         float d[NY][NX];
@@ -153,7 +159,8 @@ __global__ void max_pool_backward(const float* arg, const T* dy, T* dx, I count)
 #pragma unroll
             for (int c = 0; c < NX; ++c) at[r][c] = -1;
         read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) {
-            at[r][c] = int(__ldg(ap + o));
+            const P p = __ldg(ap + o);
+            at[r][c] = p == core::pool_no_position<g> ? -1 : core::pool_input_offset(g, ylo + r, xlo + c, p);
             d[r][c] = load_ldg(dyp + o);
         });
         T* dxp = dx + plane * I(g.h * g.w);
@@ -210,22 +217,22 @@ constexpr std::size_t tiles(const core::Window& g)
 } // namespace detail
 
 template <core::Window g, core::Storage T>
-void max_pool_forward(const Context& ctx, const T* x, T* y, float* arg, std::size_t n)
+void max_pool_forward(const Context& ctx, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::max_pool_forward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
+        kernels::max_pool_forward<I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
     });
     detail::check_launch("max_pool_forward");
 }
 template <core::Window g, core::Storage T>
-void max_pool_backward(const Context& ctx, const float* arg, const T* dy, T* dx, std::size_t n)
+void max_pool_backward(const Context& ctx, const core::pool_position_t<g>* arg, const T* dy, T* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * detail::tiles(g);
     detail::indexed(count, [&](auto index) {
         using I = decltype(index);
-        kernels::max_pool_backward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
+        kernels::max_pool_backward<I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
     });
     detail::check_launch("max_pool_backward");
 }
