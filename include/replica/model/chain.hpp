@@ -39,6 +39,9 @@ struct bind_all<In, T, L, Rest...> {
     using output_shape = typename rest::output_shape;
 };
 
+template <class In, class T, class... Ls>
+using bound_ops = typename bind_all<In, T, Ls...>::type;   // std::tuple of the ops
+
 // Whether the last of the bound ops applies the ReLU after it (layers/op.hpp's fuses_relu); a chain
 // whose last op does declares fuses_relu itself (chain_fuses_relu<true>).
 template <class Tuple>
@@ -63,9 +66,9 @@ struct parts_of<std::tuple<Os...>> {
 } // namespace detail
 
 template <class In, class T, class... Layers>
-class Chain : public detail::chain_fuses_relu<detail::last_fuses_relu<typename detail::bind_all<In, T, Layers...>::type>> {
-    using parts = typename detail::parts_of<typename detail::bind_all<In, T, Layers...>::type>::type;
-    static constexpr bool last_fuses_relu_ = detail::last_fuses_relu<typename detail::bind_all<In, T, Layers...>::type>;
+class Chain : public detail::chain_fuses_relu<detail::last_fuses_relu<detail::bound_ops<In, T, Layers...>>> {
+    using parts = typename detail::parts_of<detail::bound_ops<In, T, Layers...>>::type;
+    static constexpr bool last_fuses_relu_ = detail::last_fuses_relu<detail::bound_ops<In, T, Layers...>>;
     static constexpr std::size_t N = sizeof...(Layers);
     template <std::size_t I>
     using op_t = typename parts::template op<I>;
