@@ -25,10 +25,10 @@ template <bool Relu, unsigned W, class T>
 __device__ inline float unit_sum(const T* dy, const T* y, T* dz, bool aligned)
 {
     if constexpr (W == 1) {
-        float v = core::to_float(*dy);
+        float v = kernels::widen(*dy);
         if constexpr (Relu) {
-            v = relu_grad(core::to_float(*y), v);
-            *dz = core::from_float<T>(v);
+            v = relu_grad(kernels::widen(*y), v);
+            *dz = kernels::narrow<T>(v);
         }
         return v;
     } else {

@@ -149,7 +149,7 @@ void cudnn_filter_gradient(const Context& ctx, const ConvPlan& p, const T* in, c
     } else {
         REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, in, p.y, dout, p.conv, p.bwd_filter, ws,
                                                      p.workspace, &zero, p.w, filter));
-        to_float_copy(ctx.stream(), filter, dw, weights);
+        convert(ctx, filter, dw, weights);
     }
 }
 

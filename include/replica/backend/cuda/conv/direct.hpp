@@ -43,7 +43,7 @@ __global__ void filter_grad_parts(const T* x, const T* dz, float* partial, unsig
         const T* ds = dz + (std::size_t(s) * cout + f) * pixels;
         for (unsigned p = threadIdx.x; p < pixels; p += detail::kThreads) {
             const int oh = int(p / unsigned(g.ow)), ow = int(p % unsigned(g.ow));
-            const float d = core::to_float(ds[p]);
+            const float d = kernels::widen(ds[p]);
 #pragma unroll
             for (int i = 0; i < g.kh; ++i) {
                 const int ih = oh * g.sh - g.ph + i;
@@ -51,7 +51,7 @@ __global__ void filter_grad_parts(const T* x, const T* dz, float* partial, unsig
                 for (int j = 0; j < g.kw; ++j) {
                     const int iw = ow * g.sw - g.pw + j;
                     const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-                    acc[i * g.kw + j] = fmaf(d, inside ? core::to_float(xs[ih * g.w + iw]) : 0.0f, acc[i * g.kw + j]);
+                    acc[i * g.kw + j] = fmaf(d, inside ? kernels::widen(xs[ih * g.w + iw]) : 0.0f, acc[i * g.kw + j]);
                 }
             }
         }
@@ -81,7 +81,7 @@ __global__ void conv_forward_direct(const T* w, const float* b, const T* x, T* y
     constexpr int K = g.c * g.kh * g.kw;
     constexpr unsigned pixels = unsigned(g.oh) * unsigned(g.ow);
     extern __shared__ float filters[];   // cout * K weights, then cout biases
-    for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = core::to_float(w[i]);
+    for (unsigned i = threadIdx.x; i < cout * K; i += blockDim.x) filters[i] = kernels::widen(w[i]);
     for (unsigned i = threadIdx.x; i < cout; i += blockDim.x) filters[cout * K + i] = b ? b[i] : 0.0f;
     __syncthreads();
     const std::size_t t = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -98,14 +98,14 @@ __global__ void conv_forward_direct(const T* w, const float* b, const T* x, T* y
             for (int j = 0; j < g.kw; ++j) {
                 const int ih = oh * g.sh - g.ph + i, iw = ow * g.sw - g.pw + j;
                 const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-                window[(c * g.kh + i) * g.kw + j] = inside ? core::to_float(x[((s * g.c + c) * g.h + ih) * g.w + iw]) : 0.0f;
+                window[(c * g.kh + i) * g.kw + j] = inside ? kernels::widen(x[((s * g.c + c) * g.h + ih) * g.w + iw]) : 0.0f;
             }
     for (unsigned f = 0; f < cout; ++f) {
         float v = filters[cout * K + f];
 #pragma unroll
         for (int k = 0; k < K; ++k) v = fmaf(filters[f * K + k], window[k], v);
         if constexpr (Relu) v = fmaxf(v, 0.0f);
-        y[(s * cout + f) * pixels + p] = core::from_float<T>(v);
+        y[(s * cout + f) * pixels + p] = kernels::narrow<T>(v);
     }
 }
 

@@ -46,7 +46,7 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
         for (int j = 0; j < 4; ++j) {
             const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
             v[j] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w
-                       ? detail::load_ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
+                       ? kernels::load_ldg(x + (s * I(g.c) + I(c)) * I(g.h * g.w) + iy * g.w + ix)
                        : 0.0f;
             if (++b == g.kw) {
                 b = 0;
@@ -69,7 +69,7 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
         else
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (first + I(j) < count) rows[first + I(j)] = core::from_float<T>(v[j]);
+                if (first + I(j) < count) rows[first + I(j)] = kernels::narrow<T>(v[j]);
     }
 }
 
@@ -98,7 +98,7 @@ __global__ void row2im(const float* drows, T* dx, I count, I pixels)
                 if (tx >= 0 && tx == ox * g.sw && ox < g.ow) sum += __ldg(d + I(a * g.kw + b) * pixels + oy * g.ow + ox);
             }
         }
-        dx[i] = core::from_float<T>(sum);
+        dx[i] = kernels::narrow<T>(sum);
     }
 }
 
@@ -116,13 +116,13 @@ __global__ void transpose(const T* src, const T* mask, T* dst, unsigned rows, un
             const unsigned r = r0 + j, c = c0 + threadIdx.x;
             if (r < rows && c < cols) {
                 const std::size_t at = off + std::size_t(r) * cols + c;
-                tile[j][threadIdx.x] = mask ? relu_grad(core::to_float(mask[at]), core::to_float(src[at])) : core::to_float(src[at]);
+                tile[j][threadIdx.x] = mask ? relu_grad(kernels::widen(mask[at]), kernels::widen(src[at])) : kernels::widen(src[at]);
             }
         }
         __syncthreads();
         for (unsigned j = threadIdx.y; j < 32; j += blockDim.y) {
             const unsigned c = c0 + j, r = r0 + threadIdx.x;
-            if (r < rows && c < cols) dst[off + std::size_t(c) * rows + r] = core::from_float<T>(tile[threadIdx.x][j]);
+            if (r < rows && c < cols) dst[off + std::size_t(c) * rows + r] = kernels::narrow<T>(tile[threadIdx.x][j]);
         }
         __syncthreads();
     }

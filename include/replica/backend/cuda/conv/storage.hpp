@@ -1,8 +1,8 @@
 #pragma once
 // What the convolutions' and products' kernels (conv/) need of their element type T (float, bf16,
-// fp16; core::Storage): loads that give a float and stores that round once (core::from_float), the
-// library type names of T, and the widening of a T result to float (cuDNN's filter gradient). For
-// T = float a load is the plain load and a store the plain store. Only under nvcc.
+// fp16; core::Storage) beyond packed.hpp's widen and narrow: cuDNN's name for T, and loads and stores
+// of four values that give floats and round once. For T = float a load is the plain load and a store
+// the plain store. Only under nvcc.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,6 +16,7 @@
 
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 #include "replica/core/number.hpp"
 
 namespace replica::backend::cuda::detail {
@@ -27,14 +28,6 @@ inline constexpr cudnnDataType_t cudnn_type = std::same_as<T, float>        ? CU
                                               : std::same_as<T, core::bf16> ? CUDNN_DATA_BFLOAT16
                                                                             : CUDNN_DATA_HALF;
 
-// p[0] as a float, through the read-only cache.
-template <core::Storage T>
-__device__ inline float load_ldg(const T* p)
-{
-    if constexpr (std::same_as<T, float>) return __ldg(p);
-    else return core::to_float(T{__ldg(reinterpret_cast<const unsigned short*>(p))});
-}
-
 // Four consecutive values p[0..3] as floats: one 16-byte (float) or 8-byte (16-bit T) load where
 // `aligned` says p allows it (vector_aligned), else four loads.
 template <core::Storage T>
@@ -45,10 +38,10 @@ __device__ inline float4 load4(const T* p, bool aligned)
     } else {
         if (aligned) {
             const uint2 u = *reinterpret_cast<const uint2*>(p);
-            return make_float4(core::to_float(T{std::uint16_t(u.x & 0xffffu)}), core::to_float(T{std::uint16_t(u.x >> 16)}),
-                               core::to_float(T{std::uint16_t(u.y & 0xffffu)}), core::to_float(T{std::uint16_t(u.y >> 16)}));
+            return make_float4(kernels::widen(T{std::uint16_t(u.x & 0xffffu)}), kernels::widen(T{std::uint16_t(u.x >> 16)}),
+                               kernels::widen(T{std::uint16_t(u.y & 0xffffu)}), kernels::widen(T{std::uint16_t(u.y >> 16)}));
         }
-        return make_float4(core::to_float(p[0]), core::to_float(p[1]), core::to_float(p[2]), core::to_float(p[3]));
+        return make_float4(kernels::widen(p[0]), kernels::widen(p[1]), kernels::widen(p[2]), kernels::widen(p[3]));
     }
 }
 
@@ -65,8 +58,8 @@ __device__ inline void store4(T* p, float4 v, bool aligned)
             p[3] = v.w;
         }
     } else {
-        const T a = core::from_float<T>(v.x), b = core::from_float<T>(v.y), c = core::from_float<T>(v.z),
-                d = core::from_float<T>(v.w);
+        const T a = kernels::narrow<T>(v.x), b = kernels::narrow<T>(v.y), c = kernels::narrow<T>(v.z),
+                d = kernels::narrow<T>(v.w);
         if (aligned) {
             *reinterpret_cast<uint2*>(p) =
                 make_uint2(unsigned(a.bits) | (unsigned(b.bits) << 16), unsigned(c.bits) | (unsigned(d.bits) << 16));
@@ -88,24 +81,4 @@ bool vector_aligned(const P*... p)
     return ((reinterpret_cast<std::uintptr_t>(p) % bytes == 0) && ...);
 }
 
-} // namespace replica::backend::cuda::detail
-
-namespace replica::backend::cuda::kernels {
-// dst[i] = src[i] as a float (exact): a result that a library wrote in T into scratch, to a float
-// gradient.
-template <class T>
-__global__ void to_float_copy(const T* src, float* dst, std::size_t count)
-{
-    REPLICA_GRID_LOOP(i, count) dst[i] = core::to_float(src[i]);
-}
-} // namespace replica::backend::cuda::kernels
-
-namespace replica::backend::cuda::detail {
-template <core::Storage T>
-void to_float_copy(cudaStream_t stream, const T* src, float* dst, std::size_t count)
-{
-    if (count == 0) return;
-    kernels::to_float_copy<T><<<blocks_for(count), kThreads, 0, stream>>>(src, dst, count);
-    check_launch("to_float_copy");
-}
 } // namespace replica::backend::cuda::detail
