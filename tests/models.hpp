@@ -88,6 +88,16 @@ using UnfusedConvNet =
 // The same for fully connected layers.
 using FusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, ReLU, Linear<7>, ReLU, Linear<5>>;
 using UnfusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, Dropout<0.0>, ReLU, Linear<7>, Dropout<0.0>, ReLU, Linear<5>>;
+// The same for nested models (ResNet's Sequential<Conv2d, BatchNorm2d>, then ReLU): a stem, a block
+// whose body fuses inside, and a model two levels deep ending in a convolution.
+template <std::size_t C, std::size_t Stride = 1>
+using NestedConvBN = Sequential<Conv2d<C, 3, Stride, 1, Bias::none>, BatchNorm2d>;
+using FusedNestedNet = Sequential<Input<2, 8, 8>, NestedConvBN<4>, ReLU, Residual<Sequential<NestedConvBN<4>, ReLU, NestedConvBN<4>>>,
+                                  ReLU, Sequential<Sequential<Conv2d<3, 3, 2, 1>>>, ReLU, GlobalAvgPool, Linear<5>>;
+using UnfusedNestedNet =
+    Sequential<Input<2, 8, 8>, NestedConvBN<4>, Dropout<0.0>, ReLU,
+               Residual<Sequential<NestedConvBN<4>, Dropout<0.0>, ReLU, NestedConvBN<4>>>, ReLU,
+               Sequential<Sequential<Conv2d<3, 3, 2, 1>>>, Dropout<0.0>, ReLU, GlobalAvgPool, Linear<5>>;
 
 // The reproducible mode as the tests run it, and its standard run: 5 SGD steps of 20 samples from
 // `seed` (micro-shards of 8, 8 and 4: uneven over every replica count).

@@ -412,6 +412,12 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     const std::size_t count = n * c * inner;
     INFO("inner " << inner);
     const auto x = inputs<T>(count, 15), dy = inputs<T>(count, 16);
+    // A ReLU's output as the backward's mask: values of both signs, and zeros; dz = relu_backward(relu_y,
+    // dy), what the masked calls read in dy's place.
+    auto relu_y = inputs<T>(count, 22);
+    for (std::size_t i = 0; i < count; i += 3) relu_y[i] = 0.0f;
+    std::vector<float> dz(count);
+    cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), count);
     // Parameters and statistics (float): weight, bias, mean (also the sums' shift), invstd > 0, the
     // backward sums [sum dy * xhat | sum dy], the element count a channel.
     const auto weight = inputs<float>(c, 17), bias = inputs<float>(c, 18), mean = inputs<float>(c, 19, 0.5f);
@@ -429,7 +435,7 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     auto scratch = ctx.allocate<float>(cuda::batch_norm_scratch<T>(ctx, c));
     auto sums_d = ctx.allocate<float>(2 * c + 1);
     const std::vector<float> zero(count);
-    std::vector<float> first_sums, first_back_sums;   // those of the aligned run
+    std::vector<float> first_sums, first_back_sums, first_masked_sums;   // those of the aligned run
 
     aligned_and_not([&](std::size_t offset) {
         std::vector<float> sums(2 * c + 1), got(2 * c + 1), want(count);
@@ -457,6 +463,23 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
         if (offset == 0) first_back_sums = got;
         else CHECK(differences(got, first_back_sums) == "");
 
+        // Through the ReLU's mask: the unmasked sums of dz, bit for bit; the CPU's within 1 ulp.
+        OnGpu<T> relu_d(ctx, relu_y, offset), dz_d(ctx, dz, offset);
+        std::vector<float> masked(2 * c);
+        cuda::batch_norm_backward_sums(ctx, x_d.data(), dz_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                       sums_d.data(), scratch.data());
+        ctx.download(got.data(), sums_d.data(), 2 * c);
+        cuda::batch_norm_backward_sums(ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                       sums_d.data(), scratch.data(), relu_d.data());
+        ctx.download(masked.data(), sums_d.data(), 2 * c);
+        cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), sums.data(),
+                                      nullptr, relu_y.data());
+        ctx.synchronize();
+        CHECK(differences(masked, got) == "");
+        CHECK(ulps<float>(masked, sums) <= 1.0);
+        if (offset == 0) first_masked_sums = masked;
+        else CHECK(differences(masked, first_masked_sums) == "");
+
         // Elementwise passes: the GPU's float kernel rounded once; the CPU's within 1 ulp (fused multiply-adds).
         OnGpu<float> xf_d(ctx, x, offset), dyf_d(ctx, dy, offset), yf_d(ctx, zero, offset);
         for (const bool relu : {false, true}) {
@@ -478,6 +501,26 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
         cpu::batch_norm_backward_input(host, x.data(), dy.data(), want.data(), n, c, inner, weight.data(), mean.data(),
                                        invstd.data(), back_sums.data(), elements.data());
         CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
+        CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
+
+        // Through the ReLU's mask: the unmasked pass on dz, bit for bit, in T and in float; the CPU's
+        // masked float within 1 ulp.
+        OnGpu<float> reluf_d(ctx, relu_y, offset), dzf_d(ctx, dz, offset), unmaskedf_d(ctx, zero, offset);
+        OnGpu<T> unmasked_d(ctx, zero, offset);
+        cuda::batch_norm_backward_input(ctx, x_d.data(), dz_d.data(), unmasked_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
+        cuda::batch_norm_backward_input(ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
+                                        relu_d.data());
+        cuda::batch_norm_backward_input(ctx, xf_d.data(), dzf_d.data(), unmaskedf_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
+        cuda::batch_norm_backward_input(ctx, xf_d.data(), dyf_d.data(), yf_d.data(), n, c, inner, weight_d.data(),
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
+                                        reluf_d.data());
+        cpu::batch_norm_backward_input(host, x.data(), dy.data(), want.data(), n, c, inner, weight.data(), mean.data(),
+                                       invstd.data(), back_sums.data(), elements.data(), relu_y.data());
+        CHECK(differences(y_d.values(), unmasked_d.values()) == "");
+        CHECK(differences(yf_d.values(), unmaskedf_d.values()) == "");
         CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
     });
 }

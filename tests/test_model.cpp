@@ -83,6 +83,36 @@ TEST_CASE("A fully connected layer fused with the ReLU after it trains to the sa
     fused_trains_as_apart<FusedMlpNet, UnfusedMlpNet>();
 }
 
+// A nested model fuses the ReLU after it when its last layer does: ResNet's ConvBN, ReLU (BatchNorm
+// reads the ReLU's mask in its backward), a residual block's body, a model two levels deep; a model
+// ending in a ReLU does not; a Residual fuses the ReLU after it as before, not the body's.
+static_assert(FusedNestedNet::chain::fuses_next_relu<0> && FusedNestedNet::chain::fuses_next_relu<2> &&
+              FusedNestedNet::chain::fuses_next_relu<4>);
+static_assert(!UnfusedNestedNet::chain::fuses_next_relu<0> && !UnfusedNestedNet::chain::fuses_next_relu<1> &&
+              !UnfusedNestedNet::chain::fuses_next_relu<6>);
+static_assert(Sequential<NestedConvBN<4>, ReLU, NestedConvBN<4>>::op<Shape<4, 8, 8>>::fuses_next_relu<0>);
+static_assert(Sequential<NestedConvBN<4>, ReLU, NestedConvBN<4>>::op<Shape<4, 8, 8>>::fuses_relu);
+template <class O>
+constexpr bool declares_fuses_relu = requires { O::fuses_relu; };
+static_assert(!declares_fuses_relu<Sequential<Conv2d<3, 3>, ReLU>::op<Shape<2, 8, 8>>>);
+static_assert(ResNet20::chain::fuses_next_relu<0>);
+
+TEST_CASE("A nested model fused with the ReLU after it trains to the same bits as the two apart", "[cpu][batchnorm]")
+{
+    fused_trains_as_apart<FusedNestedNet, UnfusedNestedNet>();
+    fused_trains_as_apart<with_precision<FusedNestedNet, bf16>, with_precision<UnfusedNestedNet, bf16>>();
+    // Over replicas (BatchNorm's sums at the hook's sync points), in the fast and the reproducible mode.
+    const RandomBatches<FusedNestedNet> data(100, 3);
+    for (const StepOptions options : {StepOptions{}, kReproducible}) {
+        CAPTURE(options.reproducible);
+        DataParallel<FusedNestedNet, Threaded> fused{cpus(2), 5};
+        DataParallel<UnfusedNestedNet, Threaded> apart{cpus(2), 5};
+        apart.set_parameters(parameters(fused));
+        const auto expected = five_steps(apart, data, 7, options);
+        CHECK(differences(five_steps(fused, data, 7, options), expected) == "");
+    }
+}
+
 TEST_CASE("Models start from their seed", "[cpu]")
 {
     CHECK(parameters(LeNet{Device::cpu(), 1}) == parameters(LeNet{Device::cpu(), 1}));

@@ -552,3 +552,44 @@ TEMPLATE_TEST_CASE("CPU kernels in bf16 and fp16 store round_through<T> of the f
     SECTION("BatchNorm") { check_batch_norm<T>(ctx, random); }
     SECTION("softmax cross-entropy") { check_loss<T>(ctx, random); }
 }
+
+// BatchNorm's backward with a ReLU's output as mask (relu_y) reads dy as relu_backward(relu_y, dy) would
+// have written it: the same bits as relu_backward, then the unmasked call on its output. relu_y holds
+// values of both signs, +0, -0 and NaN (relu_backward passes dy where relu_y > 0 only).
+TEMPLATE_TEST_CASE("BatchNorm's backward through a ReLU's mask equals relu_backward, then the unmasked backward, bit for bit",
+                   "[cpu][precision][batchnorm]", float, bf16, fp16)
+{
+    using T = TestType;
+    const Ctx ctx;
+    Random random;
+    INFO(random.rerun);
+    auto& rng = random.rng;
+    constexpr std::size_t n = 3, c = 4, inner = 10, count = n * c * inner;
+    const auto x = rounded<T>(count, rng, -3.0f, 5.0f), dy = rounded<T>(count, rng);
+    auto relu_y = rounded<T>(count, rng);
+    const float special[] = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN()};
+    for (std::size_t i = 0; i < count; i += 4) relu_y.t[i] = core::from_float<T>(special[i / 4 % 3]);
+    const std::vector<float> mean = random_floats(c, rng), invstd = random_floats(c, rng, 0.5f, 2.0f),
+                             weight = random_floats(c, rng, 0.5f, 1.5f);
+    const auto bits = [](const std::vector<T>& v) {
+        std::vector<std::uint32_t> b(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) b[i] = bits_of(v[i]);
+        return b;
+    };
+
+    std::vector<T> dz(count);
+    cpu::relu_backward(ctx, relu_y.t.data(), dy.t.data(), dz.data(), count);
+    std::vector<float> want(2 * c), got(2 * c);
+    cpu::batch_norm_backward_sums(ctx, x.t.data(), dz.data(), n, c, inner, mean.data(), invstd.data(), want.data(), nullptr);
+    cpu::batch_norm_backward_sums(ctx, x.t.data(), dy.t.data(), n, c, inner, mean.data(), invstd.data(), got.data(), nullptr,
+                                  relu_y.t.data());
+    CHECK(float_differences("batch_norm_backward_sums", got, want) == "");
+
+    const float elements = float(n * inner);
+    std::vector<T> dx_want(count), dx_got(count);
+    cpu::batch_norm_backward_input(ctx, x.t.data(), dz.data(), dx_want.data(), n, c, inner, weight.data(), mean.data(),
+                                   invstd.data(), want.data(), &elements);
+    cpu::batch_norm_backward_input(ctx, x.t.data(), dy.t.data(), dx_got.data(), n, c, inner, weight.data(), mean.data(),
+                                   invstd.data(), want.data(), &elements, relu_y.t.data());
+    CHECK(bits(dx_got) == bits(dx_want));
+}

@@ -100,6 +100,14 @@ struct BatchNorm {
             core::hook_sync(hook, sums, 2 * C, first_sync_ + 1);
         }
 
+        // The ReLU's backward inside the kernels: they read a.dy where a.y (the ReLU's output) > 0 and
+        // zero elsewhere, relu_backward's rule. dz is left unwritten (nothing reads it: model/chain.hpp).
+        template <class Ctx, class Hook = core::NoHook>
+        void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T*, Hook&& hook = {})
+        {
+            run_backward(ctx, pass, a, a.dy, hook, a.y);
+        }
+
     private:
         friend FusesReluWithHook<op<In, T>, T>;
 
@@ -138,15 +146,17 @@ struct BatchNorm {
         }
 
         template <class Ctx, class Hook>
-        void run_backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, const T* dy, Hook& hook)
+        void run_backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, const T* dy, Hook& hook,
+                          const T* relu_y = nullptr)
         {
             float* w = work(ctx);
             const float* count = w + 2 * C;
             const float* mean = w + 2 * C + 1;
             const float* invstd = mean + C;
             float* sums = w + 4 * C + 1;
-            // dparams = [sum dy * xhat | sum dy] over this replica's samples: the parameter gradients.
-            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams, a.scratch);
+            // dparams = [sum dy * xhat | sum dy] over this replica's samples: the parameter gradients
+            // (dy masked by relu_y > 0 when relu_y is given).
+            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams, a.scratch, relu_y);
             const float* global = a.dparams;
             // Every replica takes part in the sync, whether it needs the input gradient or not.
             if constexpr (Stats == BatchStats::global && core::SyncingHook<std::remove_cvref_t<Hook>>) {
@@ -155,7 +165,7 @@ struct BatchNorm {
                 global = sums;
             }
             if (a.dx == nullptr) return;
-            batch_norm_backward_input(ctx, a.x, dy, a.dx, a.n, C, inner, a.params, mean, invstd, global, count);
+            batch_norm_backward_input(ctx, a.x, dy, a.dx, a.n, C, inner, a.params, mean, invstd, global, count, relu_y);
         }
 
         std::size_t first_sync_;

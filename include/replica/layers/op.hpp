@@ -28,11 +28,13 @@
 //                                             forward left them.
 //
 // Optional: an op with `static constexpr bool fuses_relu`, forward_relu(ctx, pass, ForwardArgs) and
-// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions, fully connected layers) applies a ReLU
-// that follows it in a Chain (`static constexpr bool is_relu`) in the same pass, forward and backward;
-// the Chain then skips the ReLU, and the op's own output slot holds dz (its output's gradient) during
-// backward. An op with `static constexpr bool is_view` (Flatten) outputs its input's values unchanged:
-// the Chain skips it between two ops (the next one reads the view's input; dy passes through).
+// backward_relu(ctx, pass, BackwardArgs, dz) (convolutions, fully connected layers, BatchNorm, a
+// Residual, a nested model whose last op has them) applies a ReLU that follows it in a Chain (`static
+// constexpr bool is_relu`) in the same pass, forward and backward; the Chain then skips the ReLU.
+// backward_relu gets the ReLU's output in y and its gradient in dy; dz (the op's own output slot) is
+// room for the op's output gradient, which the op may write or not: nothing reads it after. An op
+// with `static constexpr bool is_view` (Flatten) outputs its input's values unchanged: the Chain skips
+// it between two ops (the next one reads the view's input; dy passes through).
 //
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.

@@ -39,6 +39,24 @@ struct bind_all<In, T, L, Rest...> {
     using output_shape = typename rest::output_shape;
 };
 
+template <class In, class T, class... Ls>
+using bound_ops = typename bind_all<In, T, Ls...>::type;   // std::tuple of the ops
+
+// Whether the last of the bound ops applies the ReLU after it (layers/op.hpp's fuses_relu); a chain
+// whose last op does declares fuses_relu itself (chain_fuses_relu<true>).
+template <class Tuple>
+inline constexpr bool last_fuses_relu = false;
+template <class... Os>
+    requires(sizeof...(Os) > 0)
+inline constexpr bool last_fuses_relu<std::tuple<Os...>> =
+    requires { std::tuple_element_t<sizeof...(Os) - 1, std::tuple<Os...>>::fuses_relu; };
+template <bool Fuses>
+struct chain_fuses_relu {};
+template <>
+struct chain_fuses_relu<true> {
+    static constexpr bool fuses_relu = true;
+};
+
 template <class Tuple>
 struct parts_of;
 template <class... Os>
@@ -48,8 +66,9 @@ struct parts_of<std::tuple<Os...>> {
 } // namespace detail
 
 template <class In, class T, class... Layers>
-class Chain {
-    using parts = typename detail::parts_of<typename detail::bind_all<In, T, Layers...>::type>::type;
+class Chain : public detail::chain_fuses_relu<detail::last_fuses_relu<detail::bound_ops<In, T, Layers...>>> {
+    using parts = typename detail::parts_of<detail::bound_ops<In, T, Layers...>>::type;
+    static constexpr bool last_fuses_relu_ = detail::last_fuses_relu<detail::bound_ops<In, T, Layers...>>;
     static constexpr std::size_t N = sizeof...(Layers);
     template <std::size_t I>
     using op_t = typename parts::template op<I>;
@@ -108,7 +127,8 @@ public:
     // An op that can apply the ReLU after it (fuses_relu, forward_relu, backward_relu) does, into the
     // ReLU's output, and runs the ReLU's backward in its own: the ReLU is skipped both ways, one pass
     // over memory fewer each way, the same bits. The op's own output slot, never written by forward,
-    // holds the op's output gradient during backward.
+    // holds the op's output gradient during backward, if the op writes it. A nested chain whose last
+    // op fuses the ReLU fuses it too (forward_relu, backward_relu below).
     template <std::size_t I>
     static constexpr bool fuses_next_relu = [] {
         if constexpr (I + 1 < N) return requires { op_t<I>::fuses_relu; } && requires { op_t<I + 1>::is_relu; };
@@ -142,42 +162,30 @@ public:
     template <class Ctx, class Hook = core::NoHook>
     void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
     {
-        core::static_for<N>([&](auto i) {
-            if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
-            constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
-            const ForwardArgs<T> args = parts::template forward_args<i>(
-                a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), act_offset[N],
-                inner_scratch(a.scratch, a.n));
-            if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
-                parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-            else if constexpr (fuses_next_relu<i>) parts_.template get<i>().forward_relu(ctx, pass, args);
-            else parts_.template forward<i>(ctx, pass, args, hook);
-        });
+        run_forward<false>(ctx, pass, a, hook);
     }
-
     template <class Ctx, class Hook = core::NoHook>
     void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook&& hook = {})
     {
-        T* ping[2] = {reinterpret_cast<T*>(a.scratch), reinterpret_cast<T*>(a.scratch) + max_inner * a.n};
-        const T* dy = a.dy;
-        core::static_for_reverse<N>([&](auto i) {
-            // A fused ReLU's backward runs in the op before's; a view between two ops hands dy through.
-            if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
-                constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
-                T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
-                const BackwardArgs<T> args = parts::template backward_args<i>(
-                    a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx,
-                    act_offset[N], inner_scratch(a.scratch, a.n));
-                if constexpr (fuses_next_relu<i> && syncs_of<op_t<i>> > 0)
-                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.kept, a.n, i),
-                                                           core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-                else if constexpr (fuses_next_relu<i>)
-                    parts_.template get<i>().backward_relu(ctx, pass, args, activation(a.kept, a.n, i));
-                else parts_.template backward<i>(ctx, pass, args, hook);
-                dy = dx;
-            }
-            hook(param_offset[i]);
-        });
+        run_backward<false>(ctx, pass, a, nullptr, hook);
+    }
+
+    // A chain nested in another fuses the ReLU after it when its last op does (the leaf ops' contract,
+    // layers/op.hpp): forward_relu runs the last op with forward_relu into a.y, the ReLU's output;
+    // backward_relu gets that output in a.y and its gradient in a.dy, runs the last op's backward_relu
+    // with dz (this chain's own output gradient buffer, which the op may leave unwritten: nothing
+    // reads it after), then the other ops as backward does.
+    template <class Ctx, class Hook = core::NoHook>
+        requires last_fuses_relu_
+    void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})
+    {
+        run_forward<true>(ctx, pass, a, hook);
+    }
+    template <class Ctx, class Hook = core::NoHook>
+        requires last_fuses_relu_
+    void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook&& hook = {})
+    {
+        run_backward<true>(ctx, pass, a, dz, hook);
     }
 
     // A replica with no samples in a step that has sync points still takes part in every one, in the
@@ -204,6 +212,56 @@ public:
     void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
 private:
+    // Whether op I applies the ReLU after it: the next op's, or (Relu: forward_relu, backward_relu) the
+    // one after the chain.
+    template <bool Relu, std::size_t I>
+    static constexpr bool applies_relu = fuses_next_relu<I> || (Relu && I + 1 == N);
+
+    template <bool Relu, class Ctx, class Hook>
+    void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook)
+    {
+        core::static_for<N>([&](auto i) {
+            if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
+            constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
+            const ForwardArgs<T> args = parts::template forward_args<i>(
+                a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), act_offset[N],
+                inner_scratch(a.scratch, a.n));
+            if constexpr (applies_relu<Relu, i> && syncs_of<op_t<i>> > 0)
+                parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            else if constexpr (applies_relu<Relu, i>) parts_.template get<i>().forward_relu(ctx, pass, args);
+            else parts_.template forward<i>(ctx, pass, args, hook);
+        });
+    }
+
+    // dz: with Relu, the buffer for this chain's own output gradient (the last op's dz).
+    template <bool Relu, class Ctx, class Hook>
+    void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook& hook)
+    {
+        T* ping[2] = {reinterpret_cast<T*>(a.scratch), reinterpret_cast<T*>(a.scratch) + max_inner * a.n};
+        const T* dy = a.dy;
+        core::static_for_reverse<N>([&](auto i) {
+            // A fused ReLU's backward runs in the op before's; a view between two ops hands dy through.
+            if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
+                constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
+                T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
+                const BackwardArgs<T> args = parts::template backward_args<i>(
+                    a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx,
+                    act_offset[N], inner_scratch(a.scratch, a.n));
+                if constexpr (applies_relu<Relu, i>) {
+                    T* own = i + 1 == N ? dz : activation(a.kept, a.n, i);   // op i's output slot, unused by forward
+                    if constexpr (syncs_of<op_t<i>> > 0)
+                        parts_.template get<i>().backward_relu(ctx, pass, args, own,
+                                                               core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+                    else parts_.template get<i>().backward_relu(ctx, pass, args, own);
+                } else {
+                    parts_.template backward<i>(ctx, pass, args, hook);
+                }
+                dy = dx;
+            }
+            hook(param_offset[i]);
+        });
+    }
+
     static T* activation(T* kept, std::size_t n, std::size_t i) { return kept + act_offset[i] * n; }
     static float* inner_scratch(float* scratch, std::size_t n) { return scratch + floats_for<T>(2 * max_inner * n); }
 

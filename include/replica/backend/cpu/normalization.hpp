@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
@@ -106,18 +107,34 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
         }
 }
 
-// dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd.
+namespace detail {
+// dy[j] as float, or with relu_y (not null) relu_backward's rule: dy[j] where relu_y[j] > 0, else 0.
+template <core::Storage T>
+float masked_dy(const T* dy, const T* relu_y, std::size_t j)
+{
+    const float d = core::to_float(dy[j]);
+    if (relu_y == nullptr) return d;
+    return core::to_float(relu_y[j]) > 0.0f ? d : 0.0f;
+}
+} // namespace detail
+
+// dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd. With relu_y (a ReLU's
+// output, (n, c, inner)), dy is the ReLU's output gradient, and the sums are of relu_backward(relu_y, dy)'s
+// values in its place, the same bits, without writing them.
 template <core::Storage T>
 void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
-                              const float* mean, const float* invstd, float* dparams, float*)
+                              const float* mean, const float* invstd, float* dparams, float*,
+                              const std::type_identity_t<T>* relu_y = nullptr)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double sdy = 0.0, sdyx = 0.0;
         for (std::size_t i = 0; i < n; ++i) {
-            const T* p = x + (i * c + ch) * inner;
-            const T* d = dy + (i * c + ch) * inner;
+            const std::size_t at = (i * c + ch) * inner;
+            const T* p = x + at;
+            const T* d = dy + at;
+            const T* r = relu_y ? relu_y + at : nullptr;
             for (std::size_t j = 0; j < inner; ++j) {
-                const float dj = core::to_float(d[j]);
+                const float dj = detail::masked_dy(d, r, j);
                 sdy += dj;
                 sdyx += double(dj) * (double(core::to_float(p[j])) - double(mean[ch]));
             }
@@ -128,23 +145,25 @@ void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size
 }
 
 // dx = weight * invstd * (dy - sum dy / N - xhat * sum(dy * xhat) / N), sums = [sum dy*xhat | sum dy]
-// over the whole batch of *count elements a channel.
+// over the whole batch of *count elements a channel. relu_y: as for batch_norm_backward_sums.
 template <core::Storage T>
 void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
-                               const float* sums, const float* count)
+                               const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
 {
     const float inv_count = 1.0f / *count;
     for (std::size_t ch = 0; ch < c; ++ch) {
         const float k = weight[ch] * invstd[ch];
         const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
         for (std::size_t i = 0; i < n; ++i) {
-            const T* p = x + (i * c + ch) * inner;
-            const T* d = dy + (i * c + ch) * inner;
-            T* q = dx + (i * c + ch) * inner;
+            const std::size_t at = (i * c + ch) * inner;
+            const T* p = x + at;
+            const T* d = dy + at;
+            const T* r = relu_y ? relu_y + at : nullptr;
+            T* q = dx + at;
             for (std::size_t j = 0; j < inner; ++j) {
                 const float xhat = (core::to_float(p[j]) - mean[ch]) * invstd[ch];
-                q[j] = core::from_float<T>(k * (core::to_float(d[j]) - mdy - xhat * mdyx));
+                q[j] = core::from_float<T>(k * (detail::masked_dy(d, r, j) - mdy - xhat * mdyx));
             }
         }
     }

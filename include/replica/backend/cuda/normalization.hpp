@@ -59,9 +59,12 @@ __device__ inline void store_v(T* p, const float (&v)[8])
 // partial[(ch * parts + part) * 2 + {0, 1}]; each thread takes every blockDim.x-th chunk and adds its
 // values in order. Stage two (finish_channel_sums) adds the parts in order. All in double. V is how a
 // chunk is read (8: one 16-byte move, inner a multiple of 8 and x, dy aligned; 4: two moves, inner a
-// multiple of 4; 1: value by value): the sums, and so their bits, do not depend on it.
-template <bool Backward, int V, class I, core::Storage T>
-__global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner, const float* centre, double* partial)
+// multiple of 4; 1: value by value): the sums, and so their bits, do not depend on it. Masked (backward
+// only): dy is read through the ReLU's mask, relu_grad(relu_y, dy) (relu_backward's rule), relu_y read
+// as x is.
+template <bool Backward, int V, class I, core::Storage T, bool Masked = false>
+__global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner, const float* centre, double* partial,
+                                     const T* relu_y = nullptr)
 {
     __shared__ double lane[detail::kThreads];
     const I ch = blockIdx.x, parts = gridDim.y, count = n * inner;
@@ -76,20 +79,23 @@ __global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner,
             for (I j = 0; j < m; ++j) {
                 const I e = e0 + j, i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
                 v[j] = widen(x[at]);
-                if constexpr (Backward) g[j] = widen(dy[at]);
+                if constexpr (Masked) g[j] = relu_grad(widen(relu_y[at]), widen(dy[at]));
+                else if constexpr (Backward) g[j] = widen(dy[at]);
             }
         } else {
 #pragma unroll
             for (int h = 0; h < 8; h += V) {   // a move of V values lies in one sample's plane
                 if (I(h) >= m) break;
                 const I e = e0 + I(h), i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-                float u[8], d[8];
+                float u[8], d[8], r[8];
                 load_v<V>(x + at, u);
                 if constexpr (Backward) load_v<V>(dy + at, d);
+                if constexpr (Masked) load_v<V>(relu_y + at, r);
 #pragma unroll
                 for (int j = 0; j < V; ++j) {
                     v[h + j] = u[j];
-                    if constexpr (Backward) g[h + j] = d[j];
+                    if constexpr (Masked) g[h + j] = relu_grad(r[j], d[j]);
+                    else if constexpr (Backward) g[h + j] = d[j];
                 }
             }
         }
@@ -199,10 +205,11 @@ __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups
     }
 }
 
-template <int V, class I, core::Storage T>
+// Masked: dy read through the ReLU's mask, as channel_partial_sums reads it.
+template <int V, class I, core::Storage T, bool Masked = false>
 __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I groups, I c, I inner_groups,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
-                                          const float* elements)
+                                          const float* elements, const T* relu_y = nullptr)
 {
     const float inv_count = 1.0f / *elements;
     REPLICA_GRID_LOOP_AS(I, g, groups)
@@ -213,6 +220,12 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
         float v[8], d[8];
         load_v<V>(x + g * V, v);
         load_v<V>(dy + g * V, d);
+        if constexpr (Masked) {
+            float r[8];
+            load_v<V>(relu_y + g * V, r);
+#pragma unroll
+            for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
+        }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             const float xhat = (v[j] - m) * s;
@@ -292,19 +305,28 @@ inline double* partial_sums(float* scratch)
 } // namespace detail
 
 namespace detail {
+// relu_y (backward only): not null, dy is read through the ReLU's mask (kernels' Masked). A null
+// pointer is aligned to every move: the unmasked sums read as they would without it.
 template <bool Backward, core::Storage T>
 void channel_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
-                  const float* centre, double* partial, std::size_t parts)
+                  const float* centre, double* partial, std::size_t parts, const T* relu_y = nullptr)
 {
-    const auto launch = [&](auto v, auto index) {
+    const auto launch = [&](auto v, auto index, auto masked) {
         using I = decltype(index);
-        kernels::channel_partial_sums<Backward, decltype(v)::value, I, T>
+        kernels::channel_partial_sums<Backward, decltype(v)::value, I, T, decltype(masked)::value>
             <<<dim3(unsigned(c), unsigned(parts)), kThreads, 0, ctx.stream()>>>(x, dy, I(n), I(c), I(inner), centre,
-                                                                             partial);
+                                                                             partial, relu_y);
     };
     indexed(n * c * inner, [&](auto index) {
-        if constexpr (Backward) with_move<T>(inner, [&](auto v) { launch(v, index); }, x, dy);
-        else with_move<T>(inner, [&](auto v) { launch(v, index); }, x);
+        if constexpr (Backward)
+            with_move<T>(
+                inner,
+                [&](auto v) {
+                    if (relu_y) launch(v, index, std::true_type{});
+                    else launch(v, index, std::false_type{});
+                },
+                x, dy, relu_y);
+        else with_move<T>(inner, [&](auto v) { launch(v, index, std::false_type{}); }, x);
     });
 }
 } // namespace detail
@@ -376,22 +398,26 @@ void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::
     detail::check_launch("batch_norm_apply");
 }
 
+// relu_y (not null): a ReLU's output (n, c, inner); dy is then the ReLU's output gradient, read through
+// its mask (relu_backward's rule, the same bits as relu_backward's output in dy's place, unwritten).
 template <core::Storage T>
 void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
-                              const float* mean, const float* invstd, float* dparams, float* scratch)
+                              const float* mean, const float* invstd, float* dparams, float* scratch,
+                              const std::type_identity_t<T>* relu_y = nullptr)
 {
     const std::size_t parts = detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
-    detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts);
+    detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, relu_y);
     kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, invstd, dparams);
     detail::check_launch("batch_norm_backward_sums");
 }
 
+// relu_y: as for batch_norm_backward_sums.
 template <core::Storage T>
 void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
-                               const float* sums, const float* count)
+                               const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
 {
     const std::size_t total = n * c * inner;
     if (total == 0) return;
@@ -402,11 +428,15 @@ void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* d
             detail::indexed(total, [&](auto index) {
                 using I = decltype(index);
                 const auto groups = total / V;
-                kernels::batch_norm_backward_input<V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                    x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count);
+                if (relu_y)
+                    kernels::batch_norm_backward_input<V, I, T, true><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                        x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count, relu_y);
+                else
+                    kernels::batch_norm_backward_input<V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                        x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count);
             });
         },
-        x, dy, dx);
+        x, dy, dx, relu_y);
     detail::check_launch("batch_norm_backward_input");
 }
 
