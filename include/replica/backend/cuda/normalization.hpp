@@ -21,39 +21,6 @@
 namespace replica::backend::cuda {
 
 namespace kernels {
-// V consecutive values at p as floats, and V floats stored there as T: V = 8 (16-byte aligned), 4
-// (16 bytes of float or 8 of a 16-bit type, aligned to that) or 1.
-template <int V, core::Storage T>
-__device__ inline void load_v(const T* p, float (&v)[8])
-{
-    if constexpr (V == 8) {
-        load8(p, v);
-    } else if constexpr (V == 4 && std::same_as<T, float>) {
-        const float4 a = *reinterpret_cast<const float4*>(p);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-    } else if constexpr (V == 4) {
-        const uint2 r = *reinterpret_cast<const uint2*>(p);
-        v[0] = widen(T{std::uint16_t(r.x & 0xffffu)}), v[1] = widen(T{std::uint16_t(r.x >> 16)});
-        v[2] = widen(T{std::uint16_t(r.y & 0xffffu)}), v[3] = widen(T{std::uint16_t(r.y >> 16)});
-    } else {
-        v[0] = widen(*p);
-    }
-}
-template <int V, core::Storage T>
-__device__ inline void store_v(T* p, const float (&v)[8])
-{
-    if constexpr (V == 8) {
-        store8(p, v);
-    } else if constexpr (V == 4 && std::same_as<T, float>) {
-        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    } else if constexpr (V == 4) {
-        const auto two = [](float a, float b) { return unsigned(narrow<T>(a).bits) | unsigned(narrow<T>(b).bits) << 16; };
-        *reinterpret_cast<uint2*>(p) = make_uint2(two(v[0], v[1]), two(v[2], v[3]));
-    } else {
-        *p = narrow<T>(v[0]);
-    }
-}
-
 // Stage one of a per-channel sum. A channel's n * inner elements, in (sample, position) order, fall
 // into chunks of 8; block (ch, part) sums the chunks of part `part` (a fixed range of them) into
 // partial[(ch * parts + part) * 2 + {0, 1}]; each thread takes every blockDim.x-th chunk and adds its
@@ -297,6 +264,16 @@ void with_move(std::size_t inner, F&& f, const P*... p)
     else f(std::integral_constant<int, 1>{});
 }
 
+// An elementwise pass over count values in planes of `inner`: f(V, I{}, groups) with the widest move
+// V (with_move) and the index type I (indexed) for count / V groups of V values; nothing when count is 0.
+template <core::Storage T, class F, class... P>
+void in_groups(std::size_t count, std::size_t inner, F&& f, const P*... p)
+{
+    if (count == 0) return;
+    with_move<T>(
+        inner, [&](auto v) { indexed(count, [&](auto index) { f(v, index, count / decltype(v)::value); }); }, p...);
+}
+
 inline double* partial_sums(float* scratch)
 {
     const auto p = reinterpret_cast<std::uintptr_t>(scratch);
@@ -377,24 +354,16 @@ template <core::Storage T>
 void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
 {
-    const std::size_t count = n * c * inner;
-    if (count == 0) return;
-    detail::with_move<T>(
-        inner,
-        [&](auto v) {
-            constexpr int V = decltype(v)::value;
-            detail::indexed(count, [&](auto index) {
-                using I = decltype(index);
-                const auto groups = count / V;
-                if (relu)
-                    kernels::batch_norm_apply<true, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                        x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
-                else
-                    kernels::batch_norm_apply<false, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                        x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
-            });
-        },
-        x, y);
+    detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+        constexpr int V = decltype(v)::value;
+        using I = decltype(index);
+        const auto launch = [&](auto r) {
+            kernels::batch_norm_apply<decltype(r)::value, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
+        };
+        if (relu) launch(std::true_type{});
+        else launch(std::false_type{});
+    }, x, y);
     detail::check_launch("batch_norm_apply");
 }
 
@@ -419,24 +388,17 @@ void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* d
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
                                const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
 {
-    const std::size_t total = n * c * inner;
-    if (total == 0) return;
-    detail::with_move<T>(
-        inner,
-        [&](auto v) {
-            constexpr int V = decltype(v)::value;
-            detail::indexed(total, [&](auto index) {
-                using I = decltype(index);
-                const auto groups = total / V;
-                if (relu_y)
-                    kernels::batch_norm_backward_input<V, I, T, true><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                        x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count, relu_y);
-                else
-                    kernels::batch_norm_backward_input<V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                        x, dy, dx, I(groups), I(c), I(inner / V), weight, mean, invstd, sums, count);
-            });
-        },
-        x, dy, dx, relu_y);
+    detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+        constexpr int V = decltype(v)::value;
+        using I = decltype(index);
+        const auto launch = [&](auto masked) {
+            kernels::batch_norm_backward_input<V, I, T, decltype(masked)::value>
+                <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, dy, dx, I(groups), I(c), I(inner / V),
+                                                                                    weight, mean, invstd, sums, count, relu_y);
+        };
+        if (relu_y) launch(std::true_type{});
+        else launch(std::false_type{});
+    }, x, dy, dx, relu_y);
     detail::check_launch("batch_norm_backward_input");
 }
 

@@ -91,6 +91,39 @@ __host__ __device__ inline void store8(T* p, const float (&v)[8])
     }
 }
 
+// V consecutive values at p as floats (v[0..V-1]), and V floats stored there as T, one rounding each:
+// V = 8 (p 16-byte aligned), 4 (p aligned to four values: 16 bytes of float, 8 of a 16-bit type) or 1.
+template <int V, core::Storage T>
+__device__ inline void load_v(const T* p, float (&v)[8])
+{
+    if constexpr (V == 8) {
+        load8(p, v);
+    } else if constexpr (V == 4 && std::same_as<T, float>) {
+        const float4 a = *reinterpret_cast<const float4*>(p);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else if constexpr (V == 4) {
+        const uint2 r = *reinterpret_cast<const uint2*>(p);
+        v[0] = widen(T{std::uint16_t(r.x & 0xffffu)}), v[1] = widen(T{std::uint16_t(r.x >> 16)});
+        v[2] = widen(T{std::uint16_t(r.y & 0xffffu)}), v[3] = widen(T{std::uint16_t(r.y >> 16)});
+    } else {
+        v[0] = widen(*p);
+    }
+}
+template <int V, core::Storage T>
+__device__ inline void store_v(T* p, const float (&v)[8])
+{
+    if constexpr (V == 8) {
+        store8(p, v);
+    } else if constexpr (V == 4 && std::same_as<T, float>) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (V == 4) {
+        const auto two = [](float a, float b) { return unsigned(narrow<T>(a).bits) | unsigned(narrow<T>(b).bits) << 16; };
+        *reinterpret_cast<uint2*>(p) = make_uint2(two(v[0], v[1]), two(v[2], v[3]));
+    } else {
+        *p = narrow<T>(v[0]);
+    }
+}
+
 // y = f(x): over single values, over float4s, over groups of eight values.
 template <class F, core::Storage T>
 __global__ void map1(F f, const T* x, T* y, std::size_t count)

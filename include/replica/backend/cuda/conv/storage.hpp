@@ -33,43 +33,21 @@ inline constexpr cudnnDataType_t cudnn_type = std::same_as<T, float>        ? CU
 template <core::Storage T>
 __device__ inline float4 load4(const T* p, bool aligned)
 {
-    if constexpr (std::same_as<T, float>) {
-        return aligned ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
-    } else {
-        if (aligned) {
-            const uint2 u = *reinterpret_cast<const uint2*>(p);
-            return make_float4(kernels::widen(T{std::uint16_t(u.x & 0xffffu)}), kernels::widen(T{std::uint16_t(u.x >> 16)}),
-                               kernels::widen(T{std::uint16_t(u.y & 0xffffu)}), kernels::widen(T{std::uint16_t(u.y >> 16)}));
-        }
-        return make_float4(kernels::widen(p[0]), kernels::widen(p[1]), kernels::widen(p[2]), kernels::widen(p[3]));
-    }
+    float v[8];
+    if (aligned) kernels::load_v<4>(p, v);
+    else
+        for (int j = 0; j < 4; ++j) v[j] = kernels::widen(p[j]);
+    return make_float4(v[0], v[1], v[2], v[3]);
 }
 
 // p[0..3] = v, each rounded to T once; one vector store where `aligned`.
 template <core::Storage T>
 __device__ inline void store4(T* p, float4 v, bool aligned)
 {
-    if constexpr (std::same_as<T, float>) {
-        if (aligned) *reinterpret_cast<float4*>(p) = v;
-        else {
-            p[0] = v.x;
-            p[1] = v.y;
-            p[2] = v.z;
-            p[3] = v.w;
-        }
-    } else {
-        const T a = kernels::narrow<T>(v.x), b = kernels::narrow<T>(v.y), c = kernels::narrow<T>(v.z),
-                d = kernels::narrow<T>(v.w);
-        if (aligned) {
-            *reinterpret_cast<uint2*>(p) =
-                make_uint2(unsigned(a.bits) | (unsigned(b.bits) << 16), unsigned(c.bits) | (unsigned(d.bits) << 16));
-        } else {
-            p[0] = a;
-            p[1] = b;
-            p[2] = c;
-            p[3] = d;
-        }
-    }
+    const float w[8] = {v.x, v.y, v.z, v.w};
+    if (aligned) kernels::store_v<4>(p, w);
+    else
+        for (int j = 0; j < 4; ++j) p[j] = kernels::narrow<T>(w[j]);
 }
 
 // Whether every pointer allows load4/store4's vector access of four T: 16 bytes for float, 8 for
