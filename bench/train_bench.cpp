@@ -178,7 +178,8 @@ try {
     std::string model = "lenet", conv_path = "timed", precision = "fp32";
     std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0;
     int blas_threads = 0;
-    bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false;
+    bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false,
+         channels_first = false;
     examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
     examples::ReproducibleFlags repro;
     app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
@@ -214,6 +215,8 @@ try {
                                              "per layer (timed)")
         ->check(CLI::IsMember(conv_paths))
         ->capture_default_str();
+    app.add_flag("--channels-first", channels_first,
+                 "GPUs: keep bf16 activations (channels, pixels) as float ones, not channels-last (the default)");
     app.add_flag("--log-choices", log_choices,
                  "GPUs: print each timed convolution and product (cuBLASLt) choice to stderr as it is made");
     app.add_option("--precision", precision, "the activations' type: fp32 or bf16 (fp32 master parameters in "
@@ -228,6 +231,7 @@ try {
     backend::cuda::default_options().benchmark = !cudnn_heuristics;
     backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - conv_paths.begin());
     if (log_choices) backend::cuda::default_options().log = &std::cerr;
+    backend::cuda::default_options().channels_last = !channels_first;
 #endif
     auto devices = dev.device_list(backend::default_devices());
     if (processes) devices = parallel::process_devices(*processes, devices);

@@ -12,6 +12,7 @@
 
 #include "catch.hpp"
 #include "replica/backend/backend.hpp"
+#include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/options.hpp"
 
 namespace replica::testing {
@@ -41,6 +42,36 @@ struct LoggedTimedChoices {
     OptionScope<backend::cuda::ConvPath> per_pass{&backend::cuda::Options::conv_path, backend::cuda::ConvPath::timed};
     OptionScope<std::ostream*> log{&backend::cuda::Options::log, &out};
 };
+
+// v (n planes of a x b values) with each plane transposed (b x a).
+template <class V>
+std::vector<V> transposed(const std::vector<V>& v, std::size_t n, std::size_t a, std::size_t b)
+{
+    std::vector<V> out(v.size());
+    for (std::size_t s = 0; s < n; ++s)
+        for (std::size_t i = 0; i < a; ++i)
+            for (std::size_t j = 0; j < b; ++j) out[(s * b + j) * a + i] = v[(s * a + i) * b + j];
+    return out;
+}
+// v (n samples of (c, pixels)) as activations channels-last, (pixels, c) a sample
+// (backend/cuda/layout.hpp); to_channels_first undoes it.
+template <class V>
+std::vector<V> to_channels_last(const std::vector<V>& v, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    return transposed(v, n, c, pixels);
+}
+template <class V>
+std::vector<V> to_channels_first(const std::vector<V>& v, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    return transposed(v, n, pixels, c);
+}
+
+// A context on GPU 0 whose 16-bit activations are channels-last or not (Options::channels_last).
+inline backend::cuda::Context gpu_context(bool channels_last)
+{
+    const OptionScope<bool> layout{&backend::cuda::Options::channels_last, channels_last};
+    return backend::cuda::Context{Device::cuda(0)};
+}
 
 // Whether this machine has a GPU; the first call turns TF32 off for the contexts made after it (the
 // backends are compared in FP32).

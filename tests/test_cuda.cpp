@@ -1372,3 +1372,47 @@ TEST_CASE("A bf16 LeNet with a nested DataParallel on replicas sharing the GPU t
     plain.set_parameters(parameters(nested));
     CHECK(norm_relative(five_steps(nested, data, 7, StepOptions{}), five_steps(plain, data, 7, StepOptions{})) < 2e-2);
 }
+
+namespace {
+// Conv1d, its pooling and Flatten before a fully connected layer, as TextCNN's.
+using SmallTextNet = Sequential<Input<6, 40>, Conv1d<8, 7>, ReLU, MaxPool1d<3>, Conv1d<8, 3>, ReLU, Flatten, Dropout<0.5>,
+                                Linear<16>, ReLU, Linear<5>>;
+
+// 5 steps of a bf16 Net on GPU 0 with its activations channels-last or not; its parameters, then
+// predict's outputs for the data's first 8 samples.
+template <class Net>
+std::pair<std::vector<float>, std::vector<float>> bf16_run(bool channels_last)
+{
+    const OptionScope layout{&cuda::Options::channels_last, channels_last};
+    using M = with_precision<Net, bf16>;
+    const RandomBatches<M> data(100, 4);
+    M net{Device::cuda(0), 3};
+    auto params = five_steps(net, data, 7, StepOptions{});
+    std::vector<float> out(8 * M::output_shape::size);
+    net.predict(data.inputs.data(), 8, out.data());
+    return {params, out};
+}
+template <class Net>
+void layouts_agree()
+{
+    const auto [first_params, first_out] = bf16_run<Net>(false);
+    const auto [last_params, last_out] = bf16_run<Net>(true);
+    CHECK(norm_relative(last_params, first_params) < 2e-2);
+    CHECK(norm_relative(last_out, first_out) < 2e-2);
+    // The layouts differ: a test of nothing would be bit for bit.
+    CHECK(differences(last_params, first_params) != "");
+}
+} // namespace
+
+TEST_CASE("bf16 models train the same on channels-last activations as on channels-first ones: every layer, "
+          "predict's outputs in (channels, pixels)",
+          "[cuda][precision]")
+{
+    REQUIRE_GPU();
+    SECTION("convolutions, BatchNorm, residual blocks, global average") { layouts_agree<SmallResNet>(); }
+    SECTION("biases, max pooling, Flatten, dropout") { layouts_agree<SmallAlexNetPlain>(); }
+    SECTION("Concat, dropout over channels") { layouts_agree<ConcatDropoutNet>(); }
+    SECTION("transposed convolutions, a loss over pixels, image outputs") { layouts_agree<SmallFCN>(); }
+    SECTION("one-dimensional convolutions and pooling") { layouts_agree<SmallTextNet>(); }
+    SECTION("LeNet (our direct kernels' shapes)") { layouts_agree<LeNet>(); }
+}

@@ -88,19 +88,21 @@ void check_close(const Results& cpu_r, const Results& gpu_r, double t)
 // A convolution of window g with `cout` filters over n samples, forward and backward (with the ReLU
 // after it fused where relu; a bias where bias), in T on the GPU (the context's ConvPath) and in float
 // on the CPU from the same rounded x, w, dy; the CPU's ReLU rule reads the GPU's output, so that both
-// take the same gradient mask.
+// take the same gradient mask. last: on channels-last activations (cuDNN alone), compared transposed.
 template <core::Window g, class T>
-void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu)
+void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last = false)
 {
-    CAPTURE(g.c, g.h, g.w, g.kh, g.kw, cout, n, bias, relu, core::storage_name<T>);
+    CAPTURE(g.c, g.h, g.w, g.kh, g.kw, cout, n, bias, relu, last, core::storage_name<T>);
     const std::size_t xs = n * g.c * g.h * g.w, ys = n * std::size_t(cout) * g.oh * g.ow,
                       ws = std::size_t(cout) * g.c * g.kh * g.kw;
     const auto x = rounded<T>(xs, 1), w = rounded<T>(ws, 2, 1.0f / std::sqrt(float(g.c * g.kh * g.kw))),
                dy = rounded<T>(ys, 4);
     const auto b = rounded<float>(std::size_t(cout), 3);
 
-    cuda::Context gpu{Device::cuda(0)};
-    auto x_d = upload<T>(gpu, x), w_d = upload<T>(gpu, w), dy_d = upload<T>(gpu, dy);
+    cuda::Context gpu = gpu_context(last);
+    const std::size_t in_pixels = std::size_t(g.h) * g.w, out_pixels = std::size_t(g.oh) * g.ow;
+    auto x_d = upload<T>(gpu, last ? to_channels_last(x, n, g.c, in_pixels) : x), w_d = upload<T>(gpu, w),
+         dy_d = upload<T>(gpu, last ? to_channels_last(dy, n, std::size_t(cout), out_pixels) : dy);
     auto b_d = upload<float>(gpu, b);
     auto y_d = gpu.allocate<T>(ys + 1), dz_d = gpu.allocate<T>(ys + 1), dx_d = gpu.allocate<T>(xs + 1);
     auto dw_d = gpu.allocate<float>(ws + 1), db_d = gpu.allocate<float>(std::size_t(cout) + 1);
@@ -113,7 +115,9 @@ void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu)
                                     dw_d.data(), dbp, n, scratch.data());
     else
         cuda::conv_backward<g>(gpu, cout, w_d.data(), x_d.data(), dy_d.data(), dx_d.data(), dw_d.data(), dbp, n, scratch.data());
-    Results on_gpu{download(gpu, y_d.data(), ys), download(gpu, dx_d.data(), xs), download(gpu, dw_d.data(), ws),
+    const auto y_got = download(gpu, y_d.data(), ys), dx_got = download(gpu, dx_d.data(), xs);
+    Results on_gpu{last ? to_channels_first(y_got, n, std::size_t(cout), out_pixels) : y_got,
+                   last ? to_channels_first(dx_got, n, g.c, in_pixels) : dx_got, download(gpu, dw_d.data(), ws),
                    bias ? download(gpu, db_d.data(), std::size_t(cout)) : std::vector<float>{}};
 
     cpu::Context host;
@@ -133,23 +137,32 @@ void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu)
 
 // Every combination of bias and fused ReLU.
 template <core::Window g, class T>
-void conv_matches_cpu_all(int cout, std::size_t n)
+void conv_matches_cpu_all(int cout, std::size_t n, bool last = false)
 {
     for (const bool bias : {true, false})
-        for (const bool relu : {false, true}) conv_matches_cpu<g, T>(cout, n, bias, relu);
+        for (const bool relu : {false, true}) conv_matches_cpu<g, T>(cout, n, bias, relu, last);
 }
 
 // A transposed convolution (window g maps its output, g.c channels, to its input, c channels).
+// last: on channels-last activations, compared transposed.
 template <core::Window g, class T>
-void conv_transpose_matches_cpu(int c, std::size_t n, bool bias)
+void conv_transpose_matches_cpu(int c, std::size_t n, bool bias, bool last = false)
 {
-    CAPTURE(g.c, g.h, g.w, c, n, bias, core::storage_name<T>);
+    CAPTURE(g.c, g.h, g.w, c, n, bias, last, core::storage_name<T>);
     const std::size_t xs = n * std::size_t(c) * g.oh * g.ow, ys = n * g.c * g.h * g.w, ws = std::size_t(c) * g.c * g.kh * g.kw;
     const auto x = rounded<T>(xs, 5), w = rounded<T>(ws, 6, 0.5f), dy = rounded<T>(ys, 7);
     const auto b = rounded<float>(std::size_t(g.c), 8);
 
-    cuda::Context gpu{Device::cuda(0)};
-    auto x_d = upload<T>(gpu, x), w_d = upload<T>(gpu, w), dy_d = upload<T>(gpu, dy);
+    cuda::Context gpu = gpu_context(last);
+    const auto in_layout = [&](const std::vector<float>& v, std::size_t ch, std::size_t pixels) {
+        return last ? to_channels_last(v, n, ch, pixels) : v;
+    };
+    const auto out_of_layout = [&](const std::vector<float>& v, std::size_t ch, std::size_t pixels) {
+        return last ? to_channels_first(v, n, ch, pixels) : v;
+    };
+    const std::size_t in_pixels = std::size_t(g.oh) * g.ow, out_pixels = std::size_t(g.h) * g.w;
+    auto x_d = upload<T>(gpu, in_layout(x, std::size_t(c), in_pixels)), w_d = upload<T>(gpu, w),
+         dy_d = upload<T>(gpu, in_layout(dy, g.c, out_pixels));
     auto b_d = upload<float>(gpu, b);
     auto y_d = gpu.allocate<T>(ys + 1), dx_d = gpu.allocate<T>(xs + 1);
     auto dw_d = gpu.allocate<float>(ws + 1), db_d = gpu.allocate<float>(std::size_t(g.c) + 1);
@@ -157,7 +170,8 @@ void conv_transpose_matches_cpu(int c, std::size_t n, bool bias)
     cuda::conv_transpose_forward<g>(gpu, c, w_d.data(), bias ? b_d.data() : nullptr, x_d.data(), y_d.data(), n, scratch.data());
     cuda::conv_transpose_backward<g>(gpu, c, w_d.data(), x_d.data(), dy_d.data(), dx_d.data(), dw_d.data(),
                                      bias ? db_d.data() : nullptr, n, scratch.data());
-    const Results on_gpu{download(gpu, y_d.data(), ys), download(gpu, dx_d.data(), xs), download(gpu, dw_d.data(), ws),
+    const Results on_gpu{out_of_layout(download(gpu, y_d.data(), ys), g.c, out_pixels),
+                         out_of_layout(download(gpu, dx_d.data(), xs), std::size_t(c), in_pixels), download(gpu, dw_d.data(), ws),
                          bias ? download(gpu, db_d.data(), std::size_t(g.c)) : std::vector<float>{}};
 
     cpu::Context host;
@@ -241,6 +255,23 @@ TEMPLATE_TEST_CASE("bf16 and fp16 convolutions equal the CPU's float ones on the
     conv_matches_cpu<core::Window{2, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(7, 300, true, true);   // more samples than parts
 }
 
+TEMPLATE_TEST_CASE("bf16 and fp16 convolutions on channels-last activations equal the CPU's, transposed: cuDNN for every shape",
+                   "[cuda][precision]", core::bf16, core::fp16)
+{
+    REQUIRE_GPU();
+    // The shapes of our direct kernels and of the products run on cuDNN too: they read (channels, pixels).
+    const auto path = GENERATE(cuda::ConvPath::timed, cuda::ConvPath::gemm);
+    CAPTURE(int(path));
+    const OptionScope forced{&cuda::Options::conv_path, path};
+    conv_matches_cpu_all<lenet1, TestType>(20, 5, true);
+    conv_matches_cpu_all<alexnet1, TestType>(64, 2, true);
+    conv_matches_cpu_all<one_by_one, TestType>(16, 5, true);
+    conv_matches_cpu_all<conv1d, TestType>(8, 3, true);
+    conv_matches_cpu_all<odd, TestType>(5, 4, true);
+    conv_matches_cpu<core::Window{2, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(7, 300, true, true, true);
+    for (const bool bias : {true, false}) conv_transpose_matches_cpu<transposed, TestType>(6, 3, bias, true);
+}
+
 TEMPLATE_TEST_CASE("bf16 and fp16 direct convolutions: filters beyond the direct forward's shared memory",
                    "[cuda][precision]", core::bf16, core::fp16)
 {
@@ -279,7 +310,7 @@ TEST_CASE("A bf16 convolution's plan is its own: cuDNN descriptors in BFLOAT16, 
     constexpr core::Window g{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8};   // LeNet's second layer
     const std::size_t n = 67;                                       // a batch no other test uses
     const auto before = cuda::detail::measured_conv_choices().size();
-    cuda::Context ctx{Device::cuda(0)};
+    cuda::Context ctx = gpu_context(false);
     const cuda::ConvPlan& f = cuda::detail::plan_of<g>(ctx, 50, n);
     const cuda::ConvPlan& b = cuda::detail::plan_of<g, core::bf16>(ctx, 50, n);
     const cuda::ConvPlan& h = cuda::detail::plan_of<g, core::fp16>(ctx, 50, n);
@@ -364,6 +395,11 @@ TEST_CASE("Scratch and workspace sizes: float's as before, 16-bit ones with room
     const std::size_t tbias = 5 * cuda::detail::bias_parts(5, 3 * 16 * 16);
     CHECK(cuda::CudnnConvTranspose<t>::scratch_size<float>(6, 3) == tbias);
     CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias + 63) / 64 * 64 + (6 * 5 * 16 + 1) / 2);
+    // Channels-last sums a bias gradient in parts of about 1024 rows (columns.hpp): 16-bit types leave room for them.
+    const std::size_t rows = 256 * 56 * 56;
+    CHECK(cuda::detail::bias_scratch<float>(64, rows) == 64 * std::size_t(cuda::detail::bias_parts(64, rows)));
+    CHECK(cuda::detail::bias_scratch<core::bf16>(64, rows) == 64 * cuda::detail::column_parts(rows));
+    CHECK(cuda::detail::column_parts(rows) > cuda::detail::bias_parts(64, rows));
 }
 
 TEST_CASE("Vector access is allowed per T (16 bytes for float, 8 for 16-bit), and T names the libraries' types",

@@ -4,6 +4,10 @@
 // CPU has none) on the same values. Built as CUDA (nvcc) only, a program of its own; every test but the
 // first (the order of the values in a 16-byte move, on the host) skips without a GPU.
 //
+// The last case runs the kernels that know what a channel is on channels-last activations
+// (backend/cuda/layout.hpp) and requires the channels-first results, transposed, bit for bit (sums:
+// within 1 float ulp of the CPU's).
+//
 // Exact, bit for bit, where the kernel computes the CPU's float from the same inputs and rounds it
 // once: ReLU, add, add_into, the channel bias, dropout, fill, copies, channel slices, conversions, max
 // pooling, average pooling forward, the arg-max count. Elsewhere the GPU's float differs from the CPU's
@@ -32,6 +36,7 @@
 #include "replica/backend/cuda/cuda.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/rng.hpp"
+#include "cuda_support.hpp"
 #include "support.hpp"
 
 using namespace replica;
@@ -44,11 +49,12 @@ namespace {
 // A test case for T = bf16 and T = fp16 (TestType).
 #define PRECISION_TEST_CASE(name) TEMPLATE_TEST_CASE(name, "[cuda][precision]", core::bf16, core::fp16)
 
-// What each test case starts with: the CPU backend as `host`, GPU 0 as `ctx`; or a skip without a GPU.
+// What each test case starts with: the CPU backend as `host`, GPU 0 as `ctx` with activations
+// (channels, pixels) as the CPU's; or a skip without a GPU.
 #define CPU_AND_GPU(host, ctx)                                                               \
     if (cuda_devices().empty()) REPLICA_SKIP("no GPU on this machine: [cuda] test skipped"); \
     [[maybe_unused]] const cpu::Context host;                                                \
-    const cuda::Context ctx { Device::cuda(0) }
+    const cuda::Context ctx = gpu_context(false)
 
 // n values in [-scale, scale), rounded to T: the inputs both backends see.
 template <class T>
@@ -292,10 +298,10 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: the channel bias (and its fused R
     const std::size_t size = 8 * 5 + 5;
     const auto x = inputs<T>(n * size, 9);
     std::vector<float> want(x.size());
-    cpu::dropout_apply(host, 0.3f, 77, 4, 1000, x.data(), want.data(), n, size);
+    cpu::dropout_apply(host, 0.3f, 77, 4, 1000, x.data(), want.data(), n, size, size);
     aligned_and_not([&](std::size_t offset) {
         OnGpu<T> x_d(ctx, x, offset), y_d(ctx, std::vector<float>(x.size()), offset);
-        cuda::dropout_apply(ctx, 0.3f, 77, 4, 1000, x_d.data(), y_d.data(), n, size);
+        cuda::dropout_apply(ctx, 0.3f, 77, 4, 1000, x_d.data(), y_d.data(), n, size, size);
         CHECK(differences(y_d.values(), rounded<T>(want)) == "");
     });
 }
@@ -525,3 +531,245 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     });
 }
 
+
+PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels give the channels-first results, transposed")
+{
+    using T = TestType;
+    CPU_AND_GPU(host, first);
+    const cuda::Context last = gpu_context(true);
+    REQUIRE(cuda::channels_last<T>(last));
+    REQUIRE_FALSE(cuda::channels_last<T>(first));
+    REQUIRE_FALSE(cuda::channels_last<float>(last));
+    const std::size_t n = 3;
+    // A sample (c, pixels) on the GPU in `ctx`'s layout, and back as (c, pixels).
+    const auto put = [&](const cuda::Context& ctx, const std::vector<float>& v, std::size_t c, std::size_t pixels, std::size_t offset) {
+        return OnGpu<T>(ctx, &ctx == &last ? to_channels_last(v, v.size() / (c * pixels), c, pixels) : v, offset);
+    };
+    const auto get = [&](const cuda::Context& ctx, const OnGpu<T>& d, std::size_t c, std::size_t pixels) {
+        const auto v = d.values();
+        return &ctx == &last ? to_channels_first(v, v.size() / (c * pixels), c, pixels) : v;
+    };
+
+    SECTION("the model's input and outputs: transposed on the way in and out, rounded once")
+    {
+        const std::size_t c = 5, pixels = 21;
+        const auto x = inputs<float>(n * c * pixels, 30);
+        auto x_d = first.allocate<float>(x.size()), back = first.allocate<float>(x.size());
+        first.upload(x_d.data(), x.data(), x.size());
+        OnGpu<T> t(last, std::vector<float>(x.size()), 0);
+        cuda::to_activation_layout(last, x_d.data(), t.data(), n, c, pixels);
+        CHECK(differences(t.values(), to_channels_last(rounded<T>(x), n, c, pixels)) == "");
+        cuda::from_activation_layout(last, t.data(), back.data(), n, c, pixels);
+        std::vector<float> got(x.size());
+        last.download(got.data(), back.data(), got.size());
+        last.synchronize();
+        CHECK(differences(got, rounded<T>(x)) == "");
+    }
+    SECTION("channel bias (and ReLU), its gradient (and the ReLU's rule), dropout, channel slices")
+    {
+        const std::size_t s = 12;
+        // 16 channels: moves of 8 channels; 5: channel by channel.
+        for (const std::size_t c : {std::size_t(16), std::size_t(5)})
+            for (const bool relu : {false, true})
+                aligned_and_not([&](std::size_t offset) {
+                    INFO(c << " channels, relu " << relu);
+                    const auto b = inputs<float>(c, 31);
+                    auto b_d = first.allocate<float>(c);
+                    first.upload(b_d.data(), b.data(), c);
+                    const auto y = inputs<T>(n * c * s, 32), dy = inputs<T>(n * c * s, 33);
+                    std::vector<std::vector<float>> out, dz, db;
+                    for (const cuda::Context* ctx : {&first, &last}) {
+                        auto y_d = put(*ctx, y, c, s, offset), dy_d = put(*ctx, dy, c, s, offset);
+                        auto dz_d = put(*ctx, std::vector<float>(y.size()), c, s, offset);
+                        cuda::add_channel_bias(*ctx, b_d.data(), y_d.data(), n, c, s, relu);
+                        out.push_back(get(*ctx, y_d, c, s));
+                        auto partial = ctx->allocate<float>(cuda::detail::bias_scratch<T>(c, n * s));
+                        auto db_d = ctx->allocate<float>(c);
+                        cuda::detail::channel_sums(*ctx, dy_d.data(), db_d.data(), c, n, s, partial.data(),
+                                                   relu ? y_d.data() : nullptr, relu ? dz_d.data() : nullptr);
+                        std::vector<float> g(c);
+                        ctx->download(g.data(), db_d.data(), c);
+                        ctx->synchronize();
+                        db.push_back(g);
+                        dz.push_back(get(*ctx, dz_d, c, s));
+                    }
+                    CHECK(differences(out[1], out[0]) == "");
+                    CHECK(differences(dz[1], dz[0]) == "");
+                    // float sums of the same values in another order: against a double sum
+                    const auto& z = relu ? dz[0] : rounded<T>(dy);
+                    for (std::size_t ch = 0; ch < c; ++ch) {
+                        double want = 0.0, size = 0.0;
+                        for (std::size_t i = 0; i < n; ++i)
+                            for (std::size_t p = 0; p < s; ++p) {
+                                want += z[(i * c + ch) * s + p];
+                                size += std::abs(z[(i * c + ch) * s + p]);
+                            }
+                        CHECK(std::abs(db[1][ch] - want) <= 1e-6 * size);
+                    }
+                });
+
+        const std::size_t c = 5, pixels = 9, size = c * pixels;
+        const auto x = inputs<T>(n * size, 34);
+        std::vector<std::vector<float>> dropped;
+        for (const cuda::Context* ctx : {&first, &last}) {
+            auto x_d = put(*ctx, x, c, pixels, 0), y_d = put(*ctx, std::vector<float>(x.size()), c, pixels, 0);
+            cuda::dropout_apply(*ctx, 0.3f, 77, 4, 1000, x_d.data(), y_d.data(), n, size, c);
+            dropped.push_back(get(*ctx, y_d, c, pixels));
+        }
+        CHECK(differences(dropped[1], dropped[0]) == "");
+        std::vector<float> want(x.size());
+        cpu::dropout_apply(host, 0.3f, 77, 4, 1000, x.data(), want.data(), n, size, c);
+        CHECK(differences(dropped[1], rounded<T>(want)) == "");
+
+        const std::size_t cs = 2, channels = 5, at = 2;
+        for (const std::size_t px : {std::size_t(8), std::size_t(7)}) {
+            const auto src = inputs<T>(n * cs * px, 35), whole = inputs<T>(n * channels * px, 36);
+            std::vector<std::vector<float>> in, out;
+            for (const cuda::Context* ctx : {&first, &last}) {
+                auto src_d = put(*ctx, src, cs, px, 0), whole_d = put(*ctx, whole, channels, px, 0);
+                auto out_d = put(*ctx, std::vector<float>(src.size()), cs, px, 0);
+                cuda::copy_channels_out(*ctx, whole_d.data(), channels, at, n, cs, px, out_d.data());
+                out.push_back(get(*ctx, out_d, cs, px));
+                cuda::copy_channels_in(*ctx, src_d.data(), n, cs, px, whole_d.data(), channels, at);
+                in.push_back(get(*ctx, whole_d, channels, px));
+            }
+            CHECK(differences(out[1], out[0]) == "");
+            CHECK(differences(in[1], in[0]) == "");
+        }
+    }
+    SECTION("max and average pooling, a global average, forward and backward")
+    {
+        const auto pools = [&](auto window) {
+            constexpr core::Window g = decltype(window)::value;
+            const std::size_t in = n * g.in_size(), out = n * g.c * g.out_pixels(), ip = std::size_t(g.h) * g.w,
+                              op = std::size_t(g.oh) * g.ow;
+            const auto x = inputs<T>(in, 37), dy = inputs<T>(out, 38);
+            std::vector<std::vector<float>> r[5];
+            std::vector<std::vector<core::pool_position_t<g>>> args;
+            for (const cuda::Context* ctx : {&first, &last}) {
+                auto x_d = put(*ctx, x, g.c, ip, 0), dy_d = put(*ctx, dy, g.c, op, 0);
+                auto y_d = put(*ctx, std::vector<float>(out), g.c, op, 0), dx_d = put(*ctx, std::vector<float>(in), g.c, ip, 0);
+                auto arg_d = ctx->allocate<core::pool_position_t<g>>(out);
+                cuda::max_pool_forward<g>(*ctx, x_d.data(), y_d.data(), arg_d.data(), n);
+                r[0].push_back(get(*ctx, y_d, g.c, op));
+                std::vector<core::pool_position_t<g>> a(out);
+                ctx->download(a.data(), arg_d.data(), out);
+                ctx->synchronize();
+                args.push_back(ctx == &last ? to_channels_first(a, n, g.c, op) : a);
+                cuda::max_pool_backward<g>(*ctx, arg_d.data(), dy_d.data(), dx_d.data(), n);
+                r[1].push_back(get(*ctx, dx_d, g.c, ip));
+                cuda::avg_pool_forward<g>(*ctx, x_d.data(), y_d.data(), n);
+                r[2].push_back(get(*ctx, y_d, g.c, op));
+                cuda::avg_pool_backward<g>(*ctx, dy_d.data(), dx_d.data(), n);
+                r[3].push_back(get(*ctx, dx_d, g.c, ip));
+            }
+            for (int k = 0; k < 4; ++k) CHECK(differences(r[k][1], r[k][0]) == "");
+            CHECK(args[1] == args[0]);
+        };
+        pools(std::integral_constant<core::Window, core::Window{3, 9, 8, 3, 3, 2, 2, 1, 0, 5, 4}>{});
+        pools(std::integral_constant<core::Window, core::Window{16, 9, 8, 3, 3, 2, 2, 1, 1, 5, 4}>{});
+        pools(std::integral_constant<core::Window, core::Window{8, 7, 7, 7, 7, 1, 1, 0, 0, 1, 1}>{});
+    }
+    SECTION("softmax cross-entropy over pixels, and the arg-max count")
+    {
+        const int classes = 10, pixels = 6;
+        const auto logits = inputs<T>(n * classes * pixels, 39);
+        std::vector<std::int32_t> labels(n * pixels);
+        for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t((i * 7 + 3) % classes);
+        auto labels_d = first.allocate<std::int32_t>(labels.size());
+        first.upload(labels_d.data(), labels.data(), labels.size());
+        std::vector<std::vector<float>> d;
+        std::vector<double> sums;
+        std::vector<std::size_t> hits;
+        for (const cuda::Context* ctx : {&first, &last}) {
+            auto z_d = put(*ctx, logits, classes, pixels, 0), d_d = put(*ctx, std::vector<float>(logits.size()), classes, pixels, 0);
+            core::LossSlot slot;
+            cuda::softmax_cross_entropy(*ctx, classes, pixels, z_d.data(), labels_d.data(), n, 0.25f, d_d.data(), &slot);
+            ctx->synchronize();
+            sums.push_back(slot.sum);
+            d.push_back(get(*ctx, d_d, classes, pixels));
+            hits.push_back(cuda::count_correct(*ctx, classes, pixels, z_d.data(), labels_d.data(), n));
+        }
+        CHECK(sums[1] == sums[0]);
+        CHECK(differences(d[1], d[0]) == "");
+        CHECK(hits[1] == hits[0]);
+    }
+    SECTION("BatchNorm: sums within a float ulp of the CPU's, whatever the alignment; apply and backward bit for bit")
+    {
+        const std::size_t inner = 36;
+        for (const std::size_t c : {std::size_t(16), std::size_t(5)}) {
+            INFO(c << " channels");
+            const std::size_t count = n * c * inner;
+            const auto x = inputs<T>(count, 40), dy = inputs<T>(count, 41);
+            auto relu_y = inputs<T>(count, 42);
+            for (std::size_t i = 0; i < count; i += 3) relu_y[i] = 0.0f;
+            std::vector<float> dz(count);
+            cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), count);
+            const auto weight = inputs<float>(c, 43), bias = inputs<float>(c, 44), mean = inputs<float>(c, 45, 0.5f);
+            auto invstd = inputs<float>(c, 46, 0.5f);
+            for (float& v : invstd) v += 1.0f;
+            const auto back_sums = inputs<float>(2 * c, 47, 50.0f);
+            const std::vector<float> elements{float(n * inner)};
+            const auto on_gpu = [&](const std::vector<float>& v) {
+                auto b = first.allocate<float>(v.size());
+                first.upload(b.data(), v.data(), v.size());
+                return b;
+            };
+            auto weight_d = on_gpu(weight), bias_d = on_gpu(bias), mean_d = on_gpu(mean), invstd_d = on_gpu(invstd);
+            auto back_sums_d = on_gpu(back_sums), elements_d = on_gpu(elements);
+            std::vector<float> want(2 * c + 1), want_back(2 * c), want_masked(2 * c);
+            cpu::batch_norm_sums(host, x.data(), n, c, inner, mean.data(), want.data(), nullptr);
+            cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), want_back.data(), nullptr);
+            cpu::batch_norm_backward_sums(host, x.data(), dz.data(), n, c, inner, mean.data(), invstd.data(), want_masked.data(), nullptr);
+            std::vector<float> first_bits[3];
+            std::vector<std::vector<float>> applied, back, back_masked;
+            for (const cuda::Context* ctx : {&first, &last})
+                aligned_and_not([&](std::size_t offset) {
+                    INFO((ctx == &last ? "channels-last" : "channels-first"));
+                    auto scratch = ctx->allocate<float>(cuda::batch_norm_scratch<T>(*ctx, c));
+                    auto sums_d = ctx->allocate<float>(2 * c + 1);
+                    auto x_d = put(*ctx, x, c, inner, offset), dy_d = put(*ctx, dy, c, inner, offset);
+                    auto relu_d = put(*ctx, relu_y, c, inner, offset), y_d = put(*ctx, std::vector<float>(count), c, inner, offset);
+                    const auto read = [&](std::size_t k) {
+                        std::vector<float> v(k);
+                        ctx->download(v.data(), sums_d.data(), k);
+                        ctx->synchronize();
+                        return v;
+                    };
+                    cuda::batch_norm_sums(*ctx, x_d.data(), n, c, inner, mean_d.data(), sums_d.data(), scratch.data());
+                    const auto s = read(2 * c + 1);
+                    CHECK(ulps<float>(s, want) <= 1.0);
+                    cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                                   sums_d.data(), scratch.data());
+                    const auto bs = read(2 * c);
+                    CHECK(ulps<float>(bs, want_back) <= 1.0);
+                    cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                                   sums_d.data(), scratch.data(), relu_d.data());
+                    const auto ms = read(2 * c);
+                    CHECK(ulps<float>(ms, want_masked) <= 1.0);
+                    if (offset == 0) {
+                        first_bits[0] = s, first_bits[1] = bs, first_bits[2] = ms;
+                    } else {   // how values are read leaves the sums' bits alone
+                        CHECK(differences(s, first_bits[0]) == "");
+                        CHECK(differences(bs, first_bits[1]) == "");
+                        CHECK(differences(ms, first_bits[2]) == "");
+                    }
+                    cuda::batch_norm_apply(*ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(), mean_d.data(),
+                                           invstd_d.data(), true);
+                    applied.push_back(get(*ctx, y_d, c, inner));
+                    cuda::batch_norm_backward_input(*ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
+                                                    mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
+                    back.push_back(get(*ctx, y_d, c, inner));
+                    cuda::batch_norm_backward_input(*ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
+                                                    mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
+                                                    relu_d.data());
+                    back_masked.push_back(get(*ctx, y_d, c, inner));
+                });
+            for (std::size_t k = 1; k < applied.size(); ++k) {
+                CHECK(differences(applied[k], applied[0]) == "");
+                CHECK(differences(back[k], back[0]) == "");
+                CHECK(differences(back_masked[k], back_masked[0]) == "");
+            }
+        }
+    }
+}

@@ -238,7 +238,7 @@ void check_elementwise(const Ctx& ctx, Random& random)
     CHECK(run("sigmoid_backward", [&](const auto* a, const auto* d, auto* b) { cpu::sigmoid_backward(ctx, a, d, b, n); }, y, dy) == "");
     CHECK(run("tanh_backward", [&](const auto* a, const auto* d, auto* b) { cpu::tanh_backward(ctx, a, d, b, n); }, y, dy) == "");
     CHECK(run("gelu_backward", [&](const auto* a, const auto* d, auto* b) { cpu::gelu_backward(ctx, a, d, b, n); }, x, dy) == "");
-    CHECK(run("dropout_apply", [&](const auto* a, auto* b) { cpu::dropout_apply(ctx, 0.3f, random.seed, 7, 11, a, b, 27, 37); }, x) == "");
+    CHECK(run("dropout_apply", [&](const auto* a, auto* b) { cpu::dropout_apply(ctx, 0.3f, random.seed, 7, 11, a, b, 27, 37, 37); }, x) == "");
     CHECK(run("copy", [&](const auto* a, auto* b) { cpu::copy(ctx, a, b, n); }, x) == "");
     CHECK(run("fill", [&](auto* b) { cpu::fill(ctx, b, 0.1f, n); }) == "");
     CHECK(run("add", [&](const auto* a, const auto* d, auto* b) {

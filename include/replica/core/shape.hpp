@@ -21,6 +21,10 @@ struct Shape {
 
     template <std::size_t I>
     static constexpr std::size_t dim = dims[I];
+
+    // A sample as (channels, pixels): the first dimension and the rest; a vector is one pixel.
+    static constexpr std::size_t channels = rank == 1 ? size : dims[0];
+    static constexpr std::size_t pixels = size / channels;
 };
 
 namespace core {

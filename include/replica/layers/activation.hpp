@@ -9,6 +9,7 @@
 //                1 / (1 - P); the identity in evaluation. The mask is keyed on (seed, layer, global
 //                sample index, element): the same on 1 or N replicas.
 
+#include <concepts>
 #include <cstddef>
 
 #include "replica/layers/op.hpp"
@@ -110,7 +111,7 @@ struct Dropout {
         void forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a) const
         {
             if (pass.training && P > 0.0)
-                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.x, a.y, a.n, In::size);
+                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.x, a.y, a.n, In::size, In::channels);
             else
                 copy(ctx, a.x, a.y, a.n * In::size);
         }
@@ -119,7 +120,7 @@ struct Dropout {
         {
             if (!a.dx) return;
             if (pass.training && P > 0.0)
-                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.dy, a.dx, a.n, In::size);
+                dropout_apply(ctx, float(P), pass.seed, id, pass.first_sample, a.dy, a.dx, a.n, In::size, In::channels);
             else
                 copy(ctx, a.dy, a.dx, a.n * In::size);
         }
@@ -150,27 +151,30 @@ struct Identity {
     };
 };
 
-// Flatten: (dims...) -> (product of dims). The data does not move.
+// Flatten: (dims...) -> (product of dims), in (channels, pixels) order: what a fully connected layer
+// after it reads, so that its parameters have one layout. Float activations are in that order on every
+// backend, and the data does not move; 16-bit ones may be kept channels-last (backend/cuda/layout.hpp),
+// and are then reordered.
 struct Flatten {
     template <class In, class T = float>
     struct op : LeafOp {
         using input_shape = In;
         using output_shape = Shape<In::size>;
         static constexpr std::size_t param_count = 0;
-        // The same memory seen flat: a Chain skips it between two ops (Chain::skipped_view);
+        // Float: the same memory seen flat, so a Chain skips it between two ops (Chain::skipped_view);
         // forward and backward copy only where it ends or starts a chain.
-        static constexpr bool is_view = true;
+        static constexpr bool is_view = std::same_as<T, float> || In::pixels == 1;
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            copy(ctx, a.x, a.y, a.n * In::size);
+            from_activation_layout(ctx, a.x, a.y, a.n, In::channels, In::pixels);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
-            if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
+            if (a.dx) to_activation_layout(ctx, a.dy, a.dx, a.n, In::channels, In::pixels);
         }
     };
 };

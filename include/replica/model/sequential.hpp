@@ -448,7 +448,7 @@ public:
             const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
             chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
             if constexpr (reduced) {
-                convert(ctx, y(), outputs_.data(), n * output_shape::size);
+                from_activation_layout(ctx, y(), outputs_.data(), n, output_shape::channels, output_shape::pixels);
                 ctx.download(out, outputs_.data(), n * output_shape::size);
             } else {
                 ctx.download(out, y(), n * output_shape::size);
@@ -593,7 +593,7 @@ private:
     const storage* to_storage(Ctx& ctx, const float* x, std::size_t n)
     {
         if constexpr (reduced) {
-            convert(ctx, x, arena_.input(), n * input_shape::size);
+            to_activation_layout(ctx, x, arena_.input(), n, input_shape::channels, input_shape::pixels);
             return arena_.input();
         } else {
             return x;

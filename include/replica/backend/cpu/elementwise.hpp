@@ -88,10 +88,11 @@ void gelu_backward(const Context&, const T* x, const T* dy, T* dx, std::size_t c
 
 // Inverted dropout over n samples of `size` elements: element e of global sample first_sample + s is
 // kept when its random number (seed, dropout, layer, sample, e) is >= p, and scaled by 1 / (1 - p).
-// `dx = mask * dy` uses the same rule, so nothing is stored between forward and backward.
+// `dx = mask * dy` uses the same rule, so nothing is stored between forward and backward. `channels`
+// (of a sample's (channels, pixels)) matters only to a backend that keeps channels last.
 template <core::Storage T>
 void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
-                   const T* x, T* y, std::size_t n, std::size_t size)
+                   const T* x, T* y, std::size_t n, std::size_t size, std::size_t /*channels*/)
 {
     const float scale = 1.0f / (1.0f - p);
     for (std::size_t s = 0; s < n; ++s)
@@ -115,6 +116,19 @@ void convert(const Context& ctx, const S* src, D* dst, std::size_t count)
     if constexpr (std::same_as<S, D>) copy(ctx, src, dst, count);
     else
         for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<D>(core::to_float(src[i]));
+}
+
+// Activations in the context's layout from n samples of (c, pixels) and back (the CUDA backend may keep
+// channels last, backend/cuda/layout.hpp); the CPU's layout is (c, pixels): a conversion.
+template <core::Storage S, core::Storage D>
+void to_activation_layout(const Context& ctx, const S* src, D* dst, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    convert(ctx, src, dst, n * c * pixels);
+}
+template <core::Storage S, core::Storage D>
+void from_activation_layout(const Context& ctx, const S* src, D* dst, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    convert(ctx, src, dst, n * c * pixels);
 }
 
 // dst[i] = value, rounded to T.

@@ -9,7 +9,8 @@
 // runs cuDNN's adjoint passes.
 //
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, their gradients, relu_y and
-// dz are T; b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
+// dz are T, activations in the context's layout (layout.hpp: channels-last runs cuDNN alone, with
+// tensors described NHWC; filters stay (cout, c, kh, kw)); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
 // stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's own filter gradient
 // comes out in T and is widened to dw). Plans are made and timed per T. Only under nvcc.
 
@@ -24,6 +25,7 @@
 #include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/direct.hpp"
 #include "replica/backend/cuda/conv/products.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
@@ -35,26 +37,34 @@ namespace replica::backend::cuda {
 template <core::Window g, core::Storage T = float>
 std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
 {
-    const std::size_t bias = std::size_t(cout) * detail::bias_parts(cout, n * g.oh * g.ow);
-    if constexpr (!detail::direct_conv<g>) return std::same_as<T, float> ? bias : CudnnConv<g>::template scratch_size<T>(cout, n);
-    else return std::max(bias, DirectConv<g>::scratch_size(cout, n));
+    const std::size_t bias = detail::bias_scratch<T>(std::size_t(cout), n * g.oh * g.ow);
+    const std::size_t cudnn = std::same_as<T, float> ? bias : CudnnConv<g>::template scratch_size<T>(cout, n);
+    // 16-bit shapes of the direct kernels run on cuDNN where activations are channels-last.
+    if constexpr (!detail::direct_conv<g>) return cudnn;
+    else return std::max({bias, DirectConv<g>::scratch_size(cout, n), cudnn});
 }
 // c: the transposed convolution's input channels.
 template <core::Window g, core::Storage T = float>
 std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
 {
-    if constexpr (std::same_as<T, float>) return std::size_t(g.c) * detail::bias_parts(g.c, n * g.h * g.w);
+    if constexpr (std::same_as<T, float>) return detail::bias_scratch<T>(std::size_t(g.c), n * g.h * g.w);
     else return CudnnConvTranspose<g>::template scratch_size<T>(c, n);
 }
 
 namespace detail {
+template <core::Window g, core::Storage T>
+void run_direct_backward(const Context& ctx, const ConvPlan& p, const ConvBackward<T>& a)
+{
+    if constexpr (direct_conv<g>) DirectConv<g>::backward(ctx, &p, a);
+}
+
 template <core::Window g, core::Storage T>
 void run_backward(const Context& ctx, const ConvBackward<T>& a)
 {
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
     const ConvPlan& p = plan_of<g, T>(ctx, a.cout, a.n);
     if (p.gemm_backward) ProductConv<g>::backward(ctx, &p, a);
-    else if constexpr (direct_conv<g>) DirectConv<g>::backward(ctx, &p, a);
+    else if (direct_conv<g> && !channels_last<T>(ctx)) run_direct_backward<g>(ctx, p, a);
     else CudnnConv<g>::backward(ctx, &p, a);
 }
 } // namespace detail
@@ -66,7 +76,8 @@ void conv_forward(const Context& ctx, int cout, const T* w, const float* b, cons
     const ConvForward<T> a{cout, w, b, x, y, n, relu};
     if constexpr (detail::direct_conv<g>) {
         static_assert(ConvCandidate<DirectConv<g>, T>);
-        if (DirectConv<g>::takes_forward(cout)) {   // before any plan: it needs none
+        // Before any plan: it needs none. The direct kernels read and write (channels, pixels).
+        if (DirectConv<g>::takes_forward(cout) && !channels_last<T>(ctx)) {
             DirectConv<g>::forward(ctx, nullptr, a);
             return;
         }

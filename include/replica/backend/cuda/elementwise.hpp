@@ -11,6 +11,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/rng.hpp"
@@ -106,11 +107,28 @@ __global__ void add_channel_bias8(const float* b, T* y, unsigned octets, unsigne
         store8(y + 8 * std::size_t(i), t);
     }
 }
+// y (n, s, channels) += b[channel] (channels-last), then the ReLU when Relu, in groups of V values of
+// one pixel (V = 8 needs channels % 8 == 0 and y 16-byte aligned).
+template <bool Relu, int V, core::Storage T>
+__global__ void add_channel_bias_last(const float* b, T* y, unsigned groups, unsigned channels)
+{
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += blockDim.x * gridDim.x) {
+        const unsigned ch = i * V % channels;
+        float t[8];
+        load_v<V>(y + std::size_t(i) * V, t);
+#pragma unroll
+        for (int k = 0; k < V; ++k) t[k] = biased<Relu>(t[k], b[ch + k]);
+        store_v<V>(y + std::size_t(i) * V, t);
+    }
+}
 // In a captured step (step != null) the seed and the first sample come from device memory, and
 // first_sample is an offset from the step's first sample.
+// A sample's `size` values are (channels, size / channels), or (size / channels, channels) where
+// `last`: an element's mask is keyed by its (channel, pixel) index either way, so that every layout
+// drops the same elements.
 template <core::Storage T>
 __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample, const T* x, T* y,
-                        std::size_t size, std::size_t count, const StepParams* step)
+                        std::size_t size, std::size_t count, const StepParams* step, std::size_t channels, bool last)
 {
     if (step != nullptr) {
         seed = step->seed;
@@ -119,7 +137,8 @@ __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::u
     const float scale = 1.0f / (1.0f - p);
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t s = i / size, e = i % size;
+        const std::size_t s = i / size, at = i % size, pixels = size / channels;
+        const std::size_t e = last ? at % channels * pixels + at / channels : at;
         const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s, std::uint32_t(e));
         y[i] = narrow<T>(u >= p ? widen(x[i]) * scale : 0.0f);
     }
@@ -224,9 +243,28 @@ void relu_backward(const Context& ctx, const T* y, const T* dy, T* dx, std::size
         detail::map2<kernels::ReluGrad>(ctx, y, dy, dx, count, "relu_backward");
     }
 }
+namespace detail {
+// add_channel_bias over channels-last y (count / channels pixels of `channels` values).
+template <core::Storage T>
+void add_channel_bias_last(const Context& ctx, const float* b, T* y, std::size_t count, std::size_t channels, bool relu)
+{
+    const auto launch = [&](auto r, auto v) {
+        constexpr int V = decltype(v)::value;
+        kernels::add_channel_bias_last<decltype(r)::value, V><<<blocks_for(count / V), kThreads, 0, ctx.stream()>>>(
+            b, y, unsigned(count / V), unsigned(channels));
+    };
+    const auto width = [&](auto r) {
+        if (channels % 8 == 0 && quad_aligned(y)) launch(r, std::integral_constant<int, 8>{});
+        else launch(r, std::integral_constant<int, 1>{});
+    };
+    if (relu) width(std::true_type{});
+    else width(std::false_type{});
+}
+} // namespace detail
+
 // y (n, channels, s) += b (channels): a convolution's bias; then the ReLU when `relu` (a Conv fused
-// with the ReLU after it: one pass instead of two, same bits). y is an activation (T), b stays float;
-// each value is rounded once, after the bias and the ReLU.
+// with the ReLU after it: one pass instead of two, same bits). y is an activation (T) in ctx's layout,
+// b stays float; each value is rounded once, after the bias and the ReLU.
 template <core::Storage T>
 void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, std::size_t channels, std::size_t s,
                       bool relu)
@@ -234,6 +272,12 @@ void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, s
     const std::size_t count = n * channels * s;
     core::require(count < (std::size_t(1) << 31), "a convolution output of 2^31 values or more: use a smaller batch");
     const auto c = unsigned(channels);
+    if constexpr (!std::same_as<T, float>) {
+        if (channels_last<T>(ctx)) {
+            detail::add_channel_bias_last(ctx, b, y, count, channels, relu);
+            return;
+        }
+    }
     if constexpr (std::same_as<T, float>) {
         const bool quads = s % 4 == 0 && detail::quad_aligned(y);
         const unsigned blocks = detail::blocks_for(quads ? count / 4 : count);
@@ -258,13 +302,16 @@ void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, s
     }
     detail::check_launch("add_channel_bias");
 }
-// Same rule as the CPU kernel: the mask is a pure function of (seed, layer, global sample, element).
+// Same rule as the CPU kernel: the mask is a pure function of (seed, layer, global sample, element),
+// the element numbered as in (channels, pixels) whatever the layout (a sample: size values, `channels`
+// of them per pixel).
 template <core::Storage T>
 void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
-                   const T* x, T* y, std::size_t n, std::size_t size)
+                   const T* x, T* y, std::size_t n, std::size_t size, std::size_t channels)
 {
-    kernels::dropout<<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(p, seed, layer, first_sample, x, y,
-                                                                                       size, n * size, ctx.step_params());
+    kernels::dropout<<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(
+        p, seed, layer, first_sample, x, y, size, n * size, ctx.step_params(), channels,
+        channels_last<T>(ctx) && channels > 1 && channels < size);
     detail::check_launch("dropout");
 }
 template <core::Storage T>
@@ -334,6 +381,23 @@ inline void check_fixed(const Context& ctx)
     throw core::fixed_range_error(std::to_string(s.value));
 }
 
+// dst (activations of type D in ctx's layout) = src (n samples of (c, pixels), NCHW) converted to D.
+template <core::Storage S, core::Storage D>
+void to_activation_layout(const Context& ctx, const S* src, D* dst, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    if (channels_last<D>(ctx) && pixels > 1 && c > 1) detail::transpose_planes(ctx, src, dst, n, c, pixels);
+    else convert(ctx, src, dst, n * c * pixels);
+}
+
+// dst (n samples of (c, pixels), NCHW, of type D) = src (activations of type S in ctx's layout) converted.
+template <core::Storage S, core::Storage D>
+void from_activation_layout(const Context& ctx, const S* src, D* dst, std::size_t n, std::size_t c, std::size_t pixels)
+{
+    if (channels_last<S>(ctx) && pixels > 1 && c > 1) detail::transpose_planes(ctx, src, dst, n, pixels, c);
+    else convert(ctx, src, dst, n * c * pixels);
+}
+
+
 namespace detail {
 // rows x `row` values from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), in 16-byte
 // moves (float4s: the bits are moved, not converted) where every row start is 16-byte aligned. A
@@ -359,19 +423,22 @@ void copy_rows(const Context& ctx, const T* src, std::size_t src_pitch, T* dst, 
 }
 } // namespace detail
 
-// dst[:, offset:offset+c] = src (n, c, pixels): a concatenation's input on channels.
+// dst[:, offset:offset+c] = src (n, c, pixels): a concatenation's input on channels (both in ctx's
+// layout: channels-last, a row of c values a pixel).
 template <core::Storage T>
 void copy_channels_in(const Context& ctx, const T* src, std::size_t n, std::size_t c, std::size_t pixels, T* dst,
                       std::size_t channels, std::size_t offset)
 {
-    detail::copy_rows(ctx, src, c * pixels, dst + offset * pixels, channels * pixels, c * pixels, n);
+    if (channels_last<T>(ctx)) detail::copy_rows(ctx, src, c, dst + offset, channels, c, n * pixels);
+    else detail::copy_rows(ctx, src, c * pixels, dst + offset * pixels, channels * pixels, c * pixels, n);
 }
 // dst (n, c, pixels) = src[:, offset:offset+c].
 template <core::Storage T>
 void copy_channels_out(const Context& ctx, const T* src, std::size_t channels, std::size_t offset, std::size_t n,
                        std::size_t c, std::size_t pixels, T* dst)
 {
-    detail::copy_rows(ctx, src + offset * pixels, channels * pixels, dst, c * pixels, c * pixels, n);
+    if (channels_last<T>(ctx)) detail::copy_rows(ctx, src + offset, channels, dst, c, c, n * pixels);
+    else detail::copy_rows(ctx, src + offset * pixels, channels * pixels, dst, c * pixels, c * pixels, n);
 }
 
 } // namespace replica::backend::cuda

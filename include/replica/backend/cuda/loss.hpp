@@ -1,5 +1,6 @@
 #pragma once
-// Softmax cross-entropy on the GPU, over logits (n, classes, pixels) and labels (n, pixels): one
+// Softmax cross-entropy on the GPU, over logits (n, classes, pixels) in the context's layout (layout.hpp:
+// channels-last, (n, pixels, classes)) and labels (n, pixels): one
 // thread per labelled element (a block per sample for classifiers) writes its gradient and its loss;
 // the losses are then summed in an order fixed by their count (no atomics), in double, so the sum is
 // the same every run. Logits and their gradient are activations of one type T (float, bf16, fp16),
@@ -13,6 +14,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
 #include "replica/core/loss_slot.hpp"
 
@@ -21,12 +23,13 @@ namespace replica::backend::cuda {
 namespace kernels {
 template <core::Storage T>
 __global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, const std::int32_t* labels,
-                                      std::size_t count, float scale, T* dlogits, double* loss, double* bad_label)
+                                      std::size_t count, float scale, T* dlogits, double* loss, double* bad_label, bool last)
 {
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t s = i / pixels, p = i % pixels;
-        const T* zp = logits + s * std::size_t(classes) * pixels + p;
+        const std::size_t s = i / pixels, p = i % pixels, stride = last ? 1 : std::size_t(pixels);
+        const std::size_t at = last ? i * std::size_t(classes) : s * std::size_t(classes) * pixels + p;
+        const T* zp = logits + at;
         const auto z = [&](std::size_t k) { return widen(zp[k]); };
         const std::int32_t label = labels[i];
         if (label < 0 || label >= classes) {
@@ -36,16 +39,16 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, 
             continue;
         }
         float zmax = z(0);
-        for (int c = 1; c < classes; ++c) zmax = fmaxf(zmax, z(std::size_t(c) * pixels));
+        for (int c = 1; c < classes; ++c) zmax = fmaxf(zmax, z(std::size_t(c) * stride));
         double sum = 0.0;
-        for (int c = 0; c < classes; ++c) sum += exp(double(z(std::size_t(c) * pixels) - zmax));
+        for (int c = 0; c < classes; ++c) sum += exp(double(z(std::size_t(c) * stride) - zmax));
         const double log_sum = log(sum);
-        loss[i] = log_sum - double(z(std::size_t(label) * pixels) - zmax);
+        loss[i] = log_sum - double(z(std::size_t(label) * stride) - zmax);
         if (dlogits) {
-            T* d = dlogits + s * std::size_t(classes) * pixels + p;
+            T* d = dlogits + at;
             for (int c = 0; c < classes; ++c) {
-                const double prob = exp(double(z(std::size_t(c) * pixels) - zmax) - log_sum);
-                d[std::size_t(c) * pixels] = narrow<T>(float((prob - (c == label ? 1.0 : 0.0)) * scale));
+                const double prob = exp(double(z(std::size_t(c) * stride) - zmax) - log_sum);
+                d[std::size_t(c) * stride] = narrow<T>(float((prob - (c == label ? 1.0 : 0.0)) * scale));
             }
         }
     }
@@ -88,16 +91,17 @@ __global__ void softmax_cross_entropy_rows(int classes, const T* logits, const s
 
 template <core::Storage T>
 __global__ void correct(int classes, int pixels, const T* logits, const std::int32_t* labels, std::size_t count,
-                        double* hit)
+                        double* hit, bool last)
 {
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t s = i / pixels, p = i % pixels;
-        const T* zp = logits + s * std::size_t(classes) * pixels + p;
+        const std::size_t s = i / pixels, p = i % pixels, stride = last ? 1 : std::size_t(pixels);
+        const std::size_t at = last ? i * std::size_t(classes) : s * std::size_t(classes) * pixels + p;
+        const T* zp = logits + at;
         const auto z = [&](std::size_t k) { return widen(zp[k]); };
         int best = 0;
         for (int c = 1; c < classes; ++c)
-            if (z(std::size_t(c) * pixels) > z(std::size_t(best) * pixels)) best = c;
+            if (z(std::size_t(c) * stride) > z(std::size_t(best) * stride)) best = c;
         hit[i] = best == labels[i] ? 1.0 : 0.0;
     }
 }
@@ -178,7 +182,7 @@ void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const T*
         detail::check_launch("softmax_cross_entropy_rows");
     } else {
         kernels::softmax_cross_entropy<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
-            classes, pixels, logits, labels, count, scale, dlogits, loss, flag);
+            classes, pixels, logits, labels, count, scale, dlogits, loss, flag, channels_last<T>(ctx));
         detail::check_launch("softmax_cross_entropy");
     }
     cudaPointerAttributes where{};
@@ -199,7 +203,8 @@ std::size_t count_correct(const Context& ctx, int classes, int pixels, const T* 
 {
     const std::size_t count = n * std::size_t(pixels);
     double* hit = detail::element_scratch(ctx, count + 1);
-    kernels::correct<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(classes, pixels, logits, labels, count, hit);
+    kernels::correct<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(classes, pixels, logits, labels, count, hit,
+                                                                                   channels_last<T>(ctx));
     detail::check_launch("correct");
     detail::sum_fixed(ctx, hit, count, hit + count);
     double* host = ctx.reductions().host.data();

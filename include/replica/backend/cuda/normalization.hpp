@@ -1,6 +1,7 @@
 #pragma once
 // Batch normalisation and the residual merge on the GPU (layers/normalization.hpp, model/residual.hpp).
-// x is (n, c, inner). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
+// x is (n, c, inner) in the context's layout (layout.hpp: channels-last, (n, inner, c), whose sums are
+// columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
 // of each channel (a block tree), then one thread a channel adds the parts in order: the same bits
 // every run. x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
 // read as float, each output rounded once to T; sums, statistics and parameters stay float (the sums
@@ -13,9 +14,11 @@
 #include <type_traits>
 
 #include "replica/backend/batch_norm_rules.hpp"
+#include "replica/backend/cuda/columns.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
 
 namespace replica::backend::cuda {
@@ -153,18 +156,24 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
 
 // The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
 // V, and the pointers aligned to a move of V where V > 1): one channel lookup a group.
-template <bool Relu, int V, class I, core::Storage T>
+// Last (channels-last): a group is V channels of one pixel (c a multiple of V), inner_groups unused.
+template <bool Relu, int V, class I, core::Storage T, bool Last = false>
 __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups, const float* weight, const float* bias,
                                  const float* mean, const float* invstd)
 {
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = (g / inner_groups) % c;
-        const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
+        const I ch = Last ? g * V % c : (g / inner_groups) % c;
         float v[8];
         load_v<V>(x + g * V, v);
+        float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
+            if constexpr (Last) {
+                const I k = ch + I(j);
+                scale = weight[k] * invstd[k];
+                shift = bias[k] - mean[k] * scale;
+            }
             const float u = v[j] * scale + shift;
             v[j] = Relu && u < 0.0f ? 0.0f : u;
         }
@@ -173,7 +182,7 @@ __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups
 }
 
 // Masked: dy read through the ReLU's mask, as channel_partial_sums reads it.
-template <int V, class I, core::Storage T, bool Masked = false>
+template <int V, class I, core::Storage T, bool Masked = false, bool Last = false>
 __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I groups, I c, I inner_groups,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
                                           const float* elements, const T* relu_y = nullptr)
@@ -181,9 +190,7 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
     const float inv_count = 1.0f / *elements;
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = (g / inner_groups) % c;
-        const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
-        const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
+        const I ch = Last ? g * V % c : (g / inner_groups) % c;
         float v[8], d[8];
         load_v<V>(x + g * V, v);
         load_v<V>(dy + g * V, d);
@@ -193,8 +200,15 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
 #pragma unroll
             for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
         }
+        float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
+        float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
+            if constexpr (Last) {
+                const I k = ch + I(j);
+                m = mean[k], s = invstd[k], scale = weight[k] * s;
+                mean_dy = sums[c + k] * inv_count, mean_dy_xhat = sums[k] * inv_count;
+            }
             const float xhat = (v[j] - m) * s;
             v[j] = scale * (d[j] - mean_dy - xhat * mean_dy_xhat);
         }
@@ -232,6 +246,47 @@ struct PlusRelu {
         return Relu && v < 0.0f ? 0.0f : v;
     }
 };
+// columns.hpp's Ops for channels-last BatchNorm: the forward sums (of x - centre and its square) and
+// the backward ones (of dy, or of dy through the ReLU's mask, and of that times x - mean), each value
+// as channel_partial_sums adds it.
+template <core::Storage T>
+struct ColumnMoments {
+    const T* x;
+    const float* centre;
+    template <int V>
+    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
+    {
+        float v[8];
+        load_v<V>(x + at, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const double d = double(v[j]) - double(centre[ch + j]);
+            s[0][j] += d;
+            s[1][j] += d * d;
+        }
+    }
+};
+template <core::Storage T, bool Masked>
+struct ColumnGradientMoments {
+    const T* x;
+    const T* dy;
+    const T* relu_y;
+    const float* mean;
+    template <int V>
+    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
+    {
+        float v[8], d[8], r[8];
+        load_v<V>(x + at, v);
+        load_v<V>(dy + at, d);
+        if constexpr (Masked) load_v<V>(relu_y + at, r);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const float g = Masked ? relu_grad(r[j], d[j]) : d[j];
+            s[0][j] += double(g);
+            s[1][j] += double(g) * (double(v[j]) - double(mean[ch + j]));
+        }
+    }
+};
 } // namespace kernels
 
 namespace detail {
@@ -247,9 +302,9 @@ inline std::size_t channel_parts(std::size_t count)
 // Floats of scratch the per-channel sums of c channels need (partial sums, in doubles, at the first
 // 8-byte boundary of the scratch), for activations of type T (the same for all: the sums are double).
 template <core::Storage T = float>
-std::size_t batch_norm_scratch(const Context&, std::size_t c)
+std::size_t batch_norm_scratch(const Context& ctx, std::size_t c)
 {
-    return 4 * detail::kChannelParts * c + 1;
+    return 4 * (channels_last<T>(ctx) ? detail::kColumnParts : detail::kChannelParts) * c + 1;
 }
 
 namespace detail {
@@ -312,9 +367,14 @@ template <core::Storage T>
 void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
                      float* sums, float* scratch)
 {
-    const std::size_t parts = detail::channel_parts(n * inner);
+    const bool last = channels_last<T>(ctx);
+    const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
-    detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
+    detail::by_layout<T>(ctx, [&](auto l) {
+        if constexpr (decltype(l)::value)
+            detail::column_sums<2>(ctx, n * inner, c, parts, partial, [&](auto) { return kernels::ColumnMoments<T>{x, shift}; }, x);
+        else detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
+    });
     kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, nullptr, sums);
     detail::check_launch("batch_norm_sums");
@@ -354,15 +414,19 @@ template <core::Storage T>
 void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
 {
-    detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+    const bool last = channels_last<T>(ctx);
+    // Channels-last: groups of V channels of one pixel, so c (not inner) must split into moves.
+    detail::in_groups<T>(n * c * inner, last ? c : inner, [&](auto v, auto index, std::size_t groups) {
         constexpr int V = decltype(v)::value;
         using I = decltype(index);
-        const auto launch = [&](auto r) {
-            kernels::batch_norm_apply<decltype(r)::value, V, I, T><<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                x, y, I(groups), I(c), I(inner / V), weight, bias, mean, invstd);
+        const auto launch = [&](auto r, auto l) {
+            kernels::batch_norm_apply<decltype(r)::value, V, I, T, decltype(l)::value>
+                <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, y, I(groups), I(c), I(inner / V), weight,
+                                                                                    bias, mean, invstd);
         };
-        if (relu) launch(std::true_type{});
-        else launch(std::false_type{});
+        const auto layout = [&](auto r) { detail::by_layout<T>(ctx, [&](auto l) { launch(r, l); }); };
+        if (relu) layout(std::true_type{});
+        else layout(std::false_type{});
     }, x, y);
     detail::check_launch("batch_norm_apply");
 }
@@ -374,9 +438,19 @@ void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::
                               const float* mean, const float* invstd, float* dparams, float* scratch,
                               const std::type_identity_t<T>* relu_y = nullptr)
 {
-    const std::size_t parts = detail::channel_parts(n * inner);
+    const bool last = channels_last<T>(ctx);
+    const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
-    detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, relu_y);
+    detail::by_layout<T>(ctx, [&](auto l) {
+        if constexpr (!decltype(l)::value)
+            detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, relu_y);
+        else if (relu_y)
+            detail::column_sums<2>(ctx, n * inner, c, parts, partial,
+                                   [&](auto) { return kernels::ColumnGradientMoments<T, true>{x, dy, relu_y, mean}; }, x, dy, relu_y);
+        else
+            detail::column_sums<2>(ctx, n * inner, c, parts, partial,
+                                   [&](auto) { return kernels::ColumnGradientMoments<T, false>{x, dy, nullptr, mean}; }, x, dy);
+    });
     kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         partial, parts, c, n * inner, invstd, dparams);
     detail::check_launch("batch_norm_backward_sums");
@@ -388,16 +462,18 @@ void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* d
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
                                const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
 {
-    detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+    const bool last = channels_last<T>(ctx);
+    detail::in_groups<T>(n * c * inner, last ? c : inner, [&](auto v, auto index, std::size_t groups) {
         constexpr int V = decltype(v)::value;
         using I = decltype(index);
-        const auto launch = [&](auto masked) {
-            kernels::batch_norm_backward_input<V, I, T, decltype(masked)::value>
+        const auto launch = [&](auto masked, auto l) {
+            kernels::batch_norm_backward_input<V, I, T, decltype(masked)::value, decltype(l)::value>
                 <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, dy, dx, I(groups), I(c), I(inner / V),
                                                                                     weight, mean, invstd, sums, count, relu_y);
         };
-        if (relu_y) launch(std::true_type{});
-        else launch(std::false_type{});
+        const auto layout = [&](auto masked) { detail::by_layout<T>(ctx, [&](auto l) { launch(masked, l); }); };
+        if (relu_y) layout(std::true_type{});
+        else layout(std::false_type{});
     }, x, dy, dx, relu_y);
     detail::check_launch("batch_norm_backward_input");
 }

@@ -40,6 +40,11 @@ struct Options {
     // gradient algorithms, and keeps cuDNN for a pass unless the products are 3% faster. Deterministic
     // mode with `timed`: cuDNN.
     ConvPath conv_path = ConvPath::timed;
+    // Activations of 16-bit types (bf16, fp16) channels-last: a sample's values as (pixels, channels),
+    // where cuDNN's tensor-core convolutions read and write them without layout transforms
+    // (layout.hpp). Float activations are always (channels, pixels), as on the CPU. Parameters,
+    // checkpoints, a model's inputs and predict's outputs are (channels, pixels) either way.
+    bool channels_last = true;
     // Where each timed choice is written, one line per shape and kind of GPU as it is made: for a
     // convolution, the layer, cuDNN's chosen algorithms and their times, the product path's times and
     // which passes take it (conv/autotune.hpp); for a cuBLASLt product (a fully connected layer's, or a

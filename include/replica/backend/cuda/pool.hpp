@@ -4,8 +4,9 @@
 // element sums the gradients of the windows that picked it, so no atomics and the same result every
 // run. The kernels are templates on the window, so that their index arithmetic divides by constants
 // (a 64-bit division by a value known only at run time costs dozens of instructions), and on the
-// index type, 32-bit where it fits, with windows unrolled. x, y, dy, dx are activations of one type T
-// (float, bf16, fp16), read as float, summed in float, each output rounded once; the maxima's
+// index type, 32-bit where it fits, with windows unrolled, and on the layout (Last: channels-last,
+// layout.hpp; a thread then takes one channel of a pixel, neighbouring threads neighbouring channels).
+// x, y, dy, dx are activations of one type T (float, bf16, fp16), read as float, summed in float, each output rounded once; the maxima's
 // positions (arg) are positions within their windows, core::pool_position_t<g> (a byte for windows of
 // up to 255 elements), core::pool_no_position<g> where a window has no element above -inf.
 
@@ -14,6 +15,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
 #include "replica/core/window.hpp"
 
@@ -24,26 +26,57 @@ namespace kernels {
 // input along an axis), unrolled (up to 8 per axis, so a global pooling stays small), with bounds
 // tests inside: the same elements in the same order as a loop over the clipped range, so the same bits.
 
+// Where the plane (sample, channel) of `pixels` elements starts, and the distance between its neighbouring
+// elements, in either layout.
+template <bool Last, class I>
+__device__ inline I plane_start(const core::Window& g, I sample, int ch, int pixels)
+{
+    return Last ? sample * I(pixels) * I(g.c) + I(ch) : (sample * I(g.c) + I(ch)) * I(pixels);
+}
+template <bool Last>
+__device__ inline int element_stride(const core::Window& g)
+{
+    return Last ? g.c : 1;
+}
+// Output element i as (sample, channel, offset in its plane), in either layout.
+template <bool Last, class I>
+__device__ inline void split_output(const core::Window& g, I i, I& sample, int& ch, int& o)
+{
+    const I pixels = I(g.oh * g.ow);
+    if constexpr (Last) {
+        const I rest = i / I(g.c);
+        ch = int(i - rest * I(g.c));
+        sample = rest / pixels;
+        o = int(rest - sample * pixels);
+    } else {
+        const I plane = i / pixels;
+        o = int(i - plane * pixels);
+        sample = plane / I(g.c);
+        ch = int(plane - sample * I(g.c));
+    }
+}
+
 // f(value, position in the window) for every input element of output element i's window (padding
 // skipped), rows then columns.
-template <class I, core::Storage T, class F>
+template <bool Last, class I, core::Storage T, class F>
 __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
 {
-    const I plane = i / I(g.oh * g.ow);
-    const int o = int(i - plane * I(g.oh * g.ow));
-    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
-    const T* xp = x + plane * I(g.h * g.w);
+    I sample;
+    int ch, o;
+    split_output<Last>(g, i, sample, ch, o);
+    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw, st = element_stride<Last>(g);
+    const T* xp = x + plane_start<Last>(g, sample, ch, g.h * g.w);
 #pragma unroll 8
     for (int a = 0; a < g.kh; ++a)
 #pragma unroll 8
         for (int b = 0; b < g.kw; ++b) {
             const int iy = y0 + a, ix = x0 + b;
-            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + iy * g.w + ix), a * g.kw + b);
+            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + I(iy * g.w + ix) * I(st)), a * g.kw + b);
         }
 }
 
 // P: core::pool_position_t<g> (a parameter of its own: nvcc cannot name it from G... in the signature).
-template <class I, core::Storage T, class P, int... G>
+template <bool Last, class I, core::Storage T, class P, int... G>
 __global__ void max_pool_forward(const T* x, T* y, P* arg, I count)
 {
     constexpr core::Window g{G...};
@@ -52,7 +85,7 @@ __global__ void max_pool_forward(const T* x, T* y, P* arg, I count)
     {
         float best = -INFINITY;
         int at = -1;
-        for_window(g, x, i, [&](float v, int k) {
+        for_window<Last>(g, x, i, [&](float v, int k) {
             if (v > best) {   // strict: the first maximum in scan order wins
                 best = v;
                 at = k;
@@ -87,16 +120,30 @@ __host__ __device__ constexpr int windows_of(int t, int k, int s, int out)
     return (t + k - 2) / s + 1 < out ? (t + k - 2) / s + 1 : out;
 }
 
-template <class I, class TileOp>
+// op(where the output plane starts, where the input plane starts, y0, x0) for each tile (channels-last:
+// neighbouring threads take one tile of neighbouring channels).
+template <bool Last, class I, class TileOp>
 __device__ inline void for_tiles(const core::Window& g, I count, TileOp&& op)
 {
     const int ty = tile_of(g.h, g.sh), tx = tile_of(g.w, g.sw);
     const int across = (g.w + tx - 1) / tx, tiles = (g.h + ty - 1) / ty * across;
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        const I plane = i / I(tiles);
-        const int t = int(i - plane * I(tiles));
-        op(plane, t / across * ty, t % across * tx);
+        I sample;
+        int ch, t;
+        if constexpr (Last) {
+            const I rest = i / I(g.c);
+            ch = int(i - rest * I(g.c));
+            sample = rest / I(tiles);
+            t = int(rest - sample * I(tiles));
+        } else {
+            const I plane = i / I(tiles);
+            t = int(i - plane * I(tiles));
+            sample = plane / I(g.c);
+            ch = int(plane - sample * I(g.c));
+        }
+        op(plane_start<Last>(g, sample, ch, g.oh * g.ow), plane_start<Last>(g, sample, ch, g.h * g.w), t / across * ty,
+           t % across * tx);
     }
 }
 
@@ -142,15 +189,16 @@ __device__ inline float sum_windows(const float (&d)[NY][NX], Take&& take)
     return s;
 }
 
-template <class I, core::Storage T, class P, int... G>
+template <bool Last, class I, core::Storage T, class P, int... G>
 __global__ void max_pool_backward(const P* arg, const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
     static_assert(std::is_same_v<P, core::pool_position_t<g>>);
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
-    for_tiles(g, count, [&](I plane, int y0, int x0) {
-        const P* ap = arg + plane * I(g.oh * g.ow);
-        const T* dyp = dy + plane * I(g.oh * g.ow);
+    const I st = I(element_stride<Last>(g));
+    for_tiles<Last>(g, count, [&](I out, I in, int y0, int x0) {
+        const P* ap = arg + out;
+        const T* dyp = dy + out;
         int at[NY][NX];
         float d[NY][NX];
         int ylo, xlo;
@@ -159,41 +207,42 @@ __global__ void max_pool_backward(const P* arg, const T* dy, T* dx, I count)
 #pragma unroll
             for (int c = 0; c < NX; ++c) at[r][c] = -1;
         read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) {
-            const P p = __ldg(ap + o);
+            const P p = __ldg(ap + I(o) * st);
             at[r][c] = p == core::pool_no_position<g> ? -1 : core::pool_input_offset(g, ylo + r, xlo + c, p);
-            d[r][c] = load_ldg(dyp + o);
+            d[r][c] = load_ldg(dyp + I(o) * st);
         });
-        T* dxp = dx + plane * I(g.h * g.w);
+        T* dxp = dx + in;
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             // A window whose maximum is this element covers it: no range test needed.
-            dxp[iy * g.w + ix] = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
+            dxp[I(iy * g.w + ix) * st] = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
         });
     });
 }
 
-template <class I, core::Storage T, int... G>
+template <bool Last, class I, core::Storage T, int... G>
 __global__ void avg_pool_forward(const T* x, T* y, I count)
 {
     constexpr core::Window g{G...};
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
         float s = 0.0f;
-        for_window(g, x, i, [&](float v, int) { s += v; });
+        for_window<Last>(g, x, i, [&](float v, int) { s += v; });
         y[i] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
     }
 }
 
-template <class I, core::Storage T, int... G>
+template <bool Last, class I, core::Storage T, int... G>
 __global__ void avg_pool_backward(const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
-    for_tiles(g, count, [&](I plane, int y0, int x0) {
-        const T* dyp = dy + plane * I(g.oh * g.ow);
+    const I st = I(element_stride<Last>(g));
+    for_tiles<Last>(g, count, [&](I out, I in, int y0, int x0) {
+        const T* dyp = dy + out;
         float d[NY][NX] = {};
         int ylo, xlo;
-        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = load_ldg(dyp + o); });
-        T* dxp = dx + plane * I(g.h * g.w);
+        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = load_ldg(dyp + I(o) * st); });
+        T* dxp = dx + in;
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             int rlo, rhi, clo, chi;
             covering(iy, g.kh, g.sh, g.ph, g.oh, rlo, rhi);
@@ -201,13 +250,20 @@ __global__ void avg_pool_backward(const T* dy, T* dx, I count)
             const float s = sum_windows(d, [&](int r, int c) {
                 return ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi;
             });
-            dxp[iy * g.w + ix] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
+            dxp[I(iy * g.w + ix) * st] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
         });
     });
 }
 } // namespace kernels
 
 namespace detail {
+// f(Last, I{}): the context's layout for T as a compile-time bool, and the index type for count.
+template <core::Storage T, class F>
+void with_layout(const Context& ctx, std::size_t count, F&& f)
+{
+    indexed(count, [&](auto index) { by_layout<T>(ctx, [&](auto last) { f(last, index); }); });
+}
+
 // Backward threads per input plane: one per tile (kernels::tile_of).
 constexpr std::size_t tiles(const core::Window& g)
 {
@@ -220,9 +276,9 @@ template <core::Window g, core::Storage T>
 void max_pool_forward(const Context& ctx, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    detail::indexed(count, [&](auto index) {
+    detail::with_layout<T>(ctx, count, [&](auto last, auto index) {
         using I = decltype(index);
-        kernels::max_pool_forward<I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
+        kernels::max_pool_forward<decltype(last)::value, I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, arg, I(count));
     });
     detail::check_launch("max_pool_forward");
 }
@@ -230,9 +286,9 @@ template <core::Window g, core::Storage T>
 void max_pool_backward(const Context& ctx, const core::pool_position_t<g>* arg, const T* dy, T* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * detail::tiles(g);
-    detail::indexed(count, [&](auto index) {
+    detail::with_layout<T>(ctx, count, [&](auto last, auto index) {
         using I = decltype(index);
-        kernels::max_pool_backward<I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
+        kernels::max_pool_backward<decltype(last)::value, I, T, core::pool_position_t<g>, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(arg, dy, dx, I(count));
     });
     detail::check_launch("max_pool_backward");
 }
@@ -240,9 +296,9 @@ template <core::Window g, core::Storage T>
 void avg_pool_forward(const Context& ctx, const T* x, T* y, std::size_t n)
 {
     const std::size_t count = n * g.c * g.oh * g.ow;
-    detail::indexed(count, [&](auto index) {
+    detail::with_layout<T>(ctx, count, [&](auto last, auto index) {
         using I = decltype(index);
-        kernels::avg_pool_forward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, I(count));
+        kernels::avg_pool_forward<decltype(last)::value, I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(x, y, I(count));
     });
     detail::check_launch("avg_pool_forward");
 }
@@ -250,9 +306,9 @@ template <core::Window g, core::Storage T>
 void avg_pool_backward(const Context& ctx, const T* dy, T* dx, std::size_t n)
 {
     const std::size_t count = n * g.c * detail::tiles(g);
-    detail::indexed(count, [&](auto index) {
+    detail::with_layout<T>(ctx, count, [&](auto last, auto index) {
         using I = decltype(index);
-        kernels::avg_pool_backward<I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, I(count));
+        kernels::avg_pool_backward<decltype(last)::value, I, T, REPLICA_WINDOW_INTS(g)><<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(dy, dx, I(count));
     });
     detail::check_launch("avg_pool_backward");
 }

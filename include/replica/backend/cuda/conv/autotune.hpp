@@ -36,13 +36,13 @@ namespace replica::backend::cuda::detail {
 struct MeasuredConvKey {
     std::string device;   // device_kind()
     ConvKey conv;
-    bool tf32, graphs;
+    bool tf32, graphs, channels_last;
     friend bool operator<(const MeasuredConvKey& a, const MeasuredConvKey& b)
     {
         if (a.device != b.device) return a.device < b.device;
         if (a.conv < b.conv) return true;
         if (b.conv < a.conv) return false;
-        return std::tie(a.tf32, a.graphs) < std::tie(b.tf32, b.graphs);
+        return std::tie(a.tf32, a.graphs, a.channels_last) < std::tie(b.tf32, b.graphs, b.channels_last);
     }
 };
 // What was timed for one key and what was chosen: cuDNN's algorithms (with their seconds) and, for
@@ -57,8 +57,10 @@ struct ConvAlgorithms {
 // One line of Options::log: a timed choice, the layer named input -> output (a transposed
 // convolution's window maps its output to its input: CudnnConvTranspose). The algorithms are
 // those of the cuDNN convolution; a transposed layer runs its forward pass by backward data.
-inline void log_choice(std::ostream& out, const std::string& device, const ConvKey& key, const ConvAlgorithms& a)
+inline void log_choice(std::ostream& out, const MeasuredConvKey& measured, const ConvAlgorithms& a)
 {
+    const ConvKey& key = measured.conv;
+    const std::string& device = measured.device;
     const core::Window& g = key.g;
     auto us = [](double s) { return s >= CallTimer::never ? std::string("-") : std::to_string(int(s * 1e6 + 0.5)) + " us"; };
     const std::string conv_in = std::to_string(g.c) + "x" + std::to_string(g.h) + "x" + std::to_string(g.w),
@@ -67,7 +69,8 @@ inline void log_choice(std::ostream& out, const std::string& device, const ConvK
     out << "replica: " << device << (transposed ? ": transposed convolution " : ": convolution ")
         << (transposed ? conv_out : conv_in) << " -> " << (transposed ? conv_in : conv_out) << " (" << g.kh << "x" << g.kw
         << ", stride " << g.sh << "x" << g.sw << ", pad " << g.ph << "x" << g.pw << "), batch " << key.n
-        << (key.storage == StorageId::fp32 ? "" : std::string(", ") + storage_name(key.storage)) << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
+        << (key.storage == StorageId::fp32 ? "" : std::string(", ") + storage_name(key.storage))
+        << (measured.channels_last ? ", channels-last" : "") << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
         << int(a.cudnn.bwd_data) << ", filter " << int(a.cudnn.bwd_filter) << ") " << us(a.cudnn.seconds.backward);
     if (a.products_timed)
         out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
@@ -145,7 +148,8 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
     const bool det = ctx.options().deterministic;
     // Deterministic mode: cuDNN's choice, the same in every context and every run.
     const bool timed = ctx.options().benchmark && !det;
-    const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs};
+    const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs,
+                                   channels_last<T>(ctx)};
     bool fresh = false;   // this call timed something (Options::log)
     CudnnAlgorithms chosen;
     if (!timed) {
@@ -165,12 +169,13 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
     p.fwd = chosen.fwd;
     p.bwd_data = chosen.bwd_data;
     p.bwd_filter = chosen.bwd_filter;
-    if (use == ConvKey::convolution && products_seconds)
+    // The products read and write (channels, pixels): not for channels-last activations.
+    if (use == ConvKey::convolution && products_seconds && !channels_last<T>(ctx))
         fresh = choose_products(ctx, p, measured, timed, cout, n, products_seconds) || fresh;
     p.workspace = std::max(cudnn_workspace(ctx, p), p.gemm_forward || p.gemm_backward ? gemm_workspace<T>(g, cout, n) : 0);
     if (fresh && ctx.options().log) {
         std::lock_guard lock(measured_mutex());
-        log_choice(*ctx.options().log, measured.device, key, measured_conv_choices().at(measured));
+        log_choice(*ctx.options().log, measured, measured_conv_choices().at(measured));
     }
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, std::move(p)).first->second;

@@ -1,19 +1,22 @@
 #pragma once
 // A convolution's bias gradient, db (channels) = dy (n, channels, pixels) summed over samples and
-// pixels (dy of type T: float, bf16 or fp16; the sums and db in float), by our own two-pass channel
-// sums (cuDNN's cudnnConvolutionBackwardBias was slower; docs/benchmarks.md), in an order fixed by
+// pixels (dy of type T: float, bf16 or fp16, in the context's layout; the sums and db in float), by
+// our own two-pass channel sums (channels-last: columns.hpp's) (cuDNN's cudnnConvolutionBackwardBias was slower; docs/benchmarks.md), in an order fixed by
 // the shape: the same bits every run and on every GPU.
 // Every way of running a convolution (conv/) uses it. A null bias b (and then a null db) is a
 // convolution without bias (Bias::none): nothing is added or summed for it, and a fused ReLU, or its
 // rule in backward, runs in a pass of its own (bias_forward, bias_backward). Only under nvcc.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 
+#include "replica/backend/cuda/columns.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 
 namespace replica::backend::cuda {
 
@@ -74,6 +77,30 @@ __global__ void channel_partial_sums(const T* dy, const T* y, T* dz, float* part
     if (threadIdx.x == 0) partial[std::size_t(c) * gridDim.x + part] = sum;
 }
 
+// columns.hpp's Op for a channels-last bias gradient: dy summed, or with Relu dz = relu_grad(y, dy)
+// written and summed (unit_sum's rule).
+template <core::Storage T, bool Relu>
+struct ColumnBias {
+    const T* dy;
+    const T* y;
+    T* dz;
+    template <int V>
+    __device__ void add(std::size_t at, unsigned, float (&s)[1][V]) const
+    {
+        float d[8];
+        load_v<V>(dy + at, d);
+        if constexpr (Relu) {
+            float a[8];
+            load_v<V>(y + at, a);
+#pragma unroll
+            for (int j = 0; j < V; ++j) d[j] = relu_grad(a[j], d[j]);
+            store_v<V>(dz + at, d);
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[0][j] += d[j];
+    }
+};
+
 // Pass 2: db[c] = the sum of channel c's parts, in order.
 __global__ void channel_totals(const float* partial, float* db, unsigned channels, unsigned parts)
 {
@@ -96,14 +123,45 @@ inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
     return unsigned(std::clamp<std::size_t>(std::min(wanted, most), 1, 65535));
 }
 
-// db (channels) = dy (n, channels, s) summed over n and s; `partial` holds channels * bias_parts(..).
-// With relu_y (the output of the ReLU that dy is the gradient of), dz = relu_y > 0 ? dy : 0 is written
-// and summed instead.
+// The floats of partial sums a bias gradient over `channels` of `rows` values each needs: for 16-bit
+// types room for either layout's parts (channels-last takes columns.hpp's).
+template <core::Storage T>
+std::size_t bias_scratch(std::size_t channels, std::size_t rows)
+{
+    const std::size_t parts = bias_parts(channels, rows);
+    return channels * (std::same_as<T, float> ? parts : std::max<std::size_t>(parts, column_parts(rows)));
+}
+
+// channel_sums over channels-last dy (rows, channels) (columns.hpp).
+template <core::Storage T>
+void channel_sums_last(const Context& ctx, const T* dy, float* db, std::size_t channels, std::size_t rows, float* partial,
+                       const T* relu_y, T* dz)
+{
+    const std::size_t parts = column_parts(rows);
+    if (relu_y)
+        column_sums<1>(ctx, rows, channels, parts, partial, [&](auto) { return kernels::ColumnBias<T, true>{dy, relu_y, dz}; },
+                       dy, relu_y, dz);
+    else
+        column_sums<1>(ctx, rows, channels, parts, partial, [&](auto) { return kernels::ColumnBias<T, false>{dy, nullptr, nullptr}; },
+                       dy);
+    kernels::channel_totals<<<blocks_for(channels), kThreads, 0, ctx.stream()>>>(partial, db, unsigned(channels), unsigned(parts));
+    check_launch("channel_totals");
+}
+
+// db (channels) = dy (n, channels, s) summed over n and s; `partial` holds bias_scratch<T>(channels,
+// n * s) floats. With relu_y (the output of the ReLU that dy is the gradient of), dz = relu_y > 0 ? dy
+// : 0 is written and summed instead.
 template <core::Storage T>
 void channel_sums(const Context& ctx, const T* dy, float* db, std::size_t channels, std::size_t n, std::size_t s,
                   float* partial, const T* relu_y = nullptr, T* dz = nullptr)
 {
     core::require(n * s < (std::size_t(1) << 31), "a bias gradient over 2^31 values or more per channel: use a smaller batch");
+    if constexpr (!std::same_as<T, float>) {
+        if (channels_last<T>(ctx)) {
+            channel_sums_last(ctx, dy, db, channels, n * s, partial, relu_y, dz);
+            return;
+        }
+    }
     // Units of four values where rows hold whole quads: the order depends on the shape only.
     const unsigned w = s % 4 == 0 ? 4 : 1, units = unsigned(n * s / w);
     const unsigned parts = bias_parts(channels, n * s), per_part = (units + parts - 1) / parts;

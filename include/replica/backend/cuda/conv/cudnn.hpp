@@ -21,6 +21,7 @@
 #include "replica/backend/cuda/conv/candidate.hpp"
 #include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/timing.hpp"
 
 namespace replica::backend::cuda {
@@ -99,18 +100,20 @@ private:
 };
 
 // The descriptors of a convolution of window g with `cout` filters over n samples: x (n, g.c, g.h,
-// g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow), of type T, computed in FP32: for float
-// TF32 allowed where Options::allow_tf32, for bf16 and fp16 on tensor cores.
+// g.w), w (cout, g.c, g.kh, g.kw), y (n, cout, g.oh, g.ow), of type T, x and y in the context's
+// layout for T (layout.hpp), computed in FP32: for float TF32 allowed where Options::allow_tf32, for
+// bf16 and fp16 on tensor cores.
 template <core::Storage T>
 void describe(const Context& ctx, ConvPlan& p, const core::Window& g, int cout, std::size_t n)
 {
     constexpr cudnnDataType_t type = cudnn_type<T>;
+    const cudnnTensorFormat_t format = channels_last<T>(ctx) ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     p.x = make_tensor_descriptor();
     p.y = make_tensor_descriptor();
     p.w = make_filter_descriptor();
     p.conv = make_convolution_descriptor();
-    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, type, int(n), g.c, g.h, g.w));
-    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, type, int(n), cout, g.oh, g.ow));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, format, type, int(n), g.c, g.h, g.w));
+    REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, format, type, int(n), cout, g.oh, g.ow));
     REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, type, CUDNN_TENSOR_NCHW, cout, g.c, g.kh, g.kw));
     REPLICA_CHECK(cudnnSetConvolution2dDescriptor(p.conv, g.ph, g.pw, g.sh, g.sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                                   CUDNN_DATA_FLOAT));
@@ -230,7 +233,7 @@ struct CudnnConv {
     template <core::Storage T>
     static std::size_t scratch_size(int cout, std::size_t n)
     {
-        return detail::cudnn_scratch_size<T>(bias_scratch(cout, n), weights(cout));
+        return detail::cudnn_scratch_size<T>(bias_scratch<T>(cout, n), weights(cout));
     }
 
     // The plan's forward algorithm, then the bias (if any) and the ReLU by our kernel.
@@ -253,7 +256,7 @@ struct CudnnConv {
         detail::bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, std::size_t(g.oh) * g.ow, a.scratch, a.relu_y, a.dz);
         const T* dz = a.relu_y ? a.dz : a.dy;
         void* ws = ctx.workspace(0);
-        detail::cudnn_filter_gradient(ctx, p, a.x, dz, a.dw, detail::cudnn_filter_scratch<T>(a.scratch, bias_scratch(a.cout, a.n)),
+        detail::cudnn_filter_gradient(ctx, p, a.x, dz, a.dw, detail::cudnn_filter_scratch<T>(a.scratch, bias_scratch<T>(a.cout, a.n)),
                                       weights(a.cout), ws);
         if (a.dx) data_gradient(ctx, p, a.w, dz, a.dx, ws);
     }
@@ -268,9 +271,10 @@ struct CudnnConv {
     }
 
 private:
+    template <core::Storage T>
     static std::size_t bias_scratch(int cout, std::size_t n)
     {
-        return std::size_t(cout) * detail::bias_parts(std::size_t(cout), n * g.oh * g.ow);
+        return detail::bias_scratch<T>(std::size_t(cout), n * g.oh * g.ow);
     }
     static std::size_t weights(int cout) { return std::size_t(cout) * g.c * g.kh * g.kw; }
 };
@@ -285,7 +289,7 @@ struct CudnnConvTranspose {
     template <core::Storage T>
     static std::size_t scratch_size(int c, std::size_t n)
     {
-        return detail::cudnn_scratch_size<T>(bias_scratch(n), weights(c));
+        return detail::cudnn_scratch_size<T>(bias_scratch<T>(n), weights(c));
     }
 
     template <core::Storage T>
@@ -307,14 +311,15 @@ struct CudnnConvTranspose {
         void* ws = ctx.workspace(0);
         // Bias over the output's channels (g.c, g.h x g.w): dy is the output's gradient.
         detail::bias_backward(ctx, dy, db, std::size_t(g.c), n, std::size_t(g.h) * g.w, scratch);
-        detail::cudnn_filter_gradient(ctx, p, dy, x, dw, detail::cudnn_filter_scratch<T>(scratch, bias_scratch(n)), weights(c), ws);
+        detail::cudnn_filter_gradient(ctx, p, dy, x, dw, detail::cudnn_filter_scratch<T>(scratch, bias_scratch<T>(n)), weights(c), ws);
         if (dx)
             REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, dy, p.w, w, p.conv, p.fwd, ws, p.workspace, &zero,
                                                   p.y, dx));
     }
 
 private:
-    static std::size_t bias_scratch(std::size_t n) { return std::size_t(g.c) * detail::bias_parts(std::size_t(g.c), n * g.h * g.w); }
+    template <core::Storage T>
+    static std::size_t bias_scratch(std::size_t n) { return detail::bias_scratch<T>(std::size_t(g.c), n * g.h * g.w); }
     static std::size_t weights(int c) { return std::size_t(c) * g.c * g.kh * g.kw; }
 };
 

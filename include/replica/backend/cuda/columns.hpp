@@ -1,0 +1,94 @@
+#pragma once
+// Per-channel sums of channels-last activations (layout.hpp): a (rows, c) matrix summed down its
+// columns, the first stage of BatchNorm's statistics and of a convolution's bias gradient when
+// channels are the contiguous axis. Rows fall into parts of a fixed size (column_parts); within a
+// part, row r goes to lane (r - first) % kLanes, each lane adds its rows in order, and the lanes are
+// then added in order: the order depends on the shape only, never on how values are read (a move of
+// V = 8 channels, or one), so the sums have the same bits every run. A block takes Gb groups of V
+// channels and kLanes lanes; partial[(channel * parts + part) * S + k] receives sum k of a part.
+// Only under nvcc.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
+
+namespace replica::backend::cuda {
+
+namespace detail {
+inline constexpr unsigned kLanes = 32, kGroupsPerBlock = 8;
+// The most parts a column is summed in (the partial sums' room per channel).
+inline constexpr std::size_t kColumnParts = 1024;
+// Parts of about 1024 rows, at most kColumnParts.
+inline std::size_t column_parts(std::size_t rows)
+{
+    return std::clamp<std::size_t>((rows + 1023) / 1024, 1, kColumnParts);
+}
+} // namespace detail
+
+namespace kernels {
+// Op::add<V>(offset of the group's first value, its first channel, sums[S][V]) adds one row of a
+// group of V channels. Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
+// memory kLanes * Gb * S * V values of Acc.
+template <int S, int V, class Acc, class Op>
+__global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::size_t per_part, unsigned gb, Acc* partial)
+{
+    extern __shared__ unsigned char raw[];
+    Acc* lanes = reinterpret_cast<Acc*>(raw);
+    const unsigned local = threadIdx.x % gb, lane = threadIdx.x / gb, groups = c / V;
+    const unsigned group = blockIdx.x * gb + local;
+    const std::size_t first = std::size_t(blockIdx.y) * per_part, last = min(rows, first + per_part);
+    Acc s[S][V];
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[k][j] = Acc(0);
+    if (group < groups)
+        for (std::size_t r = first + lane; r < last; r += detail::kLanes)
+            op.template add<V>(r * c + std::size_t(group) * V, group * V, s);
+    Acc* mine = lanes + (std::size_t(lane) * gb + local) * (S * V);
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+#pragma unroll
+        for (int j = 0; j < V; ++j) mine[k * V + j] = s[k][j];
+    __syncthreads();
+    for (unsigned t = threadIdx.x; t < gb * S * V; t += blockDim.x) {
+        const unsigned l = t / (S * V), kj = t % (S * V), g = blockIdx.x * gb + l;
+        if (g >= groups) continue;
+        Acc total = Acc(0);
+        for (unsigned ln = 0; ln < detail::kLanes; ++ln) total += lanes[(std::size_t(ln) * gb + l) * (S * V) + kj];
+        const unsigned ch = g * V + kj % V, k = kj / V;
+        partial[(std::size_t(ch) * gridDim.y + blockIdx.y) * S + k] = total;
+    }
+}
+} // namespace kernels
+
+namespace detail {
+// Queues column_partial_sums over rows x c values with `parts` parts, reading groups of 8 channels in
+// one move where c % 8 == 0 and every pointer in `aligned` is 16-byte aligned; make_op(V) gives the
+// Op for a width V.
+template <int S, class Acc, class MakeOp, class... P>
+void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_t parts, Acc* partial, MakeOp&& make_op,
+                 const P*... aligned)
+{
+    if (rows == 0 || c == 0) return;
+    const auto launch = [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        const unsigned groups = unsigned(c / V), gb = std::min(groups, kGroupsPerBlock);
+        const std::size_t per_part = (rows + parts - 1) / parts;
+        const dim3 grid((groups + gb - 1) / gb, unsigned(parts));
+        const std::size_t shared = std::size_t(kLanes) * gb * S * V * sizeof(Acc);
+        kernels::column_partial_sums<S, V, Acc><<<grid, gb * kLanes, shared, ctx.stream()>>>(make_op(v), rows, unsigned(c),
+                                                                                            per_part, gb, partial);
+        check_launch("column_partial_sums");
+    };
+    const bool wide = c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...);
+    if (wide) launch(std::integral_constant<int, 8>{});
+    else launch(std::integral_constant<int, 1>{});
+}
+} // namespace detail
+
+} // namespace replica::backend::cuda
