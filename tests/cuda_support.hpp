@@ -45,7 +45,7 @@ struct LoggedTimedChoices {
 
 // v (n planes of a x b values) with each plane transposed (b x a).
 template <class V>
-std::vector<V> transposed(const std::vector<V>& v, std::size_t n, std::size_t a, std::size_t b)
+std::vector<V> transpose_planes(const std::vector<V>& v, std::size_t n, std::size_t a, std::size_t b)
 {
     std::vector<V> out(v.size());
     for (std::size_t s = 0; s < n; ++s)
@@ -58,12 +58,12 @@ std::vector<V> transposed(const std::vector<V>& v, std::size_t n, std::size_t a,
 template <class V>
 std::vector<V> to_channels_last(const std::vector<V>& v, std::size_t n, std::size_t c, std::size_t pixels)
 {
-    return transposed(v, n, c, pixels);
+    return transpose_planes(v, n, c, pixels);
 }
 template <class V>
 std::vector<V> to_channels_first(const std::vector<V>& v, std::size_t n, std::size_t c, std::size_t pixels)
 {
-    return transposed(v, n, pixels, c);
+    return transpose_planes(v, n, pixels, c);
 }
 
 // A context on GPU 0 whose 16-bit activations are channels-last or not (Options::channels_last).

@@ -1404,9 +1404,7 @@ void layouts_agree()
 }
 } // namespace
 
-TEST_CASE("bf16 models train the same on channels-last activations as on channels-first ones: every layer, "
-          "predict's outputs in (channels, pixels)",
-          "[cuda][precision]")
+TEST_CASE("bf16 models train alike on channels-last and channels-first activations", "[cuda][precision]")
 {
     REQUIRE_GPU();
     SECTION("convolutions, BatchNorm, residual blocks, global average") { layouts_agree<SmallResNet>(); }

@@ -255,7 +255,7 @@ TEMPLATE_TEST_CASE("bf16 and fp16 convolutions equal the CPU's float ones on the
     conv_matches_cpu<core::Window{2, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(7, 300, true, true);   // more samples than parts
 }
 
-TEMPLATE_TEST_CASE("bf16 and fp16 convolutions on channels-last activations equal the CPU's, transposed: cuDNN for every shape",
+TEMPLATE_TEST_CASE("Channels-last bf16 and fp16 convolutions (cuDNN for every shape) equal the CPU's",
                    "[cuda][precision]", core::bf16, core::fp16)
 {
     REQUIRE_GPU();
@@ -385,16 +385,20 @@ TEST_CASE("Scratch and workspace sizes: float's as before, 16-bit ones with room
     // cuDNN's filter gradient in T after the bias's partial sums, from a 256-byte boundary.
     CHECK(cuda::CudnnConv<g>::scratch_size<float>(cout, n) == bias);
     const std::size_t weights = std::size_t(cout) * K, start = (bias + 63) / 64 * 64;
-    CHECK(cuda::CudnnConv<g>::scratch_size<core::bf16>(cout, n) == start + (weights + 1) / 2);
-    CHECK(cuda::CudnnConv<g>::scratch_size<core::fp16>(cout, n) == start + (weights + 1) / 2);
+    // Then, as far again, the filter reordered for channels-last activations.
+    const std::size_t filter = (weights * 2 + 255) / 256 * 64;
+    CHECK(cuda::CudnnConv<g>::scratch_size<core::bf16>(cout, n) == start + 2 * filter);
+    CHECK(cuda::CudnnConv<g>::scratch_size<core::fp16>(cout, n) == start + 2 * filter);
     float* base = nullptr;
     CHECK(reinterpret_cast<char*>(cuda::detail::cudnn_filter_scratch<core::bf16>(base + 256, bias)) ==
           reinterpret_cast<char*>(base + 256 + start));
+    CHECK(reinterpret_cast<char*>(cuda::detail::cudnn_reordered_filter<core::bf16>(base + 256, bias, weights)) ==
+          reinterpret_cast<char*>(base + 256 + start + filter));
     // Transposed: over the output's channels (g.c), c input channels.
     constexpr core::Window t{5, 16, 16, 4, 4, 2, 2, 1, 1, 8, 8};
     const std::size_t tbias = 5 * cuda::detail::bias_parts(5, 3 * 16 * 16);
     CHECK(cuda::CudnnConvTranspose<t>::scratch_size<float>(6, 3) == tbias);
-    CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias + 63) / 64 * 64 + (6 * 5 * 16 + 1) / 2);
+    CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias + 63) / 64 * 64 + 2 * ((6 * 5 * 16 * 2 + 255) / 256 * 64));
     // Channels-last sums a bias gradient in parts of about 1024 rows (columns.hpp): 16-bit types leave room for them.
     const std::size_t rows = 256 * 56 * 56;
     CHECK(cuda::detail::bias_scratch<float>(64, rows) == 64 * std::size_t(cuda::detail::bias_parts(64, rows)));

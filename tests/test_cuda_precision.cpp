@@ -532,7 +532,7 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
 }
 
 
-PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels give the channels-first results, transposed")
+PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal channels-first ones, transposed")
 {
     using T = TestType;
     CPU_AND_GPU(host, first);

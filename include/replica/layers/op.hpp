@@ -33,8 +33,9 @@
 // constexpr bool is_relu`) in the same pass, forward and backward; the Chain then skips the ReLU.
 // backward_relu gets the ReLU's output in y and its gradient in dy; dz (the op's own output slot) is
 // room for the op's output gradient, which the op may write or not: nothing reads it after. An op
-// with `static constexpr bool is_view` (Flatten) outputs its input's values unchanged: the Chain skips
-// it between two ops (the next one reads the view's input; dy passes through).
+// with `static constexpr bool is_view = true` (Flatten of float activations) outputs its input's values
+// unchanged: the Chain skips it between two ops (the next one reads the view's input; dy passes
+// through).
 //
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.

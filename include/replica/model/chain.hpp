@@ -140,13 +140,13 @@ public:
         else return false;
     }();
 
-    // A view (an op with `is_view`: Flatten) changes the shape, not the memory: between two ops it does
+    // A view (an op whose `is_view` is true: Flatten of float activations) changes the shape, not the memory: between two ops it does
     // not run, the op after it reads the view's input, and backward hands the gradient through (one
     // copy fewer each way). Last in the chain it runs, since its output is the caller's buffer; first,
     // its backward runs (it copies the gradient into the caller's dx, if any).
     template <std::size_t I>
     static constexpr bool skipped_view = [] {
-        if constexpr (I + 1 < N) return requires { op_t<I>::is_view; };
+        if constexpr (I + 1 < N && requires { op_t<I>::is_view; }) return bool(op_t<I>::is_view);
         else return false;
     }();
     // What op I reads: the output of the last op before it that is not a skipped view.

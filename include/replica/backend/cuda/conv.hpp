@@ -10,7 +10,7 @@
 //
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, their gradients, relu_y and
 // dz are T, activations in the context's layout (layout.hpp: channels-last runs cuDNN alone, with
-// tensors described NHWC; filters stay (cout, c, kh, kw)); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
+// tensors and filters described NHWC: the (cout, c, kh, kw) weights are reordered into scratch); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
 // stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's own filter gradient
 // comes out in T and is widened to dw). Plans are made and timed per T. Only under nvcc.
 
@@ -70,10 +70,11 @@ void run_backward(const Context& ctx, const ConvBackward<T>& a)
 } // namespace detail
 
 template <core::Window g, core::Storage T>
-void conv_forward(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, float*, bool relu)
+void conv_forward(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, float* scratch,
+                  bool relu)
 {
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
-    const ConvForward<T> a{cout, w, b, x, y, n, relu};
+    const ConvForward<T> a{cout, w, b, x, y, n, relu, scratch};
     if constexpr (detail::direct_conv<g>) {
         static_assert(ConvCandidate<DirectConv<g>, T>);
         // Before any plan: it needs none. The direct kernels read and write (channels, pixels).
@@ -108,9 +109,10 @@ void conv_backward_relu(const Context& ctx, int cout, const T* w, const T* x, co
 // Window g maps the transposed convolution's OUTPUT (g.c = cout channels, g.h x g.w) to its input
 // (c channels, g.oh x g.ow); the weight (c, cout, kh, kw) is that convolution's filter.
 template <core::Window g, core::Storage T>
-void conv_transpose_forward(const Context& ctx, int c, const T* w, const float* b, const T* x, T* y, std::size_t n, float*)
+void conv_transpose_forward(const Context& ctx, int c, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                            float* scratch)
 {
-    CudnnConvTranspose<g>::forward(ctx, detail::conv_plan<T>(ctx, g, c, n, ConvKey::transposed), w, b, x, y, n);
+    CudnnConvTranspose<g>::forward(ctx, detail::conv_plan<T>(ctx, g, c, n, ConvKey::transposed), c, w, b, x, y, n, scratch);
 }
 
 template <core::Window g, core::Storage T>

@@ -40,7 +40,8 @@ struct ConvForward {
     const T* x;
     T* y;
     std::size_t n;
-    bool relu;   // the ReLU after the layer is applied too (y is its output)
+    bool relu;        // the ReLU after the layer is applied too (y is its output)
+    float* scratch;   // conv_scratch_size<g, T> floats
 };
 
 // One backward pass. Without relu_y, dy is the output's gradient and dz is scratch the candidate may

@@ -114,7 +114,7 @@ void describe(const Context& ctx, ConvPlan& p, const core::Window& g, int cout, 
     p.conv = make_convolution_descriptor();
     REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.x, format, type, int(n), g.c, g.h, g.w));
     REPLICA_CHECK(cudnnSetTensor4dDescriptor(p.y, format, type, int(n), cout, g.oh, g.ow));
-    REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, type, CUDNN_TENSOR_NCHW, cout, g.c, g.kh, g.kw));
+    REPLICA_CHECK(cudnnSetFilter4dDescriptor(p.w, type, format, cout, g.c, g.kh, g.kw));
     REPLICA_CHECK(cudnnSetConvolution2dDescriptor(p.conv, g.ph, g.pw, g.sh, g.sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                                   CUDNN_DATA_FLOAT));
     const cudnnMathType_t math = !std::same_as<T, float>   ? CUDNN_TENSOR_OP_MATH
@@ -125,25 +125,44 @@ void describe(const Context& ctx, ConvPlan& p, const core::Window& g, int cout, 
 
 // The scratch of a pass with cuDNN's filter gradient, in floats: the bias gradient's partial sums
 // (`bias` floats), then for T other than float the filter gradient in T (`weights` values), from
-// the next 256-byte boundary on (cudnn_filter_scratch).
+// the next 256-byte boundary on (cudnn_filter_scratch), then the filter reordered for channels-last
+// activations (the same size, from the next boundary: cudnn_reordered_filter).
 template <core::Storage T>
 std::size_t cudnn_scratch_size(std::size_t bias, std::size_t weights)
 {
+    const std::size_t filter = (weights * sizeof(T) + 255) / 256 * 64;
     if constexpr (std::same_as<T, float>) return bias;
-    else return (bias + 63) / 64 * 64 + (weights * sizeof(T) + sizeof(float) - 1) / sizeof(float);
+    else return (bias + 63) / 64 * 64 + 2 * filter;
 }
 template <core::Storage T>
 T* cudnn_filter_scratch(float* scratch, std::size_t bias)
 {
     return reinterpret_cast<T*>(scratch + (bias + 63) / 64 * 64);
 }
+template <core::Storage T>
+T* cudnn_reordered_filter(float* scratch, std::size_t bias, std::size_t weights)
+{
+    return reinterpret_cast<T*>(scratch + (bias + 63) / 64 * 64 + (weights * sizeof(T) + 255) / 256 * 64);
+}
+
+// The filter cuDNN reads: w (k, c, kh, kw) itself, or for channels-last activations w reordered to
+// (k, kh, kw, c) into `reordered` (the layout of cuDNN's NHWC filters).
+template <core::Storage T>
+const T* cudnn_filter(const Context& ctx, const T* w, T* reordered, std::size_t k, std::size_t c, std::size_t window)
+{
+    if (!channels_last<T>(ctx)) return w;
+    transpose_planes(ctx, w, reordered, k, c, window);
+    return reordered;
+}
 
 // dw (`weights` floats) = cuDNN's filter gradient of the plan's convolution, whose input (p.x) is
 // `in` and whose output's gradient (p.y) is `dout`; for T other than float through `filter` (T,
 // cudnn_filter_scratch), widened. ws: the context's workspace.
+// For channels-last activations the filter gradient comes out (k, kh, kw, c) and is reordered to dw's
+// (k, c, kh, kw) as it is widened (k filters of c channels over `window` positions).
 template <core::Storage T>
 void cudnn_filter_gradient(const Context& ctx, const ConvPlan& p, const T* in, const T* dout, float* dw, T* filter,
-                           std::size_t weights, void* ws)
+                           std::size_t k, std::size_t c, std::size_t window, void* ws)
 {
     const float one = 1.0f, zero = 0.0f;
     if constexpr (std::same_as<T, float>) {
@@ -152,7 +171,8 @@ void cudnn_filter_gradient(const Context& ctx, const ConvPlan& p, const T* in, c
     } else {
         REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, in, p.y, dout, p.conv, p.bwd_filter, ws,
                                                      p.workspace, &zero, p.w, filter));
-        convert(ctx, filter, dw, weights);
+        if (channels_last<T>(ctx)) transpose_planes(ctx, filter, dw, k, window, c);
+        else convert(ctx, filter, dw, k * c * window);
     }
 }
 
@@ -242,7 +262,8 @@ struct CudnnConv {
     {
         const ConvPlan& p = *plan;
         const float one = 1.0f, zero = 0.0f;
-        REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, a.x, p.w, a.w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
+        const T* w = filter(ctx, a.w, a.scratch, a.cout, a.n);
+        REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, a.x, p.w, w, p.conv, p.fwd, ctx.workspace(0), p.workspace,
                                               &zero, p.y, a.y));
         detail::bias_forward(ctx, a.b, a.y, a.n, std::size_t(a.cout), std::size_t(g.oh) * g.ow, a.relu);
     }
@@ -257,8 +278,8 @@ struct CudnnConv {
         const T* dz = a.relu_y ? a.dz : a.dy;
         void* ws = ctx.workspace(0);
         detail::cudnn_filter_gradient(ctx, p, a.x, dz, a.dw, detail::cudnn_filter_scratch<T>(a.scratch, bias_scratch<T>(a.cout, a.n)),
-                                      weights(a.cout), ws);
-        if (a.dx) data_gradient(ctx, p, a.w, dz, a.dx, ws);
+                                      std::size_t(a.cout), std::size_t(g.c), window(), ws);
+        if (a.dx) data_gradient(ctx, p, filter(ctx, a.w, a.scratch, a.cout, a.n), dz, a.dx, ws);
     }
 
     // dx = the input gradient from the output's gradient dz (ws: the context's workspace).
@@ -277,6 +298,15 @@ private:
         return detail::bias_scratch<T>(std::size_t(cout), n * g.oh * g.ow);
     }
     static std::size_t weights(int cout) { return std::size_t(cout) * g.c * g.kh * g.kw; }
+    static constexpr std::size_t window() { return std::size_t(g.kh) * g.kw; }
+    // The filter cuDNN reads (detail::cudnn_filter), reordered into the scratch's last region.
+    template <core::Storage T>
+    static const T* filter(const Context& ctx, const T* w, float* scratch, int cout, std::size_t n)
+    {
+        if constexpr (std::same_as<T, float>) return w;
+        else return detail::cudnn_filter(ctx, w, detail::cudnn_reordered_filter<T>(scratch, bias_scratch<T>(cout, n), weights(cout)),
+                                         std::size_t(cout), std::size_t(g.c), window());
+    }
 };
 
 // A transposed convolution by cuDNN: window g maps its OUTPUT (g.c = cout channels, g.h x g.w) to
@@ -293,11 +323,12 @@ struct CudnnConvTranspose {
     }
 
     template <core::Storage T>
-    static void forward(const Context& ctx, const ConvPlan& p, const T* w, const float* b, const T* x, T* y, std::size_t n)
+    static void forward(const Context& ctx, const ConvPlan& p, int c, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                        float* scratch)
     {
         const float one = 1.0f, zero = 0.0f;
-        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, x, p.conv, p.bwd_data, ctx.workspace(0),
-                                                   p.workspace, &zero, p.x, y));
+        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, filter(ctx, w, scratch, c, n), p.y, x, p.conv,
+                                                   p.bwd_data, ctx.workspace(0), p.workspace, &zero, p.x, y));
         // Bias over the output's channels: the output is the plan's "x" tensor.
         detail::bias_forward(ctx, b, y, n, std::size_t(g.c), std::size_t(g.h) * g.w, false);
     }
@@ -311,16 +342,25 @@ struct CudnnConvTranspose {
         void* ws = ctx.workspace(0);
         // Bias over the output's channels (g.c, g.h x g.w): dy is the output's gradient.
         detail::bias_backward(ctx, dy, db, std::size_t(g.c), n, std::size_t(g.h) * g.w, scratch);
-        detail::cudnn_filter_gradient(ctx, p, dy, x, dw, detail::cudnn_filter_scratch<T>(scratch, bias_scratch<T>(n)), weights(c), ws);
+        detail::cudnn_filter_gradient(ctx, p, dy, x, dw, detail::cudnn_filter_scratch<T>(scratch, bias_scratch<T>(n)),
+                                      std::size_t(c), std::size_t(g.c), window(), ws);
         if (dx)
-            REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, dy, p.w, w, p.conv, p.fwd, ws, p.workspace, &zero,
-                                                  p.y, dx));
+            REPLICA_CHECK(cudnnConvolutionForward(ctx.cudnn(), &one, p.x, dy, p.w, filter(ctx, w, scratch, c, n), p.conv, p.fwd,
+                                                  ws, p.workspace, &zero, p.y, dx));
     }
 
 private:
     template <core::Storage T>
     static std::size_t bias_scratch(std::size_t n) { return detail::bias_scratch<T>(std::size_t(g.c), n * g.h * g.w); }
     static std::size_t weights(int c) { return std::size_t(c) * g.c * g.kh * g.kw; }
+    static constexpr std::size_t window() { return std::size_t(g.kh) * g.kw; }
+    template <core::Storage T>
+    static const T* filter(const Context& ctx, const T* w, float* scratch, int c, std::size_t n)
+    {
+        if constexpr (std::same_as<T, float>) return w;
+        else return detail::cudnn_filter(ctx, w, detail::cudnn_reordered_filter<T>(scratch, bias_scratch<T>(n), weights(c)),
+                                         std::size_t(c), std::size_t(g.c), window());
+    }
 };
 
 } // namespace replica::backend::cuda
