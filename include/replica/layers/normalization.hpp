@@ -69,7 +69,7 @@ struct BatchNorm {
             for (std::size_t c = 0; c < C; ++c) p[c] = 1.0f, p[C + c] = 0.0f;
         }
         template <class Ctx>
-        std::size_t scratch_size(const Ctx& ctx, std::size_t) const { return batch_norm_scratch(ctx, C); }
+        std::size_t scratch_size(const Ctx& ctx, std::size_t) const { return batch_norm_scratch<T>(ctx, C); }
         void init_statistics(float* s) const
         {
             for (std::size_t c = 0; c < C; ++c) s[c] = 0.0f, s[C + c] = 1.0f;

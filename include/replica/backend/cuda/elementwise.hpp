@@ -123,12 +123,11 @@ __global__ void add_channel_bias_last(const float* b, T* y, unsigned groups, uns
 }
 // In a captured step (step != null) the seed and the first sample come from device memory, and
 // first_sample is an offset from the step's first sample.
-// A sample's `size` values are (channels, size / channels), or (size / channels, channels) where
-// `last`: an element's mask is keyed by its (channel, pixel) index either way, so that every layout
+// A sample's `size` values are (channels, pixels), or (pixels, channels) where Last: an element's mask is keyed by its (channel, pixel) index either way, so that every layout
 // drops the same elements.
-template <core::Storage T>
+template <bool Last, core::Storage T>
 __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample, const T* x, T* y,
-                        std::size_t size, std::size_t count, const StepParams* step, std::size_t channels, bool last)
+                        std::size_t size, std::size_t count, const StepParams* step, std::size_t channels, std::size_t pixels)
 {
     if (step != nullptr) {
         seed = step->seed;
@@ -137,8 +136,8 @@ __global__ void dropout(float p, std::uint64_t seed, std::uint32_t layer, std::u
     const float scale = 1.0f / (1.0f - p);
     REPLICA_GRID_LOOP(i, count)
     {
-        const std::size_t s = i / size, at = i % size, pixels = size / channels;
-        const std::size_t e = last ? at % channels * pixels + at / channels : at;
+        const std::size_t s = i / size, at = i % size;
+        const std::size_t e = Last ? at % channels * pixels + at / channels : at;
         const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s, std::uint32_t(e));
         y[i] = narrow<T>(u >= p ? widen(x[i]) * scale : 0.0f);
     }
@@ -309,9 +308,16 @@ template <core::Storage T>
 void dropout_apply(const Context& ctx, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
                    const T* x, T* y, std::size_t n, std::size_t size, std::size_t channels)
 {
-    kernels::dropout<<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(
-        p, seed, layer, first_sample, x, y, size, n * size, ctx.step_params(), channels,
-        channels_last<T>(ctx) && channels > 1 && channels < size);
+    const auto launch = [&](auto last) {
+        kernels::dropout<decltype(last)::value><<<detail::blocks_for(n * size), detail::kThreads, 0, ctx.stream()>>>(
+            p, seed, layer, first_sample, x, y, size, n * size, ctx.step_params(), channels, size / channels);
+    };
+    detail::by_layout<T>(ctx, [&](auto last) {
+        if constexpr (decltype(last)::value) {
+            if (channels > 1 && channels < size) return launch(std::true_type{});
+        }
+        launch(std::false_type{});
+    });
     detail::check_launch("dropout");
 }
 template <core::Storage T>
