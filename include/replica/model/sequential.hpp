@@ -460,8 +460,9 @@ public:
     chain& layers() { return chain_; }
     const backend::AnyContext& context() const { return ctx_; }
     // Bytes of activation memory held for the largest batch seen: the arena (kept activations, saved
-    // state, output and its gradient, the input in storage unless scratch holds it, scratch), on a device the input gradient
-    // of a nested replica, and in bf16 or fp16 predict's float outputs once predict has run.
+    // state, output and its gradient, the input in storage unless scratch holds it, scratch), on a
+    // device the input gradient of a nested replica, and in bf16 or fp16 predict's float outputs once
+    // predict has run.
     std::size_t activation_bytes() const
     {
         return arena_.bytes() + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
