@@ -282,12 +282,39 @@ private:
         });
     }
 
+    // backward_refilling's two ways, in functions of their own, not branches in run_backward's lambda:
+    // nvcc does not discard those. The input op I reads in backward: x, or, where this chain's buffers
+    // keep it, the buffer dy is not in, written again first.
+    template <std::size_t I, class Refill>
+    static const T* backward_input(const T* x, const T* dy, T* const* ping, Refill refill)
+    {
+        if constexpr (I == 0 && !std::is_null_pointer_v<Refill> && pings_hold_input_) {
+            T* free = dy == ping[0] ? ping[1] : ping[0];
+            (*refill)(free);
+            return free;
+        } else {
+            return x;
+        }
+    }
+    // Whether op I is the first op and keeps the input in its own scratch: it then refills it itself.
+    template <std::size_t I, class Refill>
+    static constexpr bool first_refills = I == 0 && !std::is_null_pointer_v<Refill> && !pings_hold_input_;
+    template <class Ctx, class Hook, class Refill>
+    void first_backward_refilling(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& args, Refill refill, Hook& hook)
+    {
+        if constexpr (first_may_hold_input_ && !std::is_null_pointer_v<Refill>) {
+            if constexpr (syncs_of<op_t<0>> > 0)
+                parts_.template get<0>().backward_refilling(ctx, pass, args, *refill,
+                                                            core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            else parts_.template get<0>().backward_refilling(ctx, pass, args, *refill);
+        }
+    }
+
     // dz: with Relu, the buffer for this chain's own output gradient (the last op's dz). refill: null,
     // or backward_refilling's; with it the first op reads the input where it was written again.
     template <bool Relu, class Ctx, class Hook, class Refill = std::nullptr_t>
     void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook& hook, Refill refill = nullptr)
     {
-        constexpr bool refills = !std::is_null_pointer_v<Refill>;
         T* ping[2] = {reinterpret_cast<T*>(a.scratch), reinterpret_cast<T*>(a.scratch) + max_inner * a.n};
         const T* dy = a.dy;
         core::static_for_reverse<N>([&](auto i) {
@@ -295,21 +322,12 @@ private:
             if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
                 T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
-                const T* x = a.x;
-                if constexpr (refills && i == 0 && pings_hold_input_) {
-                    T* free = dy == ping[0] ? ping[1] : ping[0];
-                    (*refill)(free);
-                    x = free;
-                }
                 const BackwardArgs<T> args = parts::template backward_args<i>(
-                    a, input_of<i>(x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx,
-                    act_offset[N], inner_scratch(a.scratch, a.n));
-                if constexpr (refills && i == 0 && !pings_hold_input_) {   // the first op keeps the input
-                    static_assert(first_may_hold_input_ && !applies_relu<Relu, 0>);
-                    if constexpr (syncs_of<op_t<0>> > 0)
-                        parts_.template get<0>().backward_refilling(ctx, pass, args, *refill,
-                                                                    core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-                    else parts_.template get<0>().backward_refilling(ctx, pass, args, *refill);
+                    a, input_of<i>(backward_input<i>(a.x, dy, ping, refill), a.kept, a.n),
+                    last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx, act_offset[N],
+                    inner_scratch(a.scratch, a.n));
+                if constexpr (first_refills<i, Refill>) {   // the first op keeps the input
+                    first_backward_refilling(ctx, pass, args, refill, hook);
                 } else if constexpr (applies_relu<Relu, i>) {
                     T* own = i + 1 == N ? dz : activation(a.kept, a.n, i);   // op i's output slot, unused by forward
                     if constexpr (syncs_of<op_t<i>> > 0)
