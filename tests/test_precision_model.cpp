@@ -178,3 +178,87 @@ TEST_CASE("Checkpoints move between precisions: they hold the fp32 master parame
     CHECK(weight_copy(half) == rounded<fp16>(parameters(full)));
     std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+// Three steps, each queued behind the one before (train_step with the next batch), then the
+// parameters, the loss sum and the predictions.
+template <class M, class Data>
+std::vector<float> queued_steps(M& m, const Data& data)
+{
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    for (std::size_t s = 0; s < 3; ++s) {
+        const Batch next = data.batch((s + 1) * 8, 8, (s + 1) * 8);
+        train_step(m, opt, data.batch(s * 8, 8, s * 8), StepOptions{}, s < 2 ? &next : nullptr);
+    }
+    auto out = parameters(m);
+    out.push_back(float(m.evaluate(data.inputs.data(), data.labels.data(), 8).loss_sum));
+    const auto y = predict(m, data.inputs.data(), 8);
+    out.insert(out.end(), y.begin(), y.end());
+    return out;
+}
+
+// Convolutions whose outputs (8x4x4) are larger than the input (2x6x6): the chain's gradient buffers
+// can hold the converted input. The same behind an Identity (a view first: the first convolution
+// reads the input in backward while its input gradient fills a gradient buffer), which keeps the
+// arena's input region; nested in a Sequential (the outer buffers, 8x2x2, are too small; the nested
+// chain's hold it); and in a nested DataParallel (which holds it with one replica only).
+using ConvLayers = Sequential<Conv2d<8, 3>, ReLU, Conv2d<8, 3>, ReLU>;
+template <class T>
+using InputInBuffer = Sequential<Precision<T>, Input<2, 6, 6>, Conv2d<8, 3>, ReLU, Conv2d<8, 3>, ReLU, Flatten, Linear<3>>;
+template <class T>
+using InputInRegion = Sequential<Precision<T>, Input<2, 6, 6>, Identity, Conv2d<8, 3>, ReLU, Conv2d<8, 3>, ReLU, Flatten, Linear<3>>;
+template <class T>
+using InputInNested = Sequential<Precision<T>, Input<2, 6, 6>, ConvLayers, Flatten, Linear<3>>;
+template <class T>
+using InputInReplica = Sequential<Precision<T>, Input<2, 6, 6>, DataParallel<Sequential<Input<2, 6, 6>, ConvLayers>, Threaded>,
+                                  Flatten, Linear<3>>;
+
+template <class T>
+void input_in_gradient_buffer()
+{
+    static_assert(InputInBuffer<T>::chain::may_hold_input && !InputInRegion<T>::chain::may_hold_input);
+    static_assert(InputInNested<T>::chain::may_hold_input && InputInReplica<T>::chain::may_hold_input);
+    const RandomBatches<InputInBuffer<T>> data(100, 11);
+    InputInRegion<T> region{Device::cpu(), 4};
+    const auto w = parameters(region);
+    InputInBuffer<T> buffer{Device::cpu(), 4};
+    InputInNested<T> nested{Device::cpu(), 4};
+    InputInReplica<T> one_replica{cpus(1), 4}, two_replicas{cpus(2), 4};
+    buffer.set_parameters(w);
+    nested.set_parameters(w);
+    one_replica.set_parameters(w);
+    two_replicas.set_parameters(w);
+    const auto expected = queued_steps(region, data);
+    CHECK(differences(queued_steps(buffer, data), expected) == "");
+    CHECK(differences(queued_steps(nested, data), expected) == "");
+    CHECK(differences(queued_steps(one_replica, data), expected) == "");
+    // Two replicas keep the region (their inputs staged); their gradients sum in another order.
+    CHECK(max_relative_difference(queued_steps(two_replicas, data), expected) < 2e-2);
+
+    // The region's model keeps the Identity's output (72 values a sample) and the input (72): two
+    // bf16 or fp16 regions of 8 samples more than the model whose buffers hold the input.
+    const std::size_t bytes = 8 * 72 * sizeof(T);
+    CHECK(region.activation_bytes() == buffer.activation_bytes() + 2 * bytes);
+    // The nested chain's model holds it too; it has gradient buffers of its own for the nested
+    // chain's output (2 x 32 values a sample). A nested DataParallel holds it with one replica.
+    CHECK(nested.activation_bytes() == buffer.activation_bytes() + 2 * 8 * 32 * sizeof(T));
+    CHECK(one_replica.activation_bytes() == nested.activation_bytes());
+    CHECK(two_replicas.activation_bytes() == one_replica.activation_bytes() + bytes);
+
+    // The reproducible mode: shards of 3 samples, each converted again before its backward.
+    InputInRegion<T> region_exact{Device::cpu(), 4};
+    InputInBuffer<T> buffer_exact{Device::cpu(), 4};
+    buffer_exact.set_parameters(parameters(region_exact));
+    const StepOptions exact{.reproducible = true, .micro_shard = 3};
+    CHECK(differences(five_steps(buffer_exact, data, 2, exact), five_steps(region_exact, data, 2, exact)) == "");
+}
+
+} // namespace
+
+TEST_CASE("bf16 and fp16 keep the converted input in a gradient buffer where it fits: the same bits, less memory",
+          "[cpu][precision]")
+{
+    input_in_gradient_buffer<bf16>();
+    input_in_gradient_buffer<fp16>();
+}

@@ -5,7 +5,8 @@
 //   [ kept activations (T) | saved state (floats) | output (T) | its gradient (T) | input in T | scratch ]
 //
 // where T is the chain's storage type; the input region exists in bf16 and fp16 only (inputs arrive
-// as floats and are converted there). It grows to the largest batch seen and is then reused, so a warm
+// as floats and are converted there), and only where the chain cannot keep the converted input in its
+// scratch (model/chain.hpp, holds_input). It grows to the largest batch seen and is then reused, so a warm
 // step allocates nothing. Regions are counted in floats; a 16-bit region is rounded up to 16 bytes
 // (floats_for), so that every region starts aligned.
 
@@ -30,6 +31,7 @@ public:
     template <class Ctx>
     void allocate(Ctx& ctx, const Chain& chain, std::size_t n)
     {
+        keeps_input_ = reduced && !chain.holds_input();
         memory_ = ctx.template allocate<float>(layout(n).back() + chain.scratch_size(ctx, n));
         capacity_ = n;
     }
@@ -38,7 +40,7 @@ public:
     float* saved() { return region<float>(1); }
     storage* y() { return region<storage>(2); }
     storage* dy() { return region<storage>(3); }
-    storage* input() { return region<storage>(4); }
+    storage* input() { return region<storage>(4); }   // empty unless the chain cannot hold the input
     float* scratch() { return region<float>(5); }
 
 private:
@@ -46,14 +48,14 @@ private:
     static constexpr std::size_t output_size = Chain::output_shape::size;
 
     // Where each region begins, in floats, for n samples; the last entry is where scratch begins.
-    static std::array<std::size_t, 6> layout(std::size_t n)
+    std::array<std::size_t, 6> layout(std::size_t n) const
     {
         std::array<std::size_t, 6> at{};
         at[1] = at[0] + floats_for<storage>(n * Chain::kept_size);
         at[2] = at[1] + n * Chain::saved_size;
         at[3] = at[2] + floats_for<storage>(n * output_size);
         at[4] = at[3] + floats_for<storage>(n * output_size);
-        at[5] = at[4] + (reduced ? floats_for<storage>(n * InputSize) : 0);
+        at[5] = at[4] + (keeps_input_ ? floats_for<storage>(n * InputSize) : 0);
         return at;
     }
     template <class T>
@@ -64,6 +66,7 @@ private:
 
     core::Buffer<float> memory_;
     std::size_t capacity_ = 0;
+    bool keeps_input_ = false;   // the input region exists
 };
 
 } // namespace replica::model

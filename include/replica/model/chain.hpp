@@ -7,7 +7,8 @@
 // layer but the last, then every layer's own kept activations, in `kept`; every layer's saved state
 // in `saved`. Backward walks the layers in reverse with two ping-pong gradient buffers in scratch,
 // and calls hook(param_offset[i]) once layer i's parameter gradients are final, so that DataParallel
-// can reduce them while the rest runs.
+// can reduce them while the rest runs. A model may keep its converted input in scratch too
+// (may_hold_input).
 
 #include <algorithm>
 #include <array>
@@ -140,15 +141,54 @@ public:
         else return false;
     }();
 
-    // A view (an op whose `is_view` is true: Flatten of float activations) changes the shape, not the memory: between two ops it does
-    // not run, the op after it reads the view's input, and backward hands the gradient through (one
-    // copy fewer each way). Last in the chain it runs, since its output is the caller's buffer; first,
+    // A view (an op whose `is_view` is true: Flatten of float activations) changes the shape, not the
+    // memory: between two ops it does not run, the op after it reads the view's input, and backward
+    // hands the gradient through (one copy fewer each way). Last in the chain it runs, since its output is the caller's buffer; first,
     // its backward runs (it copies the gradient into the caller's dx, if any).
     template <std::size_t I>
     static constexpr bool skipped_view = [] {
         if constexpr (I + 1 < N && requires { op_t<I>::is_view; }) return bool(op_t<I>::is_view);
         else return false;
     }();
+
+private:
+    // may_hold_input's two ways; the first op reads the input in both (it is no skipped view).
+    static constexpr bool pings_hold_input_ = [] {
+        if constexpr (N == 0) return false;
+        else return !skipped_view<0> && In::size <= max_inner;
+    }();
+    static constexpr bool first_may_hold_input_ = [] {
+        if constexpr (N == 0) return false;
+        else if constexpr (requires { op_t<0>::may_hold_input; })
+            return op_t<0>::may_hold_input && !skipped_view<0> && !fuses_next_relu<0>;
+        else return false;
+    }();
+
+public:
+    // Whether a model may keep this chain's input in T in the chain's scratch instead of memory of its
+    // own (input_home): one ping-pong gradient buffer holds it (both are idle in forward; before the
+    // first op's backward the one its dy is not in is free, its dx being the caller's), or else the
+    // first op is a chain, or holds one, that can keep it (holds_input(), known once the op is built:
+    // a nested DataParallel can with one replica only). Backward overwrites it; backward_refilling has
+    // it written again, where the first op's backward then reads it.
+    static constexpr bool may_hold_input = [] {
+        if constexpr (N == 0) return false;
+        else return pings_hold_input_ || first_may_hold_input_;
+    }();
+    bool holds_input() const
+    {
+        if constexpr (N > 0 && pings_hold_input_) return true;
+        else if constexpr (N > 0 && first_may_hold_input_) return parts_.template get<0>().holds_input();
+        else return false;
+    }
+    // Where the input of n samples is kept, given this chain's scratch; requires holds_input().
+    static T* input_home(float* scratch, std::size_t n)
+        requires may_hold_input
+    {
+        if constexpr (pings_hold_input_) return reinterpret_cast<T*>(scratch);
+        else return op_t<0>::input_home(inner_scratch(scratch, n), n);
+    }
+
     // What op I reads: the output of the last op before it that is not a skipped view.
     template <std::size_t I>
     static const T* input_of(const T* x, T* kept, std::size_t n)
@@ -168,6 +208,15 @@ public:
     void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook&& hook = {})
     {
         run_backward<false>(ctx, pass, a, nullptr, hook);
+    }
+    // backward for a model that keeps the input at input_home (holds_input()): a.x is where forward
+    // read it; refill(T* to) queues writing it, n samples in T, to `to`, where the first op's backward
+    // reads it.
+    template <class Ctx, class Refill, class Hook = core::NoHook>
+        requires may_hold_input
+    void backward_refilling(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Refill&& refill, Hook&& hook = {})
+    {
+        run_backward<false>(ctx, pass, a, nullptr, hook, &refill);
     }
 
     // A chain nested in another fuses the ReLU after it when its last op does (the leaf ops' contract,
@@ -233,9 +282,38 @@ private:
         });
     }
 
-    // dz: with Relu, the buffer for this chain's own output gradient (the last op's dz).
-    template <bool Relu, class Ctx, class Hook>
-    void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook& hook)
+    // backward_refilling's two ways, in functions of their own, not branches in run_backward's lambda:
+    // nvcc does not discard those. The input op I reads in backward: x, or, where this chain's buffers
+    // keep it, the buffer dy is not in, written again first.
+    template <std::size_t I, class Refill>
+    static const T* backward_input(const T* x, const T* dy, T* const* ping, Refill refill)
+    {
+        if constexpr (I == 0 && !std::is_null_pointer_v<Refill> && pings_hold_input_) {
+            T* free = dy == ping[0] ? ping[1] : ping[0];
+            (*refill)(free);
+            return free;
+        } else {
+            return x;
+        }
+    }
+    // Whether op I is the first op and keeps the input in its own scratch: it then refills it itself.
+    template <std::size_t I, class Refill>
+    static constexpr bool first_refills = I == 0 && !std::is_null_pointer_v<Refill> && !pings_hold_input_;
+    template <class Ctx, class Hook, class Refill>
+    void first_backward_refilling(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& args, Refill refill, Hook& hook)
+    {
+        if constexpr (first_may_hold_input_ && !std::is_null_pointer_v<Refill>) {
+            if constexpr (syncs_of<op_t<0>> > 0)
+                parts_.template get<0>().backward_refilling(ctx, pass, args, *refill,
+                                                            core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
+            else parts_.template get<0>().backward_refilling(ctx, pass, args, *refill);
+        }
+    }
+
+    // dz: with Relu, the buffer for this chain's own output gradient (the last op's dz). refill: null,
+    // or backward_refilling's; with it the first op reads the input where it was written again.
+    template <bool Relu, class Ctx, class Hook, class Refill = std::nullptr_t>
+    void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook& hook, Refill refill = nullptr)
     {
         T* ping[2] = {reinterpret_cast<T*>(a.scratch), reinterpret_cast<T*>(a.scratch) + max_inner * a.n};
         const T* dy = a.dy;
@@ -245,9 +323,12 @@ private:
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
                 T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
                 const BackwardArgs<T> args = parts::template backward_args<i>(
-                    a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx,
-                    act_offset[N], inner_scratch(a.scratch, a.n));
-                if constexpr (applies_relu<Relu, i>) {
+                    a, input_of<i>(backward_input<i>(a.x, dy, ping, refill), a.kept, a.n),
+                    last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx, act_offset[N],
+                    inner_scratch(a.scratch, a.n));
+                if constexpr (first_refills<i, Refill>) {   // the first op keeps the input
+                    first_backward_refilling(ctx, pass, args, refill, hook);
+                } else if constexpr (applies_relu<Relu, i>) {
                     T* own = i + 1 == N ? dz : activation(a.kept, a.n, i);   // op i's output slot, unused by forward
                     if constexpr (syncs_of<op_t<i>> > 0)
                         parts_.template get<i>().backward_relu(ctx, pass, args, own,

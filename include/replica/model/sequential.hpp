@@ -76,7 +76,8 @@ struct NotAModel {
     using output_shape = Shape<1>;
     using storage = float;
     static constexpr std::size_t param_count = 0, saved_size = 0, kept_size = 0, statistics_count = 0, syncs = 0;
-    static constexpr bool spans_devices = false;
+    static constexpr bool spans_devices = false, may_hold_input = false;
+    bool holds_input() const { return false; }
     explicit NotAModel(const Build&) {}
     void init(float*, std::uint64_t) const {}
     void init_statistics(float*) const {}
@@ -333,8 +334,7 @@ public:
     {
         return visit([&](auto& ctx) -> const storage* {
             reserve(ctx, n);
-            if constexpr (reduced) last_x_ = ctx.stage(x, arena_.input(), n * input_shape::size);
-            else last_x_ = slots_.staging().take(ctx, x, nullptr, n).first;
+            last_x_ = slots_.staging().take_activations(ctx, x, n);
             last_n_ = n;
             if (n) chain_.forward(ctx, pass, forward_args(last_x_, n));
             return y();
@@ -424,7 +424,7 @@ public:
         return visit([&](auto& ctx) {
             reserve(ctx, n);
             const auto [xd, ld] = slots_.staging().take(ctx, x, labels, n);
-            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
+            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n, input_home(n)), n));
             core::LossSlot* slot = slots_.loss(slots_.evaluation);
             *slot = {};
             loss::template forward_backward<output_shape>(ctx, y(), ld, n, 1.0f, nullptr, slot);
@@ -446,7 +446,7 @@ public:
                 }
             }
             const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
-            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n), n));
+            chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n, input_home(n)), n));
             if constexpr (reduced) {
                 from_activation_layout(ctx, y(), outputs_.data(), n, output_shape::channels, output_shape::pixels);
                 ctx.download(out, outputs_.data(), n * output_shape::size);
@@ -460,8 +460,9 @@ public:
     chain& layers() { return chain_; }
     const backend::AnyContext& context() const { return ctx_; }
     // Bytes of activation memory held for the largest batch seen: the arena (kept activations, saved
-    // state, output and its gradient, the input in storage, scratch), on a device the input gradient
-    // of a nested replica, and in bf16 or fp16 predict's float outputs once predict has run.
+    // state, output and its gradient, the input in storage unless scratch holds it, scratch), on a
+    // device the input gradient of a nested replica, and in bf16 or fp16 predict's float outputs once
+    // predict has run.
     std::size_t activation_bytes() const
     {
         return arena_.bytes() + input_grad_.size() * sizeof(storage) + outputs_.size() * sizeof(float);
@@ -531,12 +532,19 @@ private:
     void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
                     core::LossSlot* slot, Hook&& on_layer)
     {
-        const storage* x = to_storage(ctx, xd, n);
+        const storage* x = to_storage(ctx, xd, n, input_home(n));
         ForwardArgs<storage> args = forward_args(x, n);
         if (pass.micro_shard > 0) args.shard_sums = shard_sums();
         chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
-        chain_.backward(ctx, pass, backward_args(x, dy(), nullptr, n), on_layer);
+        const BackwardArgs<storage> back = backward_args(x, dy(), nullptr, n);
+        if constexpr (reduced && chain::may_hold_input) {
+            if (chain_.holds_input()) {   // backward overwrites it there before the first layer reads it
+                chain_.backward_refilling(ctx, pass, back, [&](storage* to) { to_storage(ctx, xd, n, to); }, on_layer);
+                return;
+            }
+        }
+        chain_.backward(ctx, pass, back, on_layer);
     }
 
     // An optimizer that looks at the whole gradient first (ClipGradNorm). A function of its own, not a
@@ -588,16 +596,26 @@ private:
     storage* dy() { return arena_.dy(); }
     float* shard_sums() { return grads_.data() + param_count; }
 
-    // Inputs arrive as floats (host batches); in bf16 or fp16 the layers read them converted.
+    // Inputs arrive as floats (host batches); in bf16 or fp16 the layers read them converted, written
+    // to `to` (input_home) by this function alone.
     template <class Ctx>
-    const storage* to_storage(Ctx& ctx, const float* x, std::size_t n)
+    const storage* to_storage(Ctx& ctx, const float* x, std::size_t n, storage* to)
     {
         if constexpr (reduced) {
-            to_activation_layout(ctx, x, arena_.input(), n, input_shape::channels, input_shape::pixels);
-            return arena_.input();
+            to_activation_layout(ctx, x, to, n, input_shape::channels, input_shape::pixels);
+            return to;
         } else {
             return x;
         }
+    }
+    // Where the layers read the converted input of n samples: in the chain's scratch where it can keep
+    // it there (model/chain.hpp, may_hold_input; backward then has it converted again), else the
+    // arena's input region.
+    storage* input_home(std::size_t n)
+    {
+        if constexpr (chain::may_hold_input)
+            if (chain_.holds_input()) return chain::input_home(arena_.scratch(), n);
+        return arena_.input();
     }
     // The products' copy of the parameters follows every change of them.
     template <class Ctx>

@@ -5,6 +5,7 @@
 //
 //   auto [x, labels] = staging.take_for_step(ctx, batch.inputs, batch.labels, batch.size, slot);
 //   auto [x, labels] = staging.take(ctx, inputs, labels, n);   // anything else: evaluate, predict
+//   const T* x = staging.take_activations(ctx, activations, n);   // a nested model's input
 //
 // take_for_step() copies the batch into buffer `slot` on the context's copy stream, so that the copy
 // overlaps the step before, and makes the compute stream wait for it. It does not wait for the
@@ -65,6 +66,16 @@ public:
             if (labels) ctx.stage(labels, labels_[0].data(), n * LabelSize);
             return {inputs_[0].data(), labels_[0].data()};
         }
+    }
+
+    // A nested model's input: n samples of activations x (T, float or narrower), memory of this device
+    // or another, in buffer 0 (as take's) or, on the CPU, where they are; in order on the compute stream.
+    template <class T, class Ctx>
+    const T* take_activations(Ctx& ctx, const T* x, std::size_t n)
+    {
+        static_assert(sizeof(T) <= sizeof(float), "a buffer holds InputSize floats a sample");
+        if constexpr (Ctx::host_visible) return x;
+        else return ctx.stage(x, reinterpret_cast<T*>(inputs_[0].data()), n * InputSize);
     }
 
 private:

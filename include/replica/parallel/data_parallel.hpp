@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "replica/backend/backend.hpp"
@@ -202,6 +203,31 @@ public:
         template <class Ctx>
         void backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs<T>& a)
         {
+            run_backward(ctx, pass, a, nullptr);
+        }
+
+        // With one replica, the one on the parent's memory, a model may keep its converted input in
+        // that replica's scratch (model/chain.hpp, may_hold_input); backward_refilling (requires
+        // holds_input()) is backward then, with the input written again where the replica reads it.
+        static constexpr bool may_hold_input = chain::may_hold_input;
+        bool holds_input() const { return others_.empty() && chain0_.holds_input(); }
+        static T* input_home(float* scratch, std::size_t n)
+            requires may_hold_input
+        {
+            return chain::input_home(scratch, n);
+        }
+        template <class Ctx, class Refill>
+            requires may_hold_input
+        void backward_refilling(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs<T>& a, Refill&& refill)
+        {
+            run_backward(ctx, pass, a, &refill);
+        }
+
+    private:
+        // refill: null, or backward_refilling's (replica 0 only: there are no others).
+        template <class Ctx, class Refill>
+        void run_backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs<T>& a, Refill refill)
+        {
             if (!set_.connected() && replica_count() > 1) {   // once: the parent's context is known from here on
                 std::vector<backend::AnyContext> contexts{backend::AnyContext(ctx)};
                 for (auto& m : others_) contexts.push_back(m.context());
@@ -221,7 +247,8 @@ public:
                         model::BackwardArgs<T> part = a;
                         part.dx = dx;
                         part.n = s.count;
-                        chain0_.backward(ctx, mine, part, hook);
+                        if constexpr (std::is_null_pointer_v<Refill>) chain0_.backward(ctx, mine, part, hook);
+                        else chain0_.backward_refilling(ctx, mine, part, *refill, hook);
                     } else {
                         fill(ctx, a.dparams, 0.0f, param_count);
                         hook(std::size_t{0});
@@ -251,6 +278,8 @@ public:
             for (std::size_t r = 0; r < replica_count(); ++r) set_.comm().wait(r);
             ctx.activate();
         }
+
+    public:
 
         template <class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
