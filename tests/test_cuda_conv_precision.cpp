@@ -259,16 +259,30 @@ TEMPLATE_TEST_CASE("Channels-last bf16 and fp16 convolutions (cuDNN for every sh
                    "[cuda][precision]", core::bf16, core::fp16)
 {
     REQUIRE_GPU();
-    // The shapes of our direct kernels and of the products run on cuDNN too: they read (channels, pixels).
+    // Input channels a multiple of 8 run on cuDNN's channels-last kernels whatever the path says (the
+    // direct kernels and the products read (channels, pixels)); other channel counts over small
+    // inputs take the detour: channels-first between transposes (conv.hpp, detail::detours).
     const auto path = GENERATE(cuda::ConvPath::timed, cuda::ConvPath::gemm);
     CAPTURE(int(path));
     const OptionScope forced{&cuda::Options::conv_path, path};
+    const cuda::Context probe = gpu_context(true);
+    constexpr core::Window odd16{16, 10, 9, 3, 3, 2, 2, 1, 1, 5, 5}, conv1d8{8, 1, 40, 1, 7, 1, 1, 0, 0, 1, 34},
+                           large{3, 128, 128, 3, 3, 1, 1, 1, 1, 128, 128};
+    CHECK_FALSE(cuda::detail::detours<one_by_one, TestType>(probe));
+    CHECK_FALSE(cuda::detail::detours<odd16, TestType>(probe));
+    CHECK_FALSE(cuda::detail::detours<large, TestType>(probe));   // 3 channels, but too large an input
+    CHECK(cuda::detail::detours<lenet1, TestType>(probe));
+    CHECK(cuda::detail::detours<odd, TestType>(probe));
+    CHECK_FALSE(cuda::detail::detours<lenet1, TestType>(gpu_context(false)));
+    conv_matches_cpu_all<one_by_one, TestType>(16, 5, true);
+    conv_matches_cpu_all<odd16, TestType>(8, 4, true);
+    conv_matches_cpu_all<conv1d8, TestType>(16, 3, true);
+    conv_matches_cpu_all<large, TestType>(8, 2, true);
+    conv_matches_cpu<core::Window{8, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(16, 300, true, true, true);
     conv_matches_cpu_all<lenet1, TestType>(20, 5, true);
     conv_matches_cpu_all<alexnet1, TestType>(64, 2, true);
-    conv_matches_cpu_all<one_by_one, TestType>(16, 5, true);
     conv_matches_cpu_all<conv1d, TestType>(8, 3, true);
     conv_matches_cpu_all<odd, TestType>(5, 4, true);
-    conv_matches_cpu<core::Window{2, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(7, 300, true, true, true);
     for (const bool bias : {true, false}) conv_transpose_matches_cpu<transposed, TestType>(6, 3, bias, true);
 }
 

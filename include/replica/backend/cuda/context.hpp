@@ -61,6 +61,17 @@ public:
 
     const Device& device() const { return state_->device; }
     const Options& options() const { return state_->options; }
+    // Whether 16-bit activations are channels-last here (layout.hpp): Options::channels_last, unless
+    // this handle is channels_first()'s.
+    bool keeps_channels_last() const { return state_->options.channels_last && !channels_first_; }
+    // A handle to the same state whose 16-bit activations are channels-first: for a layer that runs so
+    // between channels-last neighbours (conv.hpp, detail::detours).
+    Context channels_first() const
+    {
+        Context c = *this;
+        c.channels_first_ = true;
+        return c;
+    }
     cudaStream_t stream() const { return state_->streams.compute(); }
     cudaStream_t comm_stream() const { return state_->streams.comm(); }
     cudnnHandle_t cudnn() const { return state_->libraries.cudnn(); }
@@ -326,6 +337,7 @@ private:
     }
 
     std::shared_ptr<detail::State> state_;
+    bool channels_first_ = false;
 };
 static_assert(backend::Context<Context>);
 

@@ -34,14 +34,56 @@ namespace replica::backend::cuda {
 // pixels; for the direct kernels, their filter gradient's partial sums after (the larger of the two);
 // for T other than float on cuDNN's filter gradient, that gradient in T after the bias's sums
 // (CudnnConv::scratch_size).
-template <core::Window g, core::Storage T = float>
-std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
+namespace detail {
+// The scratch of the candidates themselves.
+template <core::Window g, core::Storage T>
+std::size_t own_scratch(int cout, std::size_t n)
 {
-    const std::size_t bias = detail::bias_scratch<T>(std::size_t(cout), n * g.oh * g.ow);
+    const std::size_t bias = bias_scratch<T>(std::size_t(cout), n * g.oh * g.ow);
     const std::size_t cudnn = std::same_as<T, float> ? bias : CudnnConv<g>::template scratch_size<T>(cout, n);
-    // 16-bit shapes of the direct kernels run on cuDNN where activations are channels-last.
-    if constexpr (!detail::direct_conv<g>) return cudnn;
+    if constexpr (!direct_conv<g>) return cudnn;
     else return std::max({bias, DirectConv<g>::scratch_size(cout, n), cudnn});
+}
+
+// Whether a convolution runs channels-first although ctx keeps T channels-last: its input channels
+// are not a multiple of 8, where cuDNN's channels-last kernels are slow, and its input is small (at
+// most 32 Ki values a sample: LeNet's layers, a first layer over small images), so the transposes
+// around it cost little and our direct kernels and the products, which read (channels, pixels),
+// serve it.
+template <core::Window g, core::Storage T>
+bool detours(const Context& ctx)
+{
+    return channels_last<T>(ctx) && g.c % 8 != 0 && std::size_t(g.c) * g.h * g.w <= 32768;
+}
+
+// The detour's activations in (channels, pixels), in T, after the candidates' scratch, each region
+// 256-byte aligned: x and dx (n x g.c x g.h x g.w), y (or dy), relu_y and dz (n x cout x g.oh x g.ow).
+template <core::Window g, core::Storage T>
+struct Detour {
+    T *x, *dx, *y, *relu_y, *dz;
+    static std::size_t floats(std::size_t values) { return (values * sizeof(T) + 255) / 256 * 64; }
+    static std::size_t size(int cout, std::size_t n)
+    {
+        return 2 * floats(n * g.c * g.h * g.w) + 3 * floats(n * std::size_t(cout) * g.oh * g.ow);
+    }
+    Detour(float* scratch, int cout, std::size_t n)
+    {
+        const std::size_t in = floats(n * g.c * g.h * g.w), out = floats(n * std::size_t(cout) * g.oh * g.ow);
+        float* at = scratch + (own_scratch<g, T>(cout, n) + 63) / 64 * 64;
+        x = reinterpret_cast<T*>(at);
+        dx = reinterpret_cast<T*>(at + in);
+        y = reinterpret_cast<T*>(at + 2 * in);
+        relu_y = reinterpret_cast<T*>(at + 2 * in + out);
+        dz = reinterpret_cast<T*>(at + 2 * in + 2 * out);
+    }
+};
+} // namespace detail
+
+template <core::Window g, core::Storage T = float>
+std::size_t conv_scratch_size(const Context& ctx, int cout, std::size_t n)
+{
+    const std::size_t own = detail::own_scratch<g, T>(cout, n);
+    return detail::detours<g, T>(ctx) ? (own + 63) / 64 * 64 + detail::Detour<g, T>::size(cout, n) : own;
 }
 // c: the transposed convolution's input channels.
 template <core::Window g, core::Storage T = float>
@@ -62,6 +104,22 @@ template <core::Window g, core::Storage T>
 void run_backward(const Context& ctx, const ConvBackward<T>& a)
 {
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
+    if (detours<g, T>(ctx)) {   // channels-first: x, dy and relu_y transposed in, dx out (dz stays ours)
+        const Detour<g, T> d(a.scratch, a.cout, a.n);
+        const std::size_t in = std::size_t(g.h) * g.w, out = std::size_t(g.oh) * g.ow, cout = std::size_t(a.cout);
+        from_activation_layout(ctx, a.x, d.x, a.n, g.c, in);
+        from_activation_layout(ctx, a.dy, d.y, a.n, cout, out);
+        if (a.relu_y) from_activation_layout(ctx, a.relu_y, d.relu_y, a.n, cout, out);
+        ConvBackward<T> first = a;
+        first.x = d.x;
+        first.dy = d.y;
+        first.relu_y = a.relu_y ? d.relu_y : nullptr;
+        first.dz = d.dz;
+        first.dx = a.dx ? d.dx : nullptr;
+        run_backward<g>(ctx.channels_first(), first);
+        if (a.dx) to_activation_layout(ctx, d.dx, a.dx, a.n, g.c, in);
+        return;
+    }
     const ConvPlan& p = plan_of<g, T>(ctx, a.cout, a.n);
     if (p.gemm_backward) ProductConv<g>::backward(ctx, &p, a);
     else if (direct_conv<g> && !channels_last<T>(ctx)) run_direct_backward<g>(ctx, p, a);
@@ -74,6 +132,13 @@ void conv_forward(const Context& ctx, int cout, const T* w, const float* b, cons
                   bool relu)
 {
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
+    if (detail::detours<g, T>(ctx)) {   // channels-first, x transposed in and y out
+        const detail::Detour<g, T> d(scratch, cout, n);
+        from_activation_layout(ctx, x, d.x, n, g.c, std::size_t(g.h) * g.w);
+        conv_forward<g>(ctx.channels_first(), cout, w, b, d.x, d.y, n, scratch, relu);
+        to_activation_layout(ctx, d.y, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
+        return;
+    }
     const ConvForward<T> a{cout, w, b, x, y, n, relu, scratch};
     if constexpr (detail::direct_conv<g>) {
         static_assert(ConvCandidate<DirectConv<g>, T>);

@@ -24,7 +24,7 @@ namespace replica::backend::cuda {
 template <core::Storage T>
 bool channels_last(const Context& ctx)
 {
-    return !std::same_as<T, float> && ctx.options().channels_last;
+    return !std::same_as<T, float> && ctx.keeps_channels_last();
 }
 
 namespace detail {
