@@ -160,8 +160,6 @@ private:
         }
     }
 
-
-
     // While rank r's context waits: stop on an NCCL error or after the group's timeout.
     void watch(std::size_t r, double waited)
     {
