@@ -38,12 +38,14 @@ struct Settings {
     std::size_t first_bucket_floats;     // DataParallelOptions::first_bucket_floats (0: its default)
     bool data_parallel;                  // a DataParallel even over one device (what its machinery costs)
     std::string precision;               // the activations' type: fp32, bf16 or fp16
+    GradientReduction gradient_reduction;  // DataParallelOptions::gradient_reduction
 };
 
 DataParallelOptions data_parallel_options(const Settings& s)
 {
     return {.bucket_floats = s.bucket_floats ? s.bucket_floats : DataParallelOptions{}.bucket_floats,
             .first_bucket_floats = s.first_bucket_floats ? s.first_bucket_floats : DataParallelOptions{}.first_bucket_floats,
+            .gradient_reduction = s.gradient_reduction,
             .processes = s.processes};
 }
 
@@ -237,7 +239,8 @@ try {
     if (processes) devices = parallel::process_devices(*processes, devices);
     Settings s{model, batch, steps, warmup, devices, dev.dispatch_choice(), dev.scaling_choice(), json, blas_threads,
                StepOptions{.reproducible = repro.reproducible, .micro_shard = repro.micro_shard},
-               processes.get(), bucket_floats, first_bucket_floats, data_parallel, precision};
+               processes.get(), bucket_floats, first_bucket_floats, data_parallel, precision,
+               dev.gradient_reduction_choice()};
     // TRAIN_BENCH_PART=1, 2 or 3 builds a third of the networks, for three compiles side by side where
     // one of the whole program (every network in every precision) takes too long.
 #if !defined(TRAIN_BENCH_PART) || TRAIN_BENCH_PART == 1

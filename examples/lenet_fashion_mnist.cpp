@@ -81,7 +81,7 @@ int train(Settings& s, Opt opt)
     const std::size_t global = examples::checked_global_batch(s.batch_size, devices.size(), scaling, train_set.count);
     auto model = auto_parallel(Net{devices, s.seed}, devices,
                                {.dispatch = s.dev.dispatch_choice(),
-                                .data_parallel = {.processes = s.processes.get()},
+                                .data_parallel = {.gradient_reduction = s.dev.gradient_reduction_choice(), .processes = s.processes.get()},
                                 .batch_size = s.batch_size,
                                 .scaling = scaling});
     Trainer trainer{model, opt,

@@ -123,7 +123,7 @@ int run(const Settings& s)
     examples::checked_global_batch(s.batch_size, devices.size(), scaling, train.count);
     auto model = auto_parallel(M{devices, s.seed}, devices,
                                {.dispatch = s.dev.dispatch_choice(),
-                                .data_parallel = {.processes = s.processes},
+                                .data_parallel = {.gradient_reduction = s.dev.gradient_reduction_choice(), .processes = s.processes},
                                 .batch_size = s.batch_size,
                                 .scaling = scaling});
     SGD opt{{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay}};

@@ -977,6 +977,111 @@ TEST_CASE("Replicas sharing one GPU: the sum adds in rank order into every repli
     CHECK(error_message([&] { fresh->all_reduce(1, lower[1], half, 0); }).find("aborted") != std::string::npos);
 }
 
+TEST_CASE("Replicas sharing one GPU: a bf16 all-reduce gives the host rule's bits in both forms; sync points stay "
+          "float", "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    const std::size_t n = 10000, half = 4099, ranks = 3;
+    std::vector<cuda::Context> ctx;
+    std::vector<backend::AnyContext> any;
+    for (std::size_t r = 0; r < ranks; ++r) {
+        ctx.emplace_back(Device::cuda(0));
+        any.emplace_back(ctx.back());
+    }
+    // Bucket 0 is a gradient bucket in bf16; id 1 is a sync point (floats).
+    auto comm = parallel::make_communicator(any, 2, nullptr, {.buckets = 1, .largest = half, .reduction = GradientReduction::bf16});
+    REQUIRE(dynamic_cast<backend::cuda::SharedGpuCommunicator*>(comm.get()) != nullptr);
+    const std::vector<std::vector<float>> host{random_vector(n, 31, 1e4f), random_vector(n, 32), random_vector(n, 33, 1e4f)};
+    const std::vector<const float*> columns{host[0].data(), host[1].data(), host[2].data()};
+    std::vector<float> expected(n);
+    for (std::size_t i = 0; i < half; ++i) expected[i] = backend::sum_rounded_to_bf16(columns, i);
+    for (std::size_t i = half; i < n; ++i) expected[i] = (host[0][i] + host[1][i]) + host[2][i];
+    std::vector<core::Buffer<float>> buffers;
+    std::vector<float*> lower, upper;
+    for (std::size_t r = 0; r < ranks; ++r) {
+        buffers.push_back(ctx[r].allocate<float>(n));
+        lower.push_back(buffers.back().data());
+        upper.push_back(buffers.back().data() + half);
+    }
+    auto load = [&] {
+        for (std::size_t r = 0; r < ranks; ++r) ctx[r].upload(buffers[r].data(), host[r].data(), n);
+    };
+    auto check_every_replica = [&](const std::string& how) {
+        for (std::size_t r = 0; r < ranks; ++r) {
+            std::vector<float> got(n);
+            ctx[r].download(got.data(), buffers[r].data(), n);
+            ctx[r].synchronize();
+            CAPTURE(how, r);
+            CHECK(differences(got, expected) == "");
+        }
+    };
+    load();
+    for (std::size_t b : {0, 1})
+        for (std::size_t r = 0; r < ranks; ++r) comm->produced(r, b);
+    comm->group_all_reduce(lower, half, 0);
+    comm->group_all_reduce(upper, n - half, 1);
+    for (std::size_t r = 0; r < ranks; ++r) comm->wait(r);
+    check_every_replica("one thread");
+    load();
+    std::vector<std::future<void>> threads;
+    for (std::size_t r = 0; r < ranks; ++r)
+        threads.push_back(std::async(std::launch::async, [&, r] {
+            try {
+                comm->all_reduce(r, lower[r], half, 0);
+                comm->all_reduce(r, upper[r], n - half, 1);
+                comm->wait(r);
+            } catch (...) {
+                comm->abort();
+                throw;
+            }
+        }));
+    for (auto& t : threads) t.get();
+    check_every_replica("a thread per rank");
+}
+
+TEST_CASE("DataParallel with a bf16 all-reduce: replicas sharing one GPU train alike under both policies, "
+          "with gradients that bf16 holds; one GPU through NCCL too", "[cuda][same-gpu]")
+{
+    REQUIRE_GPU();
+    const OptionScope deterministic{&cuda::Options::deterministic, true};
+    const DataParallelOptions bf16_reduce{.bucket_floats = 1 << 16, .gradient_reduction = GradientReduction::bf16};
+    const RandomBatches<LeNet> data(6 * 61, 23);
+    auto held_by_bf16 = [](const std::vector<float>& g) {
+        for (float v : g)
+            if (core::round_through<core::bf16>(v) != v) return false;
+        return true;
+    };
+    LeNet one{Device::cuda(0), 2};
+    const auto initial = parameters(one);
+    const auto expected = queued_steps(one, data, 61);
+    // A run's distance from one GPU's parameters, as a fraction of their change (2-norms): a few of
+    // 2^-9, bf16's rounding (test_parallel.cpp has the CPU's).
+    auto update_error = [&](const std::vector<float>& w) {
+        double off = 0.0, moved = 0.0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+            off += (double(w[i]) - expected[i]) * (double(w[i]) - expected[i]);
+            moved += (double(expected[i]) - initial[i]) * (double(expected[i]) - initial[i]);
+        }
+        return std::sqrt(off / moved);
+    };
+    DataParallel<LeNet, SingleThread> single{shared_gpu(3), 2, bf16_reduce};
+    DataParallel<LeNet, Threaded> threaded{shared_gpu(3), 2, bf16_reduce};
+    DataParallel<LeNet, Threaded> in_fp32{shared_gpu(3), 2, {.bucket_floats = 1 << 16}};
+    const auto a = queued_steps(single, data, 61), b = queued_steps(threaded, data, 61);
+    CHECK(differences(a, b) == "");
+    CHECK(replicas_disagree(threaded) == "");
+    CHECK(held_by_bf16(threaded.gradients()));
+    CHECK(differences(queued_steps(in_fp32, data, 61), a) != "");
+    CAPTURE(update_error(a));
+    CHECK(update_error(a) < 4.0 / 512.0);
+    // One GPU: NCCL with one rank, each bucket rounded to bf16, summed as ncclBfloat16 and widened.
+    DataParallel<LeNet, Threaded> alone{{Device::cuda(0)}, 2, bf16_reduce};
+    const auto c = queued_steps(alone, data, 61);
+    CHECK(held_by_bf16(alone.gradients()));
+    CAPTURE(update_error(c));
+    CHECK(update_error(c) < 4.0 / 512.0);
+}
+
 TEST_CASE("Replicas sharing one GPU train as one GPU: uneven splits, a batch smaller than the replica count, both "
           "policies bit for bit, CUDA graphs on and off", "[cuda][same-gpu]")
 {

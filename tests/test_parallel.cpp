@@ -395,3 +395,119 @@ TEST_CASE("process_devices gives each process on a machine its contiguous share"
     CHECK(parallel::process_devices(Machine(1, 2), {Device::cpu()}) == std::vector<Device>{Device::cpu()});   // shared CPU
     CHECK(error_message([&] { parallel::process_devices(Machine(0, 3), four); }).find("evenly") != std::string::npos);
 }
+
+// ---- the bf16 all-reduce (DataParallelOptions::gradient_reduction) ----
+
+TEST_CASE("A bf16 all-reduce rounds each replica's bucket, sums in float in rank order and rounds once; sync "
+          "points stay float", "[cpu][parallel]")
+{
+    using backend::sum_rounded_to_bf16;
+    const float third = 1.0f + 3.0f / 512.0f;   // 1 + 3 * 2^-9: bf16 keeps 2^-7 steps above 1, so it rounds up
+    // Rounded first: 3 (1 + 2^-7) = 3 + 3 * 2^-7, a tie between bf16 neighbours 2^-6 apart, to the even one,
+    // 3.03125; the float sum 3 + 9 * 2^-9 would round to 3.015625.
+    const std::vector<std::vector<float>> hand{
+        {third, 1.0f, 0.75f, -2.0f, 1e-3f},
+        {third, 1.0f / 256.0f, 0.25f, 1.0f / 128.0f, 0.0f},
+        {third, 0.0f, 0.0f, 0.0f, 0.0f},
+    };
+    // 1 + 2^-8 is a tie that rounds to 1: the sum is rounded after it is formed. -2 + 2^-7 is a bf16 value.
+    const std::vector<float> expected{3.03125f, 1.0f, 1.0f, -2.0f + 1.0f / 128.0f, core::round_through<core::bf16>(1e-3f)};
+    REQUIRE(core::round_through<core::bf16>((third + third) + third) == 3.015625f);
+    const std::size_t count = expected.size();
+    const std::vector<const float*> columns{hand[0].data(), hand[1].data(), hand[2].data()};
+    for (std::size_t i = 0; i < count; ++i) {
+        CAPTURE(i);
+        CHECK(sum_rounded_to_bf16(columns, i) == expected[i]);
+    }
+
+    // Bucket 0 in bf16, id 1 (a sync point: ids from BucketPlan::buckets on) in float, in both forms.
+    const parallel::BucketPlan plan{.buckets = 1, .largest = count, .reduction = GradientReduction::bf16};
+    std::vector<float> float_sum(count);
+    for (std::size_t i = 0; i < count; ++i) float_sum[i] = (hand[0][i] + hand[1][i]) + hand[2][i];
+    REQUIRE(float_sum != expected);
+    for (std::size_t id : {0, 1}) {
+        CAPTURE(id);
+        const std::vector<float>& want = id == 0 ? expected : float_sum;
+        auto grouped = hand, threaded = hand;
+        parallel::HostCommunicator comm(3, plan);
+        std::vector<float*> ptrs{grouped[0].data(), grouped[1].data(), grouped[2].data()};
+        comm.group_all_reduce(ptrs, count, id);
+        parallel::WorkerPool pool(3);
+        pool.run([&](std::size_t r) { comm.all_reduce(r, threaded[r].data(), count, id); });
+        for (std::size_t r = 0; r < 3; ++r) {
+            CAPTURE(r);
+            CHECK(grouped[r] == want);
+            CHECK(threaded[r] == want);
+        }
+    }
+}
+
+TEST_CASE("DataParallel with a bf16 all-reduce trains as one model to bf16's precision, and not as the fp32 "
+          "all-reduce does", "[cpu][parallel]")
+{
+    const std::size_t batch = 7;
+    const RandomBatches<LeNet> data(3 * batch, 11);
+    LeNet single{Device::cpu(), 3};
+    const auto initial = parameters(single);
+    const auto expected = train_three_steps(single, data, batch);
+    // How far a run's parameters are from one model's, as a fraction of one model's change over the
+    // steps (2-norms): per element the bf16 all-reduce rounds each replica's term and the sum, each
+    // within 2^-9 of its value, so a few of 2^-9 of the update (more where terms cancel).
+    auto update_error = [&](const std::vector<float>& w) {
+        double off = 0.0, moved = 0.0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+            off += (double(w[i]) - expected[i]) * (double(w[i]) - expected[i]);
+            moved += (double(expected[i]) - initial[i]) * (double(expected[i]) - initial[i]);
+        }
+        return std::sqrt(off / moved);
+    };
+    const DataParallelOptions bf16_reduce{.gradient_reduction = GradientReduction::bf16};
+    for (std::size_t replicas : {2, 3}) {
+        CAPTURE(replicas);
+        DataParallel<LeNet, Threaded> in_bf16{cpus(replicas), 3, bf16_reduce};
+        DataParallel<LeNet, SingleThread> one_thread{cpus(replicas), 3, bf16_reduce};
+        DataParallel<LeNet, Threaded> in_fp32{cpus(replicas), 3};
+        CHECK(in_bf16.gradient_reduction() == GradientReduction::bf16);
+        const auto got = train_three_steps(in_bf16, data, batch);
+        const auto fp32 = train_three_steps(in_fp32, data, batch);
+        CAPTURE(update_error(got), update_error(fp32));
+        CHECK(update_error(got) < 4.0 / 512.0);
+        CHECK(update_error(fp32) < 1e-5);
+        CHECK(update_error(got) > 1e-4);   // the option does something
+        CHECK(train_three_steps(one_thread, data, batch) == got);   // the host rule in both forms
+        // Every replica received the same rounded sum, so they stay equal bit for bit.
+        for (std::size_t r = 1; r < replicas; ++r) CHECK(in_bf16.replica(r).parameters() == got);
+    }
+}
+
+TEST_CASE("The reproducible mode refuses a bf16 all-reduce, when the Trainer is made and at a step", "[cpu][parallel]")
+{
+    const DataParallelOptions bf16_reduce{.gradient_reduction = GradientReduction::bf16};
+    DataParallel<LeNet, Threaded> dp{cpus(2), 3, bf16_reduce};
+    SGD opt{kSgd};
+    const std::string refusal = "the reproducible mode sums the gradient exactly, and a bf16 all-reduce would round it";
+    CHECK(error_message([&] { Trainer trainer{dp, opt, {.reproducible = true}}; }).find(refusal) != std::string::npos);
+    auto chosen = auto_parallel(LeNet{Device::cpu(), 3}, cpus(2),
+                                {.dispatch = DispatchChoice::threaded, .data_parallel = bf16_reduce});
+    CHECK(error_message([&] { Trainer trainer{chosen, opt, {.reproducible = true}}; }).find(refusal) != std::string::npos);
+    const RandomBatches<LeNet> data(8, 11);
+    CHECK(error_message([&] { train_step(dp, opt, data.batch(0, 8, 0), kReproducible); }).find(refusal) !=
+          std::string::npos);
+    // fp32 (the default) is accepted, and so is bf16 without the reproducible mode.
+    DataParallel<LeNet, Threaded> fp32{cpus(2), 3};
+    Trainer accepted{fp32, opt, {.reproducible = true}};
+    Trainer fast{dp, opt, {}};
+    // Across processes, CPU replicas reduce over MPI in fp32 only.
+    struct TwoProcesses final : parallel::ProcessGroup {
+        int rank() const override { return 0; }
+        int size() const override { return 2; }
+        std::unique_ptr<parallel::Communicator> span(std::unique_ptr<parallel::Communicator> c, std::size_t) override { return c; }
+        void broadcast(void*, std::size_t) override {}
+        void sum(double*, std::size_t) override {}
+    } processes;
+    const std::vector<backend::AnyContext> contexts{backend::cpu::Context(Device::cpu(0)), backend::cpu::Context(Device::cpu(1))};
+    CHECK(error_message([&] {
+              parallel::make_communicator(contexts, 2, &processes, {.buckets = 2, .largest = 8, .reduction = GradientReduction::bf16});
+          }).find("CPU replicas over MPI reduce in fp32") != std::string::npos);
+    CHECK(parallel::make_communicator(contexts, 2, &processes) != nullptr);
+}

@@ -158,11 +158,12 @@ inline CLI::Validator devices_validator(bool allow_all)
         allow_all ? "all|LIST" : "LIST", "devices");
 }
 
-// --devices, --dispatch, --scaling: the flags every program that trains shares.
+// --devices, --dispatch, --scaling, --gradient-reduction: the flags every program that trains shares.
 struct DeviceFlags {
     std::string devices = "all";
     std::string dispatch = "auto";
     std::string scaling = "strong";
+    std::string gradient_reduction = "fp32";
 
     // `all_help` says what "all" means for this program.
     void add(CLI::App& app, const std::string& all_help, std::vector<std::string> dispatch_choices)
@@ -178,6 +179,11 @@ struct DeviceFlags {
         app.add_option("--scaling", scaling, "strong: the batch size is global; weak: it is per device")
             ->check(CLI::IsMember({"strong", "weak"}))
             ->capture_default_str();
+        app.add_option("--gradient-reduction", gradient_reduction,
+                       "how the all-reduce carries gradients between replicas: fp32, or bf16 (half the bytes, "
+                       "rounded to 8 significant bits; not with --reproducible)")
+            ->check(CLI::IsMember({"fp32", "bf16"}))
+            ->capture_default_str();
     }
 
     // `fallback` is what "all" means.
@@ -187,6 +193,10 @@ struct DeviceFlags {
     }
     parallel::Scaling scaling_choice() const { return parallel::parse_scaling(scaling); }
     parallel::DispatchChoice dispatch_choice() const { return parallel::parse_dispatch(dispatch); }
+    parallel::GradientReduction gradient_reduction_choice() const
+    {
+        return gradient_reduction == "bf16" ? parallel::GradientReduction::bf16 : parallel::GradientReduction::fp32;
+    }
 };
 
 // --reproducible and --micro-shard.

@@ -12,6 +12,9 @@
 // rank's work producing it has been queued, so the reduction can start as soon as that work is done
 // while later work runs. The host communicator sums in rank order, ((b0 + b1) + b2) + ..., in both
 // forms, so SingleThread and Threaded dispatch agree bit for bit.
+//
+// A communicator is made for a BucketPlan: which ids are gradient buckets (the others are sync points,
+// always summed as floats) and whether gradient buckets travel as bf16 (GradientReduction).
 
 #include <algorithm>
 #include <chrono>
@@ -26,8 +29,38 @@
 
 #include "replica/core/device.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend {
+
+// How the all-reduce carries gradient buckets (DataParallelOptions::gradient_reduction).
+//   fp32: summed as floats.
+//   bf16: every replica's bucket is rounded to bf16 (to nearest, ties to even) before it is summed,
+//         and every replica receives the sum rounded to bf16, widened back into its float gradient.
+//         The host and shared-GPU communicators add the rounded values in float, in rank order, and
+//         round once (sum_rounded_to_bf16); NCCL adds bf16 values hop by hop, rounding at each hop,
+//         so its bits differ from theirs. Half the bytes on the wire; the gradient keeps 8
+//         significant bits.
+enum class GradientReduction { fp32, bf16 };
+
+// What a communicator reduces: ids [0, buckets) are gradient buckets of at most `largest` floats,
+// carried as `reduction` says; ids from `buckets` on are sync points (core/hook.hpp), always floats.
+struct BucketPlan {
+    std::size_t buckets = 0;
+    std::size_t largest = 0;
+    GradientReduction reduction = GradientReduction::fp32;
+
+    bool in_bf16(std::size_t id) const { return reduction == GradientReduction::bf16 && id < buckets; }
+};
+
+// The bf16 rule for one element over the ranks' values b[0][i], b[1][i], ...: each rounded to bf16,
+// added in float in rank order, the sum rounded to bf16 (returned as the float it widens to).
+inline float sum_rounded_to_bf16(std::span<const float* const> b, std::size_t i)
+{
+    float s = core::round_through<core::bf16>(b[0][i]);
+    for (std::size_t r = 1; r < b.size(); ++r) s += core::round_through<core::bf16>(b[r][i]);
+    return core::round_through<core::bf16>(s);
+}
 
 class Communicator {
 public:
@@ -91,14 +124,15 @@ inline std::vector<Device> process_devices(const ProcessGroup& processes, const 
 // Replicas in one process sharing host memory (CPU replicas).
 class HostCommunicator final : public Communicator {
 public:
-    explicit HostCommunicator(std::size_t ranks) : buffers_(ranks) {}
+    explicit HostCommunicator(std::size_t ranks, BucketPlan plan = {}) : buffers_(ranks), plan_(plan) {}
 
     std::size_t size() const override { return buffers_.size(); }
 
-    void group_all_reduce(std::span<float* const> buffers, std::size_t count, std::size_t) override
+    void group_all_reduce(std::span<float* const> buffers, std::size_t count, std::size_t bucket) override
     {
         core::require(buffers.size() == size(), "group_all_reduce: one buffer per rank expected");
-        sum_range(buffers, 0, count);
+        if (plan_.in_bf16(bucket)) sum_range_bf16(buffers, 0, count);
+        else sum_range(buffers, 0, count);
     }
 
     void exact_all_reduce(std::span<std::int64_t* const> buffers, std::size_t count) override
@@ -108,13 +142,14 @@ public:
     }
 
     // Each rank sums its own 1/size slice of the elements (in rank order), then all wait.
-    void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t) override
+    void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t bucket) override
     {
         buffers_[rank] = buffer;
         arrive();
         const std::size_t per = (count + size() - 1) / size();
         const std::size_t begin = std::min(count, rank * per), end = std::min(count, begin + per);
-        sum_range<float>(buffers_, begin, end);
+        if (plan_.in_bf16(bucket)) sum_range_bf16(buffers_, begin, end);
+        else sum_range<float>(buffers_, begin, end);
         arrive();
     }
 
@@ -136,6 +171,16 @@ private:
             std::copy(acc + begin, acc + end, b[r] + begin);
     }
 
+    // Every element is read from every rank before it is written (a slice at a time in all_reduce).
+    static void sum_range_bf16(std::span<float* const> b, std::size_t begin, std::size_t end)
+    {
+        const std::span<const float* const> in(b.data(), b.size());
+        for (std::size_t i = begin; i < end; ++i) {
+            const float s = sum_rounded_to_bf16(in, i);
+            for (float* buffer : b) buffer[i] = s;
+        }
+    }
+
     // A reusable barrier that an abort can break.
     void arrive()
     {
@@ -153,6 +198,7 @@ private:
     }
 
     std::vector<float*> buffers_;
+    BucketPlan plan_;
     std::mutex mutex_;
     std::condition_variable cv_;
     std::size_t arrived_ = 0, phase_ = 0;

@@ -62,25 +62,31 @@ inline void check_communicator_devices(std::span<const Device> devices, bool acr
                   "rank per GPU; give each process distinct GPUs, or train in one process");
 }
 
+// `ids`: how many reductions a step numbers (gradient buckets, then sync points); `plan`: which of them
+// are gradient buckets and how they travel (GradientReduction).
 inline std::unique_ptr<Communicator> make_communicator(const std::vector<backend::AnyContext>& contexts,
-                                                       std::size_t buckets, ProcessGroup* processes = nullptr)
+                                                       std::size_t ids, ProcessGroup* processes = nullptr,
+                                                       BucketPlan plan = {})
 {
     std::vector<Device> devices;
     for (const auto& c : contexts) devices.push_back(std::visit([](const auto& ctx) { return ctx.device(); }, c));
     check_communicator_devices(devices, processes != nullptr);
     if (std::holds_alternative<cpu::Context>(contexts.front())) {
-        auto local = std::make_unique<HostCommunicator>(contexts.size());
+        auto local = std::make_unique<HostCommunicator>(contexts.size(), plan);
         if (processes == nullptr) return local;
+        core::require(plan.reduction == GradientReduction::fp32,
+                      "gradient_reduction bf16 across processes is carried by NCCL (GPU replicas) only: CPU replicas "
+                      "over MPI reduce in fp32; leave gradient_reduction at fp32, or train in one process");
         return processes->span(std::move(local), contexts.size());
     }
 #if defined(REPLICA_CUDA)
     std::vector<cuda::Context> gpus;
     for (const auto& c : contexts) gpus.push_back(std::get<cuda::Context>(c));
-    if (shares_one_gpu(devices)) return std::make_unique<cuda::SharedGpuCommunicator>(std::move(gpus), buckets);
-    if (processes != nullptr) return std::make_unique<cuda::NcclCommunicator>(std::move(gpus), buckets, *processes);
-    return std::make_unique<cuda::NcclCommunicator>(std::move(gpus), buckets);
+    if (shares_one_gpu(devices)) return std::make_unique<cuda::SharedGpuCommunicator>(std::move(gpus), ids, plan);
+    if (processes != nullptr) return std::make_unique<cuda::NcclCommunicator>(std::move(gpus), ids, *processes, plan);
+    return std::make_unique<cuda::NcclCommunicator>(std::move(gpus), ids, plan);
 #else
-    (void)buckets;
+    (void)ids;
     throw Error("no communicator for these devices");
 #endif
 }

@@ -138,6 +138,14 @@ public:
     std::size_t activation_bytes() const { return with([](const auto& m) { return m.activation_bytes(); }); }
     std::size_t global_replica_count() const { return with([](const auto& m) { return m.global_replica_count(); }); }
     int process_rank() const { return with([](const auto& m) { return m.process_rank(); }); }
+    // The chosen DataParallel's (DataParallelOptions::gradient_reduction); one model reduces nothing: fp32.
+    GradientReduction gradient_reduction() const
+    {
+        return with([](const auto& m) {
+            if constexpr (requires { m.gradient_reduction(); }) return m.gradient_reduction();
+            else return GradientReduction::fp32;
+        });
+    }
     // See DataParallel::process_share; one model in one process trains on every sample.
     Share process_share(std::size_t n, std::size_t shard) const
     {

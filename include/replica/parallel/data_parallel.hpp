@@ -40,6 +40,11 @@ struct DataParallelOptions {
     // ... but the first bucket (the last layers) closes at this many (or bucket_floats, if smaller), so
     // that communication starts early in backward, as PyTorch DDP's first bucket does (1 MiB).
     std::size_t first_bucket_floats = std::size_t{1} << 18;
+    // How the gradient buckets travel in the all-reduce (backend/communicator.hpp): fp32, or bf16
+    // (each replica's bucket and the sum rounded to bf16: half the bytes, 8 significant bits; the
+    // guide says what it costs). BatchNorm's sums over the replicas stay fp32. The reproducible mode
+    // refuses bf16: its sum is exact.
+    GradientReduction gradient_reduction = GradientReduction::fp32;
     // Several processes (parallel/mpi.hpp): this process's replicas are part of every process's.
     // Every process must hold the same number of replicas. Not owned; must outlive the DataParallel.
     ProcessGroup* processes = nullptr;
@@ -352,6 +357,7 @@ public:
     // The activation memory of one replica (Sequential::activation_bytes).
     std::size_t activation_bytes() const { return replicas_.front().activation_bytes(); }
     const DataParallelOptions& options() const { return options_; }
+    GradientReduction gradient_reduction() const { return options_.gradient_reduction; }
     std::size_t bucket_count() const { return set_.bucket_count(); }
 
     std::vector<float> parameters() const { return replicas_.front().parameters(); }
@@ -406,6 +412,7 @@ public:
                                          std::size_t n, float loss_scale, std::size_t shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        check_reproducible_reduction(options_.gradient_reduction);
         drop_ahead();
         const std::size_t shards = (n + shard - 1) / shard;
         shard_loss_.assign(shards, 0.0);
@@ -506,7 +513,7 @@ private:
         static_assert(model::TrainableModel<DataParallel>);
         std::vector<backend::AnyContext> contexts;
         for (const auto& m : replicas_) contexts.push_back(m.context());
-        set_.connect(contexts, options_.processes);
+        set_.connect(contexts, options_.processes, options_.gradient_reduction);
         hooks_.assign(replicas_.size(), {});
         exact_ptrs_.assign(replicas_.size(), nullptr);
     }
@@ -546,4 +553,5 @@ struct is_data_parallel<DataParallel<M, D>> : std::true_type {};
 namespace replica {
 using parallel::DataParallel;
 using parallel::DataParallelOptions;
+using parallel::GradientReduction;
 } // namespace replica

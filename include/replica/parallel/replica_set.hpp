@@ -54,10 +54,14 @@ public:
         : buckets_(std::move(buckets)), syncs_(syncs), issuer_(std::make_unique<typename Dispatch::Issuer>(count, first)) {}
 
     // The communicator over the replicas' contexts (replica r's is contexts[r]), across processes
-    // when `processes` is given.
-    void connect(const std::vector<backend::AnyContext>& contexts, ProcessGroup* processes = nullptr)
+    // when `processes` is given, carrying the gradient buckets as `reduction` says.
+    void connect(const std::vector<backend::AnyContext>& contexts, ProcessGroup* processes = nullptr,
+                 GradientReduction reduction = GradientReduction::fp32)
     {
-        comm_ = make_communicator(contexts, buckets_.size() + syncs_, processes);   // syncs number after buckets
+        std::size_t largest = 0;
+        for (const auto& [begin, end] : buckets_) largest = std::max(largest, end - begin);
+        comm_ = make_communicator(contexts, buckets_.size() + syncs_, processes,   // syncs number after buckets
+                                  BucketPlan{buckets_.size(), largest, reduction});
     }
     bool connected() const { return comm_ != nullptr; }
     Communicator& comm() { return *comm_; }

@@ -37,6 +37,7 @@
 #include "replica/data/dataset.hpp"
 #include "replica/data/loader.hpp"
 #include "replica/data/source.hpp"
+#include "replica/parallel/communicator.hpp"
 #include "replica/parallel/scaling.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/history.hpp"
@@ -95,6 +96,8 @@ public:
         core::require(options_.epochs > 0, "epochs must be at least 1: a run of 0 epochs trains nothing");
         core::require(options_.checkpoint_every > 0, "checkpoint_every must be at least 1 epoch");
         core::require(!options_.resume || !options_.checkpoint.empty(), "resume needs a checkpoint path");
+        if constexpr (requires { model_.gradient_reduction(); })
+            if (options_.reproducible) parallel::check_reproducible_reduction(model_.gradient_reduction());
     }
 
     std::size_t global_batch() const

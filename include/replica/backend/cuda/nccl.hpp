@@ -4,7 +4,14 @@
 // (ncclCommInitRank with a unique id that rank 0 broadcasts). Reductions run on each GPU's
 // communication stream and start when the compute stream has produced the bucket (an event per rank
 // and bucket), so they overlap the rest of backward. Across processes every wait on the GPUs is
-// bounded (a watchdog in the contexts' synchronize). Only under nvcc.
+// bounded (a watchdog in the contexts' synchronize).
+//
+// Gradient buckets in bf16 (BucketPlan, GradientReduction::bf16): on the communication stream, each
+// rank's bucket is rounded into a bf16 buffer of its own (made once, as long as the largest bucket),
+// all-reduced as ncclBfloat16 and widened back into the float gradient. The stream runs one bucket
+// after the other, so one buffer a rank serves every bucket. NCCL adds bf16 values hop by hop (its
+// ring or tree), rounding each partial sum: the bits differ from the host's rule, which rounds once.
+// Only under nvcc.
 
 #include <nccl.h>
 
@@ -16,7 +23,9 @@
 #include "replica/backend/communicator.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
+#include "replica/backend/cuda/reduce.hpp"
 #include "replica/core/backoff.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
@@ -41,7 +50,10 @@ using NcclComm = Owned<ncclComm_t, detail::ReleaseNcclComm>;
 
 class NcclCommunicator final : public Communicator {
 public:
-    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets) : ctx_(std::move(contexts))
+    // buckets: how many reductions (gradient buckets, then sync points) a step numbers; plan: which are
+    // gradient buckets, and in which precision.
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets, BucketPlan plan = {})
+        : ctx_(std::move(contexts)), plan_(plan)
     {
         std::vector<int> devices;
         for (const auto& c : ctx_) devices.push_back(c.device().index());
@@ -54,8 +66,8 @@ public:
     // Every GPU of every process: this process's GPUs are global ranks rank * local .. rank * local +
     // local - 1 of size * local (every process must hold as many). Losses are summed through
     // `processes`, which must outlive the communicator.
-    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets, ProcessGroup& processes)
-        : ctx_(std::move(contexts)), processes_(&processes)
+    NcclCommunicator(std::vector<Context> contexts, std::size_t buckets, ProcessGroup& processes, BucketPlan plan = {})
+        : ctx_(std::move(contexts)), plan_(plan), processes_(&processes)
     {
         const double local = double(ctx_.size());
         double counts[2] = {local, local * local};   // equal counts everywhere iff size * sum(l^2) == sum(l)^2
@@ -113,6 +125,29 @@ private:
         }
     }
 
+    // Rank r's share of a reduction, on its communication stream with its device current: a bf16
+    // bucket is rounded into wire_[r] (round_in), summed there as ncclBfloat16 and widened back
+    // (widen_out, once NCCL has queued the sum: settle); anything else is summed as floats in place.
+    void round_in(std::size_t r, const float* buffer, std::size_t count, std::size_t bucket)
+    {
+        if (!plan_.in_bf16(bucket)) return;
+        core::require(count <= plan_.largest, "a bf16 all-reduce of " + std::to_string(count) + " values, more than "
+                                              "the largest bucket's " + std::to_string(plan_.largest));
+        round_to_bf16(buffer, wire_[r].data(), count, ctx_[r].comm_stream());
+    }
+    void sum(std::size_t r, float* buffer, std::size_t count, std::size_t bucket)
+    {
+        if (plan_.in_bf16(bucket))
+            REPLICA_NCCL_CHECK(ncclAllReduce(wire_[r].data(), wire_[r].data(), count, ncclBfloat16, ncclSum, comms_[r],
+                                             ctx_[r].comm_stream()));
+        else
+            REPLICA_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, comms_[r], ctx_[r].comm_stream()));
+    }
+    void widen_out(std::size_t r, float* buffer, std::size_t count, std::size_t bucket)
+    {
+        if (plan_.in_bf16(bucket)) widen_bf16(wire_[r].data(), buffer, count, ctx_[r].comm_stream());
+    }
+
     void make_events(std::size_t buckets)
     {
         events_.resize(ctx_.size());
@@ -121,6 +156,7 @@ private:
             events_[r].resize(std::max<std::size_t>(buckets, 1));
             for (auto& e : events_[r]) e = make_event(ctx_[r]);
             done_[r] = make_event(ctx_[r]);
+            if (plan_.reduction == GradientReduction::bf16) wire_.push_back(ctx_[r].allocate<core::bf16>(plan_.largest));
         }
     }
 
@@ -169,20 +205,26 @@ public:
         for (std::size_t r = 0; r < size(); ++r) {
             ctx_[r].activate();
             REPLICA_CHECK(cudaStreamWaitEvent(ctx_[r].comm_stream(), events_[r][bucket], 0));
+            round_in(r, buffers[r], count, bucket);   // kernels outside the group
         }
         REPLICA_NCCL_CHECK(ncclGroupStart());
-        for (std::size_t r = 0; r < size(); ++r)
-            REPLICA_NCCL_CHECK(ncclAllReduce(buffers[r], buffers[r], count, ncclFloat, ncclSum, comms_[r], ctx_[r].comm_stream()));
+        for (std::size_t r = 0; r < size(); ++r) sum(r, buffers[r], count, bucket);
         REPLICA_NCCL_CHECK(ncclGroupEnd());
-        for (std::size_t r = 0; r < size(); ++r) settle(r, "a gradient all-reduce");
+        for (std::size_t r = 0; r < size(); ++r) {
+            settle(r, "a gradient all-reduce");
+            ctx_[r].activate();
+            widen_out(r, buffers[r], count, bucket);
+        }
     }
 
     void all_reduce(std::size_t rank, float* buffer, std::size_t count, std::size_t bucket) override
     {
         produced(rank, bucket);
         REPLICA_CHECK(cudaStreamWaitEvent(ctx_[rank].comm_stream(), events_[rank][bucket], 0));
-        REPLICA_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, comms_[rank], ctx_[rank].comm_stream()));
+        round_in(rank, buffer, count, bucket);
+        sum(rank, buffer, count, bucket);
         settle(rank, "a gradient all-reduce");
+        widen_out(rank, buffer, count, bucket);
     }
 
     // On the compute streams: ordered after the shard loop that wrote the buffers and before the
@@ -219,6 +261,8 @@ private:
     std::vector<NcclComm> comms_;   // by rank; a constructor that throws destroys those it made
     std::vector<std::vector<Event>> events_;
     std::vector<Event> done_;
+    BucketPlan plan_;
+    std::vector<core::Buffer<core::bf16>> wire_;   // by rank: a bf16 bucket on its way (bf16 plans only)
     ProcessGroup* processes_ = nullptr;   // several processes
 };
 

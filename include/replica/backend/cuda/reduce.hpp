@@ -2,7 +2,8 @@
 // Sums of several buffers of one GPU, for replicas that share it (backend/cuda/shared_gpu.hpp): every
 // buffer becomes the element-wise sum of all of them, added in a fixed order, (b0 + b1) + b2 + ...,
 // so the result is the same bits whichever thread queues it and equals the host communicator's sum
-// of the same floats. Only under nvcc.
+// of the same floats; in bf16 (GradientReduction::bf16), the host's bf16 rule. And the conversions
+// that carry a bucket through NCCL in bf16. Only under nvcc.
 
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
@@ -37,6 +39,29 @@ __global__ void sum_into_each(SummedBuffers<T> b, unsigned k, std::size_t count)
         for (unsigned r = 0; r < k; ++r) b.buffer[r][i] = s;
     }
 }
+
+// The bf16 rule (backend::sum_rounded_to_bf16): s = bf16(b0[i]) + bf16(b1[i]) + ... in float, in rank
+// order, then bf16(s) written to every buffer.
+__global__ void sum_into_each_bf16(SummedBuffers<float> b, unsigned k, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        float s = core::round_through<core::bf16>(b.buffer[0][i]);
+        for (unsigned r = 1; r < k; ++r) s += core::round_through<core::bf16>(b.buffer[r][i]);
+        s = core::round_through<core::bf16>(s);
+        for (unsigned r = 0; r < k; ++r) b.buffer[r][i] = s;
+    }
+}
+
+__global__ void round_to_bf16(const float* src, core::bf16* dst, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count) dst[i] = core::from_float<core::bf16>(src[i]);
+}
+
+__global__ void widen_bf16(const core::bf16* src, float* dst, std::size_t count)
+{
+    REPLICA_GRID_LOOP(i, count) dst[i] = core::to_float(src[i]);
+}
 } // namespace kernels
 
 // Every one of `buffers` (count elements each, distinct, in memory of the current device) becomes the
@@ -53,6 +78,37 @@ void sum_into_each(std::span<T* const> buffers, std::size_t count, cudaStream_t 
     for (std::size_t r = 0; r < buffers.size(); ++r) b.buffer[r] = buffers[r];
     kernels::sum_into_each<T><<<detail::blocks_for(count), detail::kThreads, 0, stream>>>(b, unsigned(buffers.size()), count);
     detail::check_launch("sum_into_each");
+}
+
+// As sum_into_each, by the bf16 rule: every buffer becomes bf16(bf16(b0) + bf16(b1) + ...), added in
+// float in rank order, widened back to float. One buffer is rounded in place.
+inline void sum_into_each_bf16(std::span<float* const> buffers, std::size_t count, cudaStream_t stream)
+{
+    core::require(buffers.size() <= max_summed_buffers,
+                  "a sum on one GPU takes at most " + std::to_string(max_summed_buffers) + " buffers, got " +
+                      std::to_string(buffers.size()) + ": put fewer replicas on one GPU");
+    if (buffers.empty() || count == 0) return;
+    kernels::SummedBuffers<float> b{};
+    for (std::size_t r = 0; r < buffers.size(); ++r) b.buffer[r] = buffers[r];
+    kernels::sum_into_each_bf16<<<detail::blocks_for(count), detail::kThreads, 0, stream>>>(b, unsigned(buffers.size()),
+                                                                                          count);
+    detail::check_launch("sum_into_each_bf16");
+}
+
+// dst[i] = src[i] rounded to bf16 (to nearest, ties to even), queued on `stream`.
+inline void round_to_bf16(const float* src, core::bf16* dst, std::size_t count, cudaStream_t stream)
+{
+    if (count == 0) return;
+    kernels::round_to_bf16<<<detail::blocks_for(count), detail::kThreads, 0, stream>>>(src, dst, count);
+    detail::check_launch("round_to_bf16");
+}
+
+// dst[i] = src[i] as float (exact), queued on `stream`.
+inline void widen_bf16(const core::bf16* src, float* dst, std::size_t count, cudaStream_t stream)
+{
+    if (count == 0) return;
+    kernels::widen_bf16<<<detail::blocks_for(count), detail::kThreads, 0, stream>>>(src, dst, count);
+    detail::check_launch("widen_bf16");
 }
 
 } // namespace replica::backend::cuda

@@ -3,7 +3,8 @@
 // cuda:0,cuda:0), each with its own context (streams, allocator, CUDA graphs). NCCL takes one rank
 // per GPU, so these replicas are summed by a kernel on the GPU instead (backend/cuda/reduce.hpp):
 // every buffer becomes ((b0 + b1) + b2) + ..., in rank order, so SingleThread and Threaded dispatch
-// get the same bits, and every replica gets the same floats.
+// get the same bits, and every replica gets the same floats. Gradient buckets in bf16 (BucketPlan)
+// follow the host's bf16 rule, bit for bit.
 //
 // Gradient sums run on one stream, rank 0's communication stream, each after an event per rank and
 // bucket that says the rank's compute stream has produced the bucket; wait(rank) orders the rank's
@@ -40,9 +41,10 @@ namespace replica::backend::cuda {
 
 class SharedGpuCommunicator final : public Communicator {
 public:
-    // One context per replica, all of one GPU; buckets: how many gradient buckets a step reduces.
-    SharedGpuCommunicator(std::vector<Context> contexts, std::size_t buckets)
-        : ctx_(checked(std::move(contexts))), rounds_(std::max<std::size_t>(buckets, 1)),
+    // One context per replica, all of one GPU; buckets: how many reductions (gradient buckets, then
+    // sync points) a step numbers; plan: which are gradient buckets, and in which precision.
+    SharedGpuCommunicator(std::vector<Context> contexts, std::size_t buckets, BucketPlan plan = {})
+        : ctx_(checked(std::move(contexts))), plan_(plan), rounds_(std::max<std::size_t>(buckets, 1)),
           joined_(ctx_.size(), std::vector<std::size_t>(rounds_.size(), 0)), summed_(make_event(ctx_.front())),
           exact_summed_(make_event(ctx_.front()))
     {
@@ -181,11 +183,13 @@ private:
     {
         const cudaStream_t comm = ctx_.front().comm_stream();
         for (std::size_t r = 0; r < size(); ++r) REPLICA_CHECK(cudaStreamWaitEvent(comm, produced_[r][bucket].get(), 0));
-        sum_into_each(buffers, count, comm);
+        if (plan_.in_bf16(bucket)) sum_into_each_bf16(buffers, count, comm);
+        else sum_into_each(buffers, count, comm);
         REPLICA_CHECK(cudaEventRecord(summed_.get(), comm));
     }
 
     std::vector<Context> ctx_;
+    BucketPlan plan_;
     std::vector<Round> rounds_;                                 // by bucket
     std::vector<std::vector<std::size_t>> joined_;              // [rank][bucket]: sums the rank has joined
     std::vector<std::vector<Event>> produced_;   // [rank][bucket]: the rank's bucket is written
