@@ -64,9 +64,36 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
         partial[(std::size_t(ch) * gridDim.y + blockIdx.y) * S + k] = total;
     }
 }
+// Stage two: a warp a channel adds the channel's parts partial[(ch * parts + p) * S + k]; lane l takes
+// the parts p = l, l + 32, ... in order, then the lanes are added in a fixed tree (shuffles), so the
+// order depends on the shape only. done(ch, sums) receives the S totals (in lane 0). Block: 256
+// threads, 8 channels.
+template <int S, class Acc, class Done>
+__device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::size_t c, Done&& done)
+{
+    const std::size_t ch = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;
+    const unsigned lane = threadIdx.x % 32;
+    if (ch >= c) return;   // a whole warp leaves together
+    Acc s[S];
+#pragma unroll
+    for (int k = 0; k < S; ++k) s[k] = Acc(0);
+    for (std::size_t p = lane; p < parts; p += 32)
+#pragma unroll
+        for (int k = 0; k < S; ++k) s[k] += partial[(ch * parts + p) * S + k];
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+        for (int d = 16; d > 0; d /= 2) s[k] += __shfl_down_sync(0xffffffffu, s[k], d);
+    if (lane == 0) done(ch, s);
+}
 } // namespace kernels
 
 namespace detail {
+// Warps of fold_parts for c channels.
+inline unsigned fold_blocks(std::size_t c)
+{
+    return unsigned((c * 32 + kThreads - 1) / kThreads);
+}
+
 // Queues column_partial_sums over rows x c values with `parts` parts, reading groups of 8 channels in
 // one move where c % 8 == 0 and every pointer in `aligned` is 16-byte aligned; make_op(V) gives the
 // Op for a width V.

@@ -57,24 +57,24 @@ bool detours(const Context& ctx)
 }
 
 // The detour's activations in (channels, pixels), in T, after the candidates' scratch, each region
-// 256-byte aligned: x and dx (n x g.c x g.h x g.w), y (or dy), relu_y and dz (n x cout x g.oh x g.ow).
+// 256-byte aligned: y (or dy, n x cout x g.oh x g.ow), then x and dx (n x g.c x g.h x g.w) unless the
+// input has one channel (both layouts are then the same memory).
 template <core::Window g, core::Storage T>
 struct Detour {
-    T *x, *dx, *y, *relu_y, *dz;
+    T *x, *dx, *y;
     static std::size_t floats(std::size_t values) { return (values * sizeof(T) + 255) / 256 * 64; }
+    static constexpr std::size_t inputs = g.c == 1 ? 0 : 2;
     static std::size_t size(int cout, std::size_t n)
     {
-        return 2 * floats(n * g.c * g.h * g.w) + 3 * floats(n * std::size_t(cout) * g.oh * g.ow);
+        return floats(n * std::size_t(cout) * g.oh * g.ow) + inputs * floats(n * g.c * g.h * g.w);
     }
     Detour(float* scratch, int cout, std::size_t n)
     {
         const std::size_t in = floats(n * g.c * g.h * g.w), out = floats(n * std::size_t(cout) * g.oh * g.ow);
         float* at = scratch + (own_scratch<g, T>(cout, n) + 63) / 64 * 64;
-        x = reinterpret_cast<T*>(at);
-        dx = reinterpret_cast<T*>(at + in);
-        y = reinterpret_cast<T*>(at + 2 * in);
-        relu_y = reinterpret_cast<T*>(at + 2 * in + out);
-        dz = reinterpret_cast<T*>(at + 2 * in + 2 * out);
+        y = reinterpret_cast<T*>(at);
+        x = reinterpret_cast<T*>(at + out);
+        dx = reinterpret_cast<T*>(at + out + in);
     }
 };
 } // namespace detail
@@ -104,20 +104,25 @@ template <core::Window g, core::Storage T>
 void run_backward(const Context& ctx, const ConvBackward<T>& a)
 {
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
-    if (detours<g, T>(ctx)) {   // channels-first: x, dy and relu_y transposed in, dx out (dz stays ours)
+    if (detours<g, T>(ctx)) {   // channels-first: x and dy transposed in, dx out
         const Detour<g, T> d(a.scratch, a.cout, a.n);
         const std::size_t in = std::size_t(g.h) * g.w, out = std::size_t(g.oh) * g.ow, cout = std::size_t(a.cout);
-        from_activation_layout(ctx, a.x, d.x, a.n, g.c, in);
-        from_activation_layout(ctx, a.dy, d.y, a.n, cout, out);
-        if (a.relu_y) from_activation_layout(ctx, a.relu_y, d.relu_y, a.n, cout, out);
+        const T* dy = a.dy;
+        if (a.relu_y) {   // the ReLU's rule first, into dz (the layer's own output gradient), where it is
+            relu_backward(ctx, a.relu_y, a.dy, a.dz, a.n * cout * out);
+            dy = a.dz;
+        }
+        from_activation_layout(ctx, dy, d.y, a.n, cout, out);
+        const bool one = Detour<g, T>::inputs == 0;   // one input channel: the same memory either way
+        if (!one) from_activation_layout(ctx, a.x, d.x, a.n, g.c, in);
         ConvBackward<T> first = a;
-        first.x = d.x;
+        first.x = one ? a.x : d.x;
         first.dy = d.y;
-        first.relu_y = a.relu_y ? d.relu_y : nullptr;
-        first.dz = d.dz;
-        first.dx = a.dx ? d.dx : nullptr;
+        first.relu_y = nullptr;
+        first.dz = nullptr;
+        first.dx = !a.dx ? nullptr : one ? a.dx : d.dx;
         run_backward<g>(ctx.channels_first(), first);
-        if (a.dx) to_activation_layout(ctx, d.dx, a.dx, a.n, g.c, in);
+        if (a.dx && !one) to_activation_layout(ctx, d.dx, a.dx, a.n, g.c, in);
         return;
     }
     const ConvPlan& p = plan_of<g, T>(ctx, a.cout, a.n);
@@ -134,8 +139,9 @@ void conv_forward(const Context& ctx, int cout, const T* w, const float* b, cons
     static_assert(ConvCandidate<CudnnConv<g>, T> && ConvCandidate<ProductConv<g>, T>);
     if (detail::detours<g, T>(ctx)) {   // channels-first, x transposed in and y out
         const detail::Detour<g, T> d(scratch, cout, n);
-        from_activation_layout(ctx, x, d.x, n, g.c, std::size_t(g.h) * g.w);
-        conv_forward<g>(ctx.channels_first(), cout, w, b, d.x, d.y, n, scratch, relu);
+        const bool one = detail::Detour<g, T>::inputs == 0;   // one input channel: the same memory either way
+        if (!one) from_activation_layout(ctx, x, d.x, n, g.c, std::size_t(g.h) * g.w);
+        conv_forward<g>(ctx.channels_first(), cout, w, b, one ? x : d.x, d.y, n, scratch, relu);
         to_activation_layout(ctx, d.y, y, n, std::size_t(cout), std::size_t(g.oh) * g.ow);
         return;
     }

@@ -114,6 +114,24 @@ __global__ void finish_channel_sums(const double* partial, std::size_t parts, st
     }
 }
 
+// finish_channel_sums for channels-last sums (columns.hpp's parts, up to kColumnParts a channel): the
+// same outputs, the parts added by a warp a channel.
+template <bool Backward>
+__global__ void finish_column_sums(const double* partial, std::size_t parts, std::size_t c, std::size_t count,
+                                   const float* invstd, float* out)
+{
+    fold_parts<2>(partial, parts, c, [&](std::size_t ch, const double (&s)[2]) {
+        if constexpr (Backward) {
+            out[ch] = float(s[1] * invstd[ch]);
+            out[c + ch] = float(s[0]);
+        } else {
+            out[ch] = float(s[0]);
+            out[c + ch] = float(s[1]);
+            if (ch == 0) out[2 * c] = float(count);
+        }
+    });
+}
+
 __global__ void batch_norm_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
                                       float eps, float* mean, float* invstd, std::size_t c)
 {
@@ -371,12 +389,16 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
     const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     detail::by_layout<T>(ctx, [&](auto l) {
-        if constexpr (decltype(l)::value)
+        if constexpr (decltype(l)::value) {
             detail::column_sums<2>(ctx, n * inner, c, parts, partial, [&](auto) { return kernels::ColumnMoments<T>{x, shift}; }, x);
-        else detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
+            kernels::finish_column_sums<false><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
+                partial, parts, c, n * inner, nullptr, sums);
+        } else {
+            detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
+            kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
+                partial, parts, c, n * inner, nullptr, sums);
+        }
     });
-    kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
-        partial, parts, c, n * inner, nullptr, sums);
     detail::check_launch("batch_norm_sums");
 }
 
@@ -442,17 +464,21 @@ void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::
     const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     detail::by_layout<T>(ctx, [&](auto l) {
-        if constexpr (!decltype(l)::value)
+        if constexpr (!decltype(l)::value) {
             detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, relu_y);
-        else if (relu_y)
+            kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
+                partial, parts, c, n * inner, invstd, dparams);
+            return;
+        } else if (relu_y) {
             detail::column_sums<2>(ctx, n * inner, c, parts, partial,
                                    [&](auto) { return kernels::ColumnGradientMoments<T, true>{x, dy, relu_y, mean}; }, x, dy, relu_y);
-        else
+        } else {
             detail::column_sums<2>(ctx, n * inner, c, parts, partial,
                                    [&](auto) { return kernels::ColumnGradientMoments<T, false>{x, dy, nullptr, mean}; }, x, dy);
+        }
+        kernels::finish_column_sums<true><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
+            partial, parts, c, n * inner, invstd, dparams);
     });
-    kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
-        partial, parts, c, n * inner, invstd, dparams);
     detail::check_launch("batch_norm_backward_sums");
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // A convolution's bias gradient, db (channels) = dy (n, channels, pixels) summed over samples and
 // pixels (dy of type T: float, bf16 or fp16, in the context's layout; the sums and db in float), by
-// our own two-pass channel sums (channels-last: columns.hpp's) (cuDNN's cudnnConvolutionBackwardBias was slower; docs/benchmarks.md), in an order fixed by
-// the shape: the same bits every run and on every GPU.
+// our own two-pass channel sums (channels-last: columns.hpp's; cuDNN's cudnnConvolutionBackwardBias
+// was slower, docs/benchmarks.md), in an order fixed by the shape: the same bits every run and on
+// every GPU.
 // Every way of running a convolution (conv/) uses it. A null bias b (and then a null db) is a
 // convolution without bias (Bias::none): nothing is added or summed for it, and a fused ReLU, or its
 // rule in backward, runs in a pass of its own (bias_forward, bias_backward). Only under nvcc.
@@ -101,6 +102,12 @@ struct ColumnBias {
     }
 };
 
+// Pass 2 over channels-last parts (columns.hpp): db[c] = the sum of channel c's parts, a warp a channel.
+__global__ void column_totals(const float* partial, float* db, std::size_t channels, std::size_t parts)
+{
+    fold_parts<1>(partial, parts, channels, [&](std::size_t ch, const float (&s)[1]) { db[ch] = s[0]; });
+}
+
 // Pass 2: db[c] = the sum of channel c's parts, in order.
 __global__ void channel_totals(const float* partial, float* db, unsigned channels, unsigned parts)
 {
@@ -144,8 +151,8 @@ void channel_sums_last(const Context& ctx, const T* dy, float* db, std::size_t c
     else
         column_sums<1>(ctx, rows, channels, parts, partial, [&](auto) { return kernels::ColumnBias<T, false>{dy, nullptr, nullptr}; },
                        dy);
-    kernels::channel_totals<<<blocks_for(channels), kThreads, 0, ctx.stream()>>>(partial, db, unsigned(channels), unsigned(parts));
-    check_launch("channel_totals");
+    kernels::column_totals<<<fold_blocks(channels), kThreads, 0, ctx.stream()>>>(partial, db, channels, parts);
+    check_launch("column_totals");
 }
 
 // db (channels) = dy (n, channels, s) summed over n and s; `partial` holds bias_scratch<T>(channels,
