@@ -38,22 +38,16 @@ __device__ inline int element_stride(const core::Window& g)
 {
     return Last ? g.c : 1;
 }
-// Output element i as (sample, channel, offset in its plane), in either layout.
+// Output element i of channels-last activations as (sample, channel, offset in its plane).
 template <bool Last, class I>
 __device__ inline void split_output(const core::Window& g, I i, I& sample, int& ch, int& o)
 {
+    static_assert(Last, "channels-first planes need no split");
     const I pixels = I(g.oh * g.ow);
-    if constexpr (Last) {
-        const I rest = i / I(g.c);
-        ch = int(i - rest * I(g.c));
-        sample = rest / pixels;
-        o = int(rest - sample * pixels);
-    } else {
-        const I plane = i / pixels;
-        o = int(i - plane * pixels);
-        sample = plane / I(g.c);
-        ch = int(plane - sample * I(g.c));
-    }
+    const I rest = i / I(g.c);
+    ch = int(i - rest * I(g.c));
+    sample = rest / pixels;
+    o = int(rest - sample * pixels);
 }
 
 // f(value, position in the window) for every input element of output element i's window (padding
@@ -61,11 +55,19 @@ __device__ inline void split_output(const core::Window& g, I i, I& sample, int& 
 template <bool Last, class I, core::Storage T, class F>
 __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
 {
-    I sample;
-    int ch, o;
-    split_output<Last>(g, i, sample, ch, o);
+    int o;
+    const T* xp;
+    if constexpr (Last) {
+        I sample;
+        int ch;
+        split_output<Last>(g, i, sample, ch, o);
+        xp = x + plane_start<Last>(g, sample, ch, g.h * g.w);
+    } else {   // a plane a (sample, channel): no need to tell them apart
+        const I plane = i / I(g.oh * g.ow);
+        o = int(i - plane * I(g.oh * g.ow));
+        xp = x + plane * I(g.h * g.w);
+    }
     const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw, st = element_stride<Last>(g);
-    const T* xp = x + plane_start<Last>(g, sample, ch, g.h * g.w);
 #pragma unroll 8
     for (int a = 0; a < g.kh; ++a)
 #pragma unroll 8
@@ -129,21 +131,18 @@ __device__ inline void for_tiles(const core::Window& g, I count, TileOp&& op)
     const int across = (g.w + tx - 1) / tx, tiles = (g.h + ty - 1) / ty * across;
     REPLICA_GRID_LOOP_AS(I, i, count)
     {
-        I sample;
-        int ch, t;
         if constexpr (Last) {
             const I rest = i / I(g.c);
-            ch = int(i - rest * I(g.c));
-            sample = rest / I(tiles);
-            t = int(rest - sample * I(tiles));
-        } else {
+            const int ch = int(i - rest * I(g.c));
+            const I sample = rest / I(tiles);
+            const int t = int(rest - sample * I(tiles));
+            op(plane_start<Last>(g, sample, ch, g.oh * g.ow), plane_start<Last>(g, sample, ch, g.h * g.w), t / across * ty,
+               t % across * tx);
+        } else {   // a plane a (sample, channel)
             const I plane = i / I(tiles);
-            t = int(i - plane * I(tiles));
-            sample = plane / I(g.c);
-            ch = int(plane - sample * I(g.c));
+            const int t = int(i - plane * I(tiles));
+            op(plane * I(g.oh * g.ow), plane * I(g.h * g.w), t / across * ty, t % across * tx);
         }
-        op(plane_start<Last>(g, sample, ch, g.oh * g.ow), plane_start<Last>(g, sample, ch, g.h * g.w), t / across * ty,
-           t % across * tx);
     }
 }
 
