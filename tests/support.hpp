@@ -85,4 +85,16 @@ inline double norm_relative(const std::vector<float>& a, const std::vector<float
     return std::sqrt(diff / norm);
 }
 
+// How far parameters w are from `expected`, as a fraction of expected's change from `initial`
+// (2-norms): ||w - expected|| / ||expected - initial||.
+inline double update_error(const std::vector<float>& w, const std::vector<float>& expected, const std::vector<float>& initial)
+{
+    double off = 0.0, moved = 0.0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+        off += (double(w[i]) - expected[i]) * (double(w[i]) - expected[i]);
+        moved += (double(expected[i]) - initial[i]) * (double(expected[i]) - initial[i]);
+    }
+    return std::sqrt(off / moved);
+}
+
 } // namespace replica::testing

@@ -135,6 +135,36 @@ void aligned_and_not(F&& f)
 
 constexpr std::size_t kCount = 8 * 37 + 5;
 
+// BatchNorm's values over n x c x inner, rounded to T: x and dy; a ReLU's output relu_y as the
+// backward's mask (values of both signs, and zeros) and dz = relu_backward(relu_y, dy), what the
+// masked calls read in dy's place. Its parameters and statistics (float), also on `ctx`: weight, bias,
+// mean (also the sums' shift), invstd > 0, the backward sums [sum dy * xhat | sum dy], the element
+// count a channel. Seeds: x, dy, relu_y, then the parameters' five from `params` on.
+template <class T>
+struct BatchNormValues {
+    std::vector<float> x, dy, relu_y, dz, weight, bias, mean, invstd, back_sums, elements;
+    core::Buffer<float> weight_d, bias_d, mean_d, invstd_d, back_sums_d, elements_d;
+
+    BatchNormValues(const cpu::Context& host, const cuda::Context& ctx, std::size_t n, std::size_t c, std::size_t inner,
+                    std::uint64_t x_seed, std::uint64_t dy_seed, std::uint64_t relu_seed, std::uint64_t params)
+        : x(inputs<T>(n * c * inner, x_seed)), dy(inputs<T>(n * c * inner, dy_seed)), relu_y(inputs<T>(n * c * inner, relu_seed)),
+          dz(n * c * inner), weight(inputs<float>(c, params)), bias(inputs<float>(c, params + 1)),
+          mean(inputs<float>(c, params + 2, 0.5f)), invstd(inputs<float>(c, params + 3, 0.5f)),
+          back_sums(inputs<float>(2 * c, params + 4, 50.0f)), elements{float(n * inner)}
+    {
+        for (std::size_t i = 0; i < relu_y.size(); i += 3) relu_y[i] = 0.0f;
+        cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), dz.size());
+        for (float& v : invstd) v += 1.0f;
+        const auto on_gpu = [&](const std::vector<float>& v) {
+            auto b = ctx.allocate<float>(v.size());
+            ctx.upload(b.data(), v.data(), v.size());
+            return b;
+        };
+        weight_d = on_gpu(weight), bias_d = on_gpu(bias), mean_d = on_gpu(mean), invstd_d = on_gpu(invstd);
+        back_sums_d = on_gpu(back_sums), elements_d = on_gpu(elements);
+    }
+};
+
 } // namespace
 
 // On the host (no GPU needed): the 16-byte moves of the vector kernels keep the values in order.
@@ -417,27 +447,11 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     const auto inner = GENERATE(std::size_t(37), std::size_t(36), std::size_t(56), std::size_t(64));
     const std::size_t count = n * c * inner;
     INFO("inner " << inner);
-    const auto x = inputs<T>(count, 15), dy = inputs<T>(count, 16);
-    // A ReLU's output as the backward's mask: values of both signs, and zeros; dz = relu_backward(relu_y,
-    // dy), what the masked calls read in dy's place.
-    auto relu_y = inputs<T>(count, 22);
-    for (std::size_t i = 0; i < count; i += 3) relu_y[i] = 0.0f;
-    std::vector<float> dz(count);
-    cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), count);
-    // Parameters and statistics (float): weight, bias, mean (also the sums' shift), invstd > 0, the
-    // backward sums [sum dy * xhat | sum dy], the element count a channel.
-    const auto weight = inputs<float>(c, 17), bias = inputs<float>(c, 18), mean = inputs<float>(c, 19, 0.5f);
-    auto invstd = inputs<float>(c, 20, 0.5f);
-    for (float& v : invstd) v += 1.0f;
-    const auto back_sums = inputs<float>(2 * c, 21, 50.0f);
-    const std::vector<float> elements{float(n * inner)};
-    const auto on_gpu = [&](const std::vector<float>& v) {
-        auto b = ctx.allocate<float>(v.size());
-        ctx.upload(b.data(), v.data(), v.size());
-        return b;
-    };
-    auto weight_d = on_gpu(weight), bias_d = on_gpu(bias), mean_d = on_gpu(mean), invstd_d = on_gpu(invstd);
-    auto back_sums_d = on_gpu(back_sums), elements_d = on_gpu(elements);
+    BatchNormValues<T> v(host, ctx, n, c, inner, 15, 16, 22, 17);
+    const auto &x = v.x, &dy = v.dy, &relu_y = v.relu_y, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
+    const auto &weight = v.weight, &bias = v.bias, &back_sums = v.back_sums, &elements = v.elements;
+    auto &weight_d = v.weight_d, &bias_d = v.bias_d, &mean_d = v.mean_d, &invstd_d = v.invstd_d;
+    auto &back_sums_d = v.back_sums_d, &elements_d = v.elements_d;
     auto scratch = ctx.allocate<float>(cuda::batch_norm_scratch<T>(ctx, c));
     auto sums_d = ctx.allocate<float>(2 * c + 1);
     const std::vector<float> zero(count);
@@ -700,23 +714,10 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
         for (const std::size_t c : {std::size_t(16), std::size_t(5)}) {
             INFO(c << " channels");
             const std::size_t count = n * c * inner;
-            const auto x = inputs<T>(count, 40), dy = inputs<T>(count, 41);
-            auto relu_y = inputs<T>(count, 42);
-            for (std::size_t i = 0; i < count; i += 3) relu_y[i] = 0.0f;
-            std::vector<float> dz(count);
-            cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), count);
-            const auto weight = inputs<float>(c, 43), bias = inputs<float>(c, 44), mean = inputs<float>(c, 45, 0.5f);
-            auto invstd = inputs<float>(c, 46, 0.5f);
-            for (float& v : invstd) v += 1.0f;
-            const auto back_sums = inputs<float>(2 * c, 47, 50.0f);
-            const std::vector<float> elements{float(n * inner)};
-            const auto on_gpu = [&](const std::vector<float>& v) {
-                auto b = first.allocate<float>(v.size());
-                first.upload(b.data(), v.data(), v.size());
-                return b;
-            };
-            auto weight_d = on_gpu(weight), bias_d = on_gpu(bias), mean_d = on_gpu(mean), invstd_d = on_gpu(invstd);
-            auto back_sums_d = on_gpu(back_sums), elements_d = on_gpu(elements);
+            BatchNormValues<T> v(host, first, n, c, inner, 40, 41, 42, 43);
+            const auto &x = v.x, &dy = v.dy, &relu_y = v.relu_y, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
+            auto &weight_d = v.weight_d, &bias_d = v.bias_d, &mean_d = v.mean_d, &invstd_d = v.invstd_d;
+            auto &back_sums_d = v.back_sums_d, &elements_d = v.elements_d;
             std::vector<float> want(2 * c + 1), want_back(2 * c), want_masked(2 * c);
             cpu::batch_norm_sums(host, x.data(), n, c, inner, mean.data(), want.data(), nullptr);
             cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), want_back.data(), nullptr);

@@ -450,17 +450,6 @@ TEST_CASE("DataParallel with a bf16 all-reduce trains as one model to bf16's pre
     LeNet single{Device::cpu(), 3};
     const auto initial = parameters(single);
     const auto expected = train_three_steps(single, data, batch);
-    // How far a run's parameters are from one model's, as a fraction of one model's change over the
-    // steps (2-norms): per element the bf16 all-reduce rounds each replica's term and the sum, each
-    // within 2^-9 of its value, so a few of 2^-9 of the update (more where terms cancel).
-    auto update_error = [&](const std::vector<float>& w) {
-        double off = 0.0, moved = 0.0;
-        for (std::size_t i = 0; i < w.size(); ++i) {
-            off += (double(w[i]) - expected[i]) * (double(w[i]) - expected[i]);
-            moved += (double(expected[i]) - initial[i]) * (double(expected[i]) - initial[i]);
-        }
-        return std::sqrt(off / moved);
-    };
     const DataParallelOptions bf16_reduce{.gradient_reduction = GradientReduction::bf16};
     for (std::size_t replicas : {2, 3}) {
         CAPTURE(replicas);
@@ -470,10 +459,12 @@ TEST_CASE("DataParallel with a bf16 all-reduce trains as one model to bf16's pre
         CHECK(in_bf16.gradient_reduction() == GradientReduction::bf16);
         const auto got = train_three_steps(in_bf16, data, batch);
         const auto fp32 = train_three_steps(in_fp32, data, batch);
-        CAPTURE(update_error(got), update_error(fp32));
-        CHECK(update_error(got) < 4.0 / 512.0);
-        CHECK(update_error(fp32) < 1e-5);
-        CHECK(update_error(got) > 1e-4);   // the option does something
+        CAPTURE(update_error(got, expected, initial), update_error(fp32, expected, initial));
+        // Per element the bf16 all-reduce rounds each replica's term and the sum, each within 2^-9 of
+        // its value: a few of 2^-9 of the update (more where terms cancel).
+        CHECK(update_error(got, expected, initial) < 4.0 / 512.0);
+        CHECK(update_error(fp32, expected, initial) < 1e-5);
+        CHECK(update_error(got, expected, initial) > 1e-4);   // the option does something
         CHECK(train_three_steps(one_thread, data, batch) == got);   // the host rule in both forms
         // Every replica received the same rounded sum, so they stay equal bit for bit.
         for (std::size_t r = 1; r < replicas; ++r) CHECK(in_bf16.replica(r).parameters() == got);
