@@ -24,10 +24,15 @@ using AnyContext = std::variant<cpu::Context, cuda::Context>;
 using AnyContext = std::variant<cpu::Context>;
 #endif
 
-inline AnyContext make_context(const Device& device)
+// channels_first: a GPU's 16-bit activations stay channels-first whatever its Options say (a model
+// that asks it: model/sequential.hpp's keeps_channels_first); the CPU's always are.
+inline AnyContext make_context(const Device& device, bool channels_first = false)
 {
 #if defined(REPLICA_CUDA)
-    if (device.is_cuda()) return AnyContext(std::in_place_type<cuda::Context>, device);
+    if (device.is_cuda()) {
+        cuda::Context ctx(device);
+        return channels_first ? AnyContext(ctx.channels_first()) : AnyContext(std::move(ctx));
+    }
 #endif
     core::require(device.is_cpu(), "device " + device.name() +
                                        " needs the CUDA backend: build with -Dcuda=enabled on a machine with "

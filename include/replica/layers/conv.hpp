@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "replica/backend/layout_rules.hpp"
 #include "replica/core/window.hpp"
 #include "replica/layers/op.hpp"
 
@@ -48,6 +49,7 @@ struct ConvOp : LeafOp {
     static constexpr std::size_t bias_count = B == Bias::yes ? Out : 0;
     static constexpr std::size_t param_count = weight_count + bias_count;
     static constexpr Window window = G::window;
+    static constexpr bool wants_channels_last = !backend::detours_channels_last(window);
 
     using LeafOp::LeafOp;
     void init(float* p, std::uint64_t seed) const { conv_init(p, seed, id, weight_count, bias_count, G::fan_in); }
@@ -149,6 +151,7 @@ struct ConvTranspose2d {
         // The convolution whose adjoint this is: from the output (Out, OH, OW) to the input (C, H, W).
         static constexpr Window window{int(Out), int(OH), int(OW), int(K), int(K), int(Stride), int(Stride),
                                        int(Pad), int(Pad), int(H), int(W)};
+        static constexpr bool wants_channels_last = true;
 
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const

@@ -37,6 +37,10 @@
 // unchanged: the Chain skips it between two ops (the next one reads the view's input; dy passes
 // through).
 //
+// Optional: `static constexpr bool wants_channels_last` (default false): it has a convolution that
+// runs on channels-last activations where the backend keeps them (backend/layout_rules.hpp); a model
+// none of whose ops wants them keeps its activations channels-first (model/sequential.hpp).
+//
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.
 //
@@ -148,6 +152,11 @@ template <class O>
 inline constexpr std::size_t statistics_count_of = [] {
     if constexpr (requires { O::statistics_count; }) return std::size_t(O::statistics_count);
     else return std::size_t{0};
+}();
+template <class O>
+inline constexpr bool wants_channels_last_of = [] {
+    if constexpr (requires { O::wants_channels_last; }) return bool(O::wants_channels_last);
+    else return false;
 }();
 template <class O>
 inline constexpr std::size_t syncs_of = [] {

@@ -99,6 +99,7 @@ public:
     static constexpr std::size_t saved_size = parts::saved_offset[N];
     static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
+    static constexpr bool wants_channels_last = parts::wants_channels_last;
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
         return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});

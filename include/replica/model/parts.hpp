@@ -76,6 +76,7 @@ public:
     static constexpr std::size_t syncs = sync_offset[N];
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
+    static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
 
     explicit Parts(const Build& b) : ops_(make(b, std::make_index_sequence<N>{})) {}
 

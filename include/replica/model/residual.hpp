@@ -59,6 +59,7 @@ struct Residual {
         static constexpr std::size_t saved_size = parts::saved_offset.back();
         static constexpr std::size_t kept_size = outputs + parts::kept_offset.back();
         static constexpr bool spans_devices = parts::spans_devices;
+        static constexpr bool wants_channels_last = parts::wants_channels_last;
 
         explicit op(const Build& b) : parts_(b) {}
 

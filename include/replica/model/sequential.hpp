@@ -76,7 +76,7 @@ struct NotAModel {
     using output_shape = Shape<1>;
     using storage = float;
     static constexpr std::size_t param_count = 0, saved_size = 0, kept_size = 0, statistics_count = 0, syncs = 0;
-    static constexpr bool spans_devices = false, may_hold_input = false;
+    static constexpr bool spans_devices = false, may_hold_input = false, wants_channels_last = false;
     bool holds_input() const { return false; }
     explicit NotAModel(const Build&) {}
     void init(float*, std::uint64_t) const {}
@@ -149,15 +149,23 @@ public:
     // The reproducible mode's exact accumulator: the gradient, then the statistics' shard sums.
     static constexpr std::size_t exact_count = param_count + statistics_count;
     static constexpr std::size_t label_size = loss::template label_size<output_shape>;
+    // A model none of whose convolutions runs channels-last (layers/op.hpp's wants_channels_last: every
+    // one detours, as LeNet's do) keeps its activations channels-first where the backend would keep
+    // them channels-last: the detours' transposes and their buffers would buy nothing. A model that
+    // holds a nested DataParallel keeps the backend's layout, and so do its nested replicas.
+    static constexpr bool keeps_channels_first = !chain::wants_channels_last && !chain::spans_devices;
 
     // On the default device (the first GPU, or the CPU); nested DataParallels use every default device.
     Sequential() : Sequential(backend::default_devices()) {}
     explicit Sequential(Device device, std::uint64_t seed = 0) : Sequential(std::vector<Device>{device}, seed) {}
     // devices[0] holds the model; a nested DataParallel replicates over all of them. first_layer_id
-    // numbers the layers (for random streams) when the model is a replica nested in a larger one.
-    explicit Sequential(std::vector<Device> devices, std::uint64_t seed = 0, std::uint32_t first_layer_id = 0)
+    // numbers the layers (for random streams) when the model is a replica nested in a larger one;
+    // nested says it is one (its activations then keep the layout of the model around it, see
+    // keeps_channels_first).
+    explicit Sequential(std::vector<Device> devices, std::uint64_t seed = 0, std::uint32_t first_layer_id = 0,
+                        bool nested = false)
         : devices_(check_devices(std::move(devices))),
-          ctx_(backend::make_context(devices_.front())),
+          ctx_(backend::make_context(devices_.front(), keeps_channels_first && !nested)),
           chain_(Build{first_layer_id, devices_})
     {
         static_assert(Replica<Sequential>);

@@ -156,6 +156,7 @@ public:
         static constexpr std::size_t saved_size = chain::saved_size;
         static constexpr std::size_t kept_size = chain::kept_size;
         static constexpr bool spans_devices = true;
+        static constexpr bool wants_channels_last = chain::wants_channels_last;
 
         explicit op(const model::Build& b)
             : chain0_(model::Build{b.layer_id, b.devices.first(1)}),
@@ -163,7 +164,7 @@ public:
         {
             core::require(!b.devices.empty(), "a nested DataParallel needs at least one device");
             for (std::size_t r = 1; r < b.devices.size(); ++r)
-                others_.emplace_back(std::vector<Device>{b.devices[r]}, 0, b.layer_id);
+                others_.emplace_back(std::vector<Device>{b.devices[r]}, 0, b.layer_id, true);
             gathered_.assign(b.devices.size(), {});
         }
 

@@ -1,7 +1,11 @@
 #pragma once
-// Per-channel sums of channels-last activations (layout.hpp): a (rows, c) matrix summed down its
-// columns, the first stage of BatchNorm's statistics and of a convolution's bias gradient when
-// channels are the contiguous axis. Rows fall into parts of a fixed size (column_parts); within a
+// Per-channel passes over channels-last activations (layout.hpp), a (rows, c) matrix whose channels are
+// the contiguous axis. column_sums: the matrix summed down its columns, the first stage of BatchNorm's
+// statistics and of a convolution's bias gradient. column_map: an elementwise pass whose rule depends on
+// the channel (BatchNorm's normalisation and its gradient); a thread keeps one group of channels, so it
+// reads their coefficients once, not once a value.
+//
+// column_sums: Rows fall into parts of a fixed size (column_parts); within a
 // part, row r goes to lane (r - first) % kLanes, each lane adds its rows in order, and the lanes are
 // then added in order: the order depends on the shape only, never on how values are read (a move of
 // V = 8 channels, or one), so the sums have the same bits every run. A block takes Gb groups of V
@@ -85,6 +89,19 @@ __device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::si
         for (int d = 16; d > 0; d /= 2) s[k] += __shfl_down_sync(0xffffffffu, s[k], d);
     if (lane == 0) done(ch, s);
 }
+
+// Op::group<V>(first channel) gives, once a thread, a callable f(offset) that maps the V values of one
+// row at offset (of the row's first value in the group). Block (groups across, rows down); the rows
+// are visited in a grid-stride loop down the column.
+template <int V, class I, class Op>
+__global__ void column_map(Op op, I rows, I c)
+{
+    const I group = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
+    if (group >= c / V) return;
+    const auto f = op.template group<V>(group * V);
+    for (I r = I(blockIdx.y) * I(blockDim.y) + I(threadIdx.y); r < rows; r += I(blockDim.y) * I(gridDim.y))
+        f(r * c + group * V);
+}
 } // namespace kernels
 
 namespace detail {
@@ -111,6 +128,34 @@ void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_
         kernels::column_partial_sums<S, V, Acc><<<grid, gb * kLanes, shared, ctx.stream()>>>(make_op(v), rows, unsigned(c),
                                                                                             per_part, gb, partial);
         check_launch("column_partial_sums");
+    };
+    const bool wide = c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...);
+    if (wide) launch(std::integral_constant<int, 8>{});
+    else launch(std::integral_constant<int, 1>{});
+}
+
+// Queues column_map over rows x c values, V = 8 channels a thread where c % 8 == 0 and every pointer
+// in `aligned` is 16-byte aligned, else 1; make_op(V) gives the Op for a width V. A block holds up to
+// kThreads threads: the groups of a row across (up to kThreads of them), as many rows down as fit; the
+// grid has about kMapBlocks blocks, enough to fill the device with each thread taking several rows.
+template <class MakeOp, class... P>
+void column_map(const Context& ctx, std::size_t rows, std::size_t c, MakeOp&& make_op, const char* what,
+                const P*... aligned)
+{
+    constexpr std::size_t kMapBlocks = 4096;
+    if (rows == 0 || c == 0) return;
+    const auto launch = [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        const std::size_t groups = c / V, across = std::min<std::size_t>(groups, kThreads), down = kThreads / across;
+        const std::size_t columns = (groups + across - 1) / across;
+        const std::size_t row_blocks = std::clamp<std::size_t>(kMapBlocks / columns, 1, (rows + down - 1) / down);
+        const dim3 grid(unsigned(columns), unsigned(std::min<std::size_t>(row_blocks, 65535)));
+        indexed(rows * c, [&](auto index) {
+            using I = decltype(index);
+            kernels::column_map<V, I><<<grid, dim3(unsigned(across), unsigned(down)), 0, ctx.stream()>>>(make_op(v), I(rows),
+                                                                                                         I(c));
+        });
+        check_launch(what);
     };
     const bool wide = c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...);
     if (wide) launch(std::integral_constant<int, 8>{});

@@ -18,6 +18,7 @@
 #include <concepts>
 #include <cstddef>
 
+#include "replica/backend/layout_rules.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/autotune.hpp"
 #include "replica/backend/cuda/conv/bias.hpp"
@@ -45,15 +46,12 @@ std::size_t own_scratch(int cout, std::size_t n)
     else return std::max({bias, DirectConv<g>::scratch_size(cout, n), cudnn});
 }
 
-// Whether a convolution runs channels-first although ctx keeps T channels-last: its input channels
-// are not a multiple of 8, where cuDNN's channels-last kernels are slow, and its input is small (at
-// most 32 Ki values a sample: LeNet's layers, a first layer over small images), so the transposes
-// around it cost little and our direct kernels and the products, which read (channels, pixels),
-// serve it.
+// Whether a convolution runs channels-first although ctx keeps T channels-last
+// (backend/layout_rules.hpp says where and why).
 template <core::Window g, core::Storage T>
 bool detours(const Context& ctx)
 {
-    return channels_last<T>(ctx) && g.c % 8 != 0 && std::size_t(g.c) * g.h * g.w <= 32768;
+    return channels_last<T>(ctx) && detours_channels_last(g);
 }
 
 // The detour's activations in (channels, pixels), in T, after the candidates' scratch, each region

@@ -9,6 +9,7 @@
 // one layout) passes through to_activation_layout / from_activation_layout (elementwise.hpp), which
 // transpose with detail::transpose_planes. Only under nvcc.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
@@ -58,15 +59,42 @@ __global__ void transpose_planes(const S* src, D* dst, unsigned a, unsigned b)
         if (i < a && j < b) dst[plane + std::size_t(j) * a + i] = narrow<D>(tile[threadIdx.x][k]);
     }
 }
+// transpose_planes where one side is short (a or b at most kThinSide: an image's 3 channels, a 3x3
+// window): a tile would be mostly idle, so a thread takes one index of the long side and loops over the
+// short one; across a warp the long side's neighbours are read (ShortA) or written (!ShortA) together,
+// and the short side's values lie next to each other. Grid-stride over planes x long side.
+template <core::Storage S, core::Storage D, bool ShortA>
+__global__ void transpose_thin(const S* src, D* dst, unsigned a, unsigned b, std::size_t count)
+{
+    const unsigned along = ShortA ? b : a, across = ShortA ? a : b;
+    REPLICA_GRID_LOOP(t, count)
+    {
+        const std::size_t plane = t / along * a * b;
+        const unsigned l = unsigned(t % along);
+        for (unsigned s = 0; s < across; ++s) {
+            const unsigned i = ShortA ? s : l, j = ShortA ? l : s;
+            dst[plane + std::size_t(j) * a + i] = narrow<D>(widen(src[plane + std::size_t(i) * b + j]));
+        }
+    }
+}
 } // namespace kernels
 
 namespace detail {
+inline constexpr std::size_t kThinSide = 16;
+
 // dst (n, b, a) = src (n, a, b) converted to D.
 template <core::Storage S, core::Storage D>
 void transpose_planes(const Context& ctx, const S* src, D* dst, std::size_t n, std::size_t a, std::size_t b)
 {
     if (n == 0 || a == 0 || b == 0) return;
     core::require(n < 65536 && a * b < (std::size_t(1) << 32), "a layout transpose of 65536 samples or more: use a smaller batch");
+    if (std::min(a, b) <= kThinSide) {
+        const std::size_t count = n * std::max(a, b);
+        if (a <= b) kernels::transpose_thin<S, D, true><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b), count);
+        else kernels::transpose_thin<S, D, false><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b), count);
+        check_launch("transpose_planes");
+        return;
+    }
     const dim3 grid(unsigned((b + 31) / 32), unsigned((a + 31) / 32), unsigned(n));
     kernels::transpose_planes<S, D><<<grid, dim3(32, 8), 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b));
     check_launch("transpose_planes");

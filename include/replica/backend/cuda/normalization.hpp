@@ -1,7 +1,7 @@
 #pragma once
 // Batch normalisation and the residual merge on the GPU (layers/normalization.hpp, model/residual.hpp).
-// x is (n, c, inner) in the context's layout (layout.hpp: channels-last, (n, inner, c), whose sums are
-// columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
+// x is (n, c, inner) in the context's layout (layout.hpp: channels-last, (n, inner, c), whose sums and
+// per-channel maps are columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
 // of each channel (a block tree), then one thread a channel adds the parts in order: the same bits
 // every run. x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
 // read as float, each output rounded once to T; sums, statistics and parameters stay float (the sums
@@ -173,25 +173,20 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
 }
 
 // The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
-// V, and the pointers aligned to a move of V where V > 1): one channel lookup a group.
-// Last (channels-last): a group is V channels of one pixel (c a multiple of V), inner_groups unused.
-template <bool Relu, int V, class I, core::Storage T, bool Last = false>
+// V, and the pointers aligned to a move of V where V > 1): one channel lookup a group. Channels-last
+// activations take columns.hpp's column_map with the Ops below instead, the same expressions.
+template <bool Relu, int V, class I, core::Storage T>
 __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups, const float* weight, const float* bias,
                                  const float* mean, const float* invstd)
 {
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = Last ? g * V % c : (g / inner_groups) % c;
+        const I ch = (g / inner_groups) % c;
         float v[8];
         load_v<V>(x + g * V, v);
-        float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
+        const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            if constexpr (Last) {
-                const I k = ch + I(j);
-                scale = weight[k] * invstd[k];
-                shift = bias[k] - mean[k] * scale;
-            }
             const float u = v[j] * scale + shift;
             v[j] = Relu && u < 0.0f ? 0.0f : u;
         }
@@ -200,7 +195,7 @@ __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups
 }
 
 // Masked: dy read through the ReLU's mask, as channel_partial_sums reads it.
-template <int V, class I, core::Storage T, bool Masked = false, bool Last = false>
+template <int V, class I, core::Storage T, bool Masked = false>
 __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I groups, I c, I inner_groups,
                                           const float* weight, const float* mean, const float* invstd, const float* sums,
                                           const float* elements, const T* relu_y = nullptr)
@@ -208,7 +203,7 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
     const float inv_count = 1.0f / *elements;
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
-        const I ch = Last ? g * V % c : (g / inner_groups) % c;
+        const I ch = (g / inner_groups) % c;
         float v[8], d[8];
         load_v<V>(x + g * V, v);
         load_v<V>(dy + g * V, d);
@@ -218,21 +213,81 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
 #pragma unroll
             for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
         }
-        float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
-        float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
+        const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
+        const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            if constexpr (Last) {
-                const I k = ch + I(j);
-                m = mean[k], s = invstd[k], scale = weight[k] * s;
-                mean_dy = sums[c + k] * inv_count, mean_dy_xhat = sums[k] * inv_count;
-            }
             const float xhat = (v[j] - m) * s;
             v[j] = scale * (d[j] - mean_dy - xhat * mean_dy_xhat);
         }
         store_v<V>(dx + g * V, v);
     }
 }
+
+// columns.hpp's column_map Ops for channels-last BatchNorm: batch_norm_apply's and
+// batch_norm_backward_input's expressions, each channel's coefficients read once a thread.
+template <bool Relu, core::Storage T>
+struct ColumnNormalize {
+    const T* x;
+    T* y;
+    const float *weight, *bias, *mean, *invstd;
+    template <int V, class I>
+    __device__ auto group(I ch) const
+    {
+        float scale[V], shift[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            scale[j] = weight[ch + j] * invstd[ch + j];
+            shift[j] = bias[ch + j] - mean[ch + j] * scale[j];
+        }
+        return [=, x = x, y = y](I at) {
+            float v[8];
+            load_v<V>(x + at, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const float u = v[j] * scale[j] + shift[j];
+                v[j] = Relu && u < 0.0f ? 0.0f : u;
+            }
+            store_v<V>(y + at, v);
+        };
+    }
+};
+template <bool Masked, core::Storage T>
+struct ColumnNormalizeGradient {
+    const T *x, *dy;
+    T* dx;
+    const T* relu_y;
+    const float *weight, *mean, *invstd, *sums, *elements;
+    std::size_t c;
+    template <int V, class I>
+    __device__ auto group(I ch) const
+    {
+        const float inv_count = 1.0f / *elements;
+        float m[V], s[V], scale[V], mean_dy[V], mean_dy_xhat[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            m[j] = mean[ch + j], s[j] = invstd[ch + j], scale[j] = weight[ch + j] * s[j];
+            mean_dy[j] = sums[c + ch + j] * inv_count, mean_dy_xhat[j] = sums[ch + j] * inv_count;
+        }
+        return [=, x = x, dy = dy, dx = dx, relu_y = relu_y](I at) {
+            float v[8], d[8];
+            load_v<V>(x + at, v);
+            load_v<V>(dy + at, d);
+            if constexpr (Masked) {
+                float r[8];
+                load_v<V>(relu_y + at, r);
+#pragma unroll
+                for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const float xhat = (v[j] - m[j]) * s[j];
+                v[j] = scale[j] * (d[j] - mean_dy[j] - xhat * mean_dy_xhat[j]);
+            }
+            store_v<V>(dx + at, v);
+        };
+    }
+};
 
 template <bool Relu>
 __global__ void add_into(const float* a, const float* b, float* y, std::size_t count)
@@ -436,21 +491,26 @@ template <core::Storage T>
 void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
 {
-    const bool last = channels_last<T>(ctx);
-    // Channels-last: groups of V channels of one pixel, so c (not inner) must split into moves.
-    detail::in_groups<T>(n * c * inner, last ? c : inner, [&](auto v, auto index, std::size_t groups) {
-        constexpr int V = decltype(v)::value;
-        using I = decltype(index);
-        const auto launch = [&](auto r, auto l) {
-            kernels::batch_norm_apply<decltype(r)::value, V, I, T, decltype(l)::value>
-                <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, y, I(groups), I(c), I(inner / V), weight,
-                                                                                    bias, mean, invstd);
-        };
-        const auto layout = [&](auto r) { detail::by_layout<T>(ctx, [&](auto l) { launch(r, l); }); };
-        if (relu) layout(std::true_type{});
-        else layout(std::false_type{});
-    }, x, y);
-    detail::check_launch("batch_norm_apply");
+    const auto with_relu = [&](auto r) {
+        constexpr bool R = decltype(r)::value;
+        detail::by_layout<T>(ctx, [&](auto l) {
+            if constexpr (decltype(l)::value) {
+                detail::column_map(
+                    ctx, n * inner, c, [&](auto) { return kernels::ColumnNormalize<R, T>{x, y, weight, bias, mean, invstd}; },
+                    "batch_norm_apply", x, y);
+            } else {
+                detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+                    using I = decltype(index);
+                    kernels::batch_norm_apply<R, decltype(v)::value, I, T>
+                        <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, y, I(groups), I(c), I(inner / decltype(v)::value),
+                                                                                            weight, bias, mean, invstd);
+                }, x, y);
+                detail::check_launch("batch_norm_apply");
+            }
+        });
+    };
+    if (relu) with_relu(std::true_type{});
+    else with_relu(std::false_type{});
 }
 
 // relu_y (not null): a ReLU's output (n, c, inner); dy is then the ReLU's output gradient, read through
@@ -488,20 +548,27 @@ void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* d
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
                                const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
 {
-    const bool last = channels_last<T>(ctx);
-    detail::in_groups<T>(n * c * inner, last ? c : inner, [&](auto v, auto index, std::size_t groups) {
-        constexpr int V = decltype(v)::value;
-        using I = decltype(index);
-        const auto launch = [&](auto masked, auto l) {
-            kernels::batch_norm_backward_input<V, I, T, decltype(masked)::value, decltype(l)::value>
-                <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, dy, dx, I(groups), I(c), I(inner / V),
-                                                                                    weight, mean, invstd, sums, count, relu_y);
-        };
-        const auto layout = [&](auto masked) { detail::by_layout<T>(ctx, [&](auto l) { launch(masked, l); }); };
-        if (relu_y) layout(std::true_type{});
-        else layout(std::false_type{});
-    }, x, dy, dx, relu_y);
-    detail::check_launch("batch_norm_backward_input");
+    const auto with_mask = [&](auto masked) {
+        constexpr bool M = decltype(masked)::value;
+        detail::by_layout<T>(ctx, [&](auto l) {
+            if constexpr (decltype(l)::value) {
+                detail::column_map(
+                    ctx, n * inner, c,
+                    [&](auto) { return kernels::ColumnNormalizeGradient<M, T>{x, dy, dx, relu_y, weight, mean, invstd, sums, count, c}; },
+                    "batch_norm_backward_input", x, dy, dx, relu_y);
+            } else {
+                detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
+                    using I = decltype(index);
+                    kernels::batch_norm_backward_input<decltype(v)::value, I, T, M>
+                        <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
+                            x, dy, dx, I(groups), I(c), I(inner / decltype(v)::value), weight, mean, invstd, sums, count, relu_y);
+                }, x, dy, dx, relu_y);
+                detail::check_launch("batch_norm_backward_input");
+            }
+        });
+    };
+    if (relu_y) with_mask(std::true_type{});
+    else with_mask(std::false_type{});
 }
 
 // y = a + b, then the ReLU when relu.

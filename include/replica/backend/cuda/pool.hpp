@@ -33,10 +33,15 @@ __device__ inline I plane_start(const core::Window& g, I sample, int ch, int pix
 {
     return Last ? sample * I(pixels) * I(g.c) + I(ch) : (sample * I(g.c) + I(ch)) * I(pixels);
 }
-template <bool Last>
-__device__ inline int element_stride(const core::Window& g)
+// The element k elements into a plane at p: channels-last's are g.c apart (index type I);
+// channels-first's are neighbours, indexed by the int k itself, as the kernels always did (an offset
+// converted to an unsigned I first keeps nvcc from folding a thread's neighbouring stores into one
+// base address).
+template <bool Last, class I, class P>
+__device__ inline P* element(P* p, const core::Window& g, int k)
 {
-    return Last ? g.c : 1;
+    if constexpr (Last) return p + I(k) * I(g.c);
+    else return p + k;
 }
 // Output element i of channels-last activations as (sample, channel, offset in its plane).
 template <bool Last, class I>
@@ -67,13 +72,13 @@ __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
         o = int(i - plane * I(g.oh * g.ow));
         xp = x + plane * I(g.h * g.w);
     }
-    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw, st = element_stride<Last>(g);
+    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
 #pragma unroll 8
     for (int a = 0; a < g.kh; ++a)
 #pragma unroll 8
         for (int b = 0; b < g.kw; ++b) {
             const int iy = y0 + a, ix = x0 + b;
-            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(xp + I(iy * g.w + ix) * I(st)), a * g.kw + b);
+            if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) f(load_ldg(element<Last, I>(xp, g, iy * g.w + ix)), a * g.kw + b);
         }
 }
 
@@ -194,7 +199,6 @@ __global__ void max_pool_backward(const P* arg, const T* dy, T* dx, I count)
     constexpr core::Window g{G...};
     static_assert(std::is_same_v<P, core::pool_position_t<g>>);
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
-    const I st = I(element_stride<Last>(g));
     for_tiles<Last>(g, count, [&](I out, I in, int y0, int x0) {
         const P* ap = arg + out;
         const T* dyp = dy + out;
@@ -206,14 +210,14 @@ __global__ void max_pool_backward(const P* arg, const T* dy, T* dx, I count)
 #pragma unroll
             for (int c = 0; c < NX; ++c) at[r][c] = -1;
         read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) {
-            const P p = __ldg(ap + I(o) * st);
+            const P p = __ldg(element<Last, I>(ap, g, o));
             at[r][c] = p == core::pool_no_position<g> ? -1 : core::pool_input_offset(g, ylo + r, xlo + c, p);
-            d[r][c] = load_ldg(dyp + I(o) * st);
+            d[r][c] = load_ldg(element<Last, I>(dyp, g, o));
         });
         T* dxp = dx + in;
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             // A window whose maximum is this element covers it: no range test needed.
-            dxp[I(iy * g.w + ix) * st] = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
+            *element<Last, I>(dxp, g, iy * g.w + ix) = narrow<T>(sum_windows(d, [&](int r, int c) { return at[r][c] == iy * g.w + ix; }));
         });
     });
 }
@@ -235,12 +239,11 @@ __global__ void avg_pool_backward(const T* dy, T* dx, I count)
 {
     constexpr core::Window g{G...};
     constexpr int NY = windows_of(tile_of(g.h, g.sh), g.kh, g.sh, g.oh), NX = windows_of(tile_of(g.w, g.sw), g.kw, g.sw, g.ow);
-    const I st = I(element_stride<Last>(g));
     for_tiles<Last>(g, count, [&](I out, I in, int y0, int x0) {
         const T* dyp = dy + out;
         float d[NY][NX] = {};
         int ylo, xlo;
-        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = load_ldg(dyp + I(o) * st); });
+        read_tile_windows<NY, NX>(g, y0, x0, ylo, xlo, [&](int r, int c, int o) { d[r][c] = load_ldg(element<Last, I>(dyp, g, o)); });
         T* dxp = dx + in;
         for_tile_elements(g, y0, x0, [&](int iy, int ix) {
             int rlo, rhi, clo, chi;
@@ -249,7 +252,7 @@ __global__ void avg_pool_backward(const T* dy, T* dx, I count)
             const float s = sum_windows(d, [&](int r, int c) {
                 return ylo + r >= rlo && ylo + r < rhi && xlo + c >= clo && xlo + c < chi;
             });
-            dxp[I(iy * g.w + ix) * st] = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
+            *element<Last, I>(dxp, g, iy * g.w + ix) = narrow<T>(s * (1.0f / float(g.kh * g.kw)));
         });
     });
 }
