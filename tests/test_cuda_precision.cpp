@@ -502,17 +502,18 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
 
         // Elementwise passes: the GPU's float kernel rounded once; the CPU's within 1 ulp (fused multiply-adds).
         OnGpu<float> xf_d(ctx, x, offset), dyf_d(ctx, dy, offset), yf_d(ctx, zero, offset);
-        for (const bool relu : {false, true}) {
-            INFO("apply, relu " << relu);
-            cuda::batch_norm_apply(ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
-                                   mean_d.data(), invstd_d.data(), relu);
-            cuda::batch_norm_apply(ctx, xf_d.data(), yf_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
-                                   mean_d.data(), invstd_d.data(), relu);
-            cpu::batch_norm_apply(host, x.data(), want.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
-                                  invstd.data(), relu);
-            CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
-            CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
-        }
+        for (const bool relu : {false, true})
+            for (const bool add : {false, true}) {   // add: dy as the addend (a Residual's other branch)
+                INFO("apply, relu " << relu << ", addend " << add);
+                cuda::batch_norm_apply(ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
+                                       mean_d.data(), invstd_d.data(), relu, add ? dy_d.data() : nullptr);
+                cuda::batch_norm_apply(ctx, xf_d.data(), yf_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
+                                       mean_d.data(), invstd_d.data(), relu, add ? dyf_d.data() : nullptr);
+                cpu::batch_norm_apply(host, x.data(), want.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
+                                      invstd.data(), relu, add ? dy.data() : nullptr);
+                CHECK(differences(y_d.values(), rounded<T>(yf_d.values())) == "");
+                CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
+            }
 
         cuda::batch_norm_backward_input(ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
                                         mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());

@@ -334,3 +334,20 @@ TEST_CASE("BatchNorm and Residual against PyTorch: forward, gradients, running e
     CHECK(es < 1e-4);
     CHECK(ee < 1e-4);
 }
+
+TEST_CASE("A Residual whose body ends in BatchNorm adds the other branch in BatchNorm's pass and keeps no copy of "
+          "the body's output",
+          "[cpu][layers][residual]")
+{
+    using In = Shape<4, 6, 6>;
+    using Body = Sequential<Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d>;
+    using BodyRelu = Sequential<Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d, ReLU>;
+    using Shortcut = Sequential<Conv2d<4, 1, 1, 0, Bias::none>, BatchNorm2d>;
+    // The body's output is the Residual's: nothing kept beyond the body's (and the shortcut's) own.
+    static_assert(Residual<Body>::op<In>::kept_size == Body::op<In>::kept_size);
+    static_assert(Residual<Body, Shortcut>::op<In>::kept_size ==
+                  Body::op<In>::kept_size + Shortcut::op<In>::kept_size + In::size);
+    // A body ending in anything else keeps its output for the addition after it.
+    static_assert(Residual<BodyRelu>::op<In>::kept_size == BodyRelu::op<In>::kept_size + In::size);
+    static_assert(Body::op<In>::takes_addend && !BodyRelu::op<In>::takes_addend);
+}

@@ -26,7 +26,7 @@ using AnyContext = std::variant<cpu::Context>;
 
 // channels_first: a GPU's 16-bit activations stay channels-first whatever its Options say (a model
 // that asks it: model/sequential.hpp's keeps_channels_first); the CPU's always are.
-inline AnyContext make_context(const Device& device, bool channels_first = false)
+inline AnyContext make_context(const Device& device, [[maybe_unused]] bool channels_first = false)
 {
 #if defined(REPLICA_CUDA)
     if (device.is_cuda()) {

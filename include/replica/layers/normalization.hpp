@@ -61,6 +61,8 @@ struct BatchNorm {
         static constexpr std::size_t param_count = 2 * C;        // weight, bias
         static constexpr std::size_t statistics_count = 2 * C;   // running mean, running variance
         static constexpr std::size_t syncs = Stats == BatchStats::global ? 2 : 0;   // forward's sums, backward's
+        // ForwardArgs::addend joins the normalisation's pass; backward reads x, never y.
+        static constexpr bool takes_addend = true;
 
         explicit op(const Build& b) : LeafOp(b), first_sync_(b.first_sync) {}
 
@@ -142,7 +144,7 @@ struct BatchNorm {
                     batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
                 }
             }
-            batch_norm_apply(ctx, a.x, a.y, a.n, C, inner, a.params, a.params + C, mean, invstd, relu);
+            batch_norm_apply(ctx, a.x, a.y, a.n, C, inner, a.params, a.params + C, mean, invstd, relu, a.addend);
         }
 
         template <class Ctx, class Hook>

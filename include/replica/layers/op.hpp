@@ -37,6 +37,11 @@
 // unchanged: the Chain skips it between two ops (the next one reads the view's input; dy passes
 // through).
 //
+// Optional: `static constexpr bool takes_addend` (BatchNorm; a Chain whose last op does): forward and
+// forward_relu add ForwardArgs::addend, when it is not null, to the output before the ReLU, in the
+// same pass (a Residual's sum: model/residual.hpp), and backward reads no y (its output is then the
+// sum's).
+//
 // Optional: `static constexpr bool wants_channels_last` (default false): it has a convolution that
 // runs on channels-last activations where the backend keeps them (backend/layout_rules.hpp); a model
 // none of whose ops wants them keeps its activations channels-first (model/sequential.hpp).
@@ -110,6 +115,7 @@ struct ForwardArgs {
     float* scratch;        // scratch_size(ctx, n) floats
     float* statistics = nullptr;   // the op's statistics (statistics_count floats), if it has any
     float* shard_sums = nullptr;   // with pass.micro_shard: statistics_count floats, ASSIGNED
+    const T* addend = nullptr;     // (n, output_shape) or null: added to y before a fused ReLU (takes_addend)
 };
 
 template <class T = float>
@@ -152,6 +158,11 @@ template <class O>
 inline constexpr std::size_t statistics_count_of = [] {
     if constexpr (requires { O::statistics_count; }) return std::size_t(O::statistics_count);
     else return std::size_t{0};
+}();
+template <class O>
+inline constexpr bool takes_addend_of = [] {
+    if constexpr (requires { O::takes_addend; }) return bool(O::takes_addend);
+    else return false;
 }();
 template <class O>
 inline constexpr bool wants_channels_last_of = [] {

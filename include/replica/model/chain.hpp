@@ -100,6 +100,11 @@ public:
     static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
     static constexpr bool wants_channels_last = parts::wants_channels_last;
+    // Its last op adds ForwardArgs::addend into the chain's output (layers/op.hpp).
+    static constexpr bool takes_addend = [] {
+        if constexpr (N == 0) return false;
+        else return takes_addend_of<op_t<N - 1>>;
+    }();
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
         return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});
@@ -273,12 +278,11 @@ private:
         core::static_for<N>([&](auto i) {
             if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
             constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
-            const ForwardArgs<T> args = parts::template forward_args<i>(
+            ForwardArgs<T> args = parts::template forward_args<i>(
                 a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), act_offset[N],
                 inner_scratch(a.scratch, a.n));
-            if constexpr (applies_relu<Relu, i> && syncs_of<op_t<i>> > 0)
-                parts_.template get<i>().forward_relu(ctx, pass, args, core::SyncOnly<std::remove_cvref_t<Hook>>{&hook});
-            else if constexpr (applies_relu<Relu, i>) parts_.template get<i>().forward_relu(ctx, pass, args);
+            if constexpr (i + 1 == N) args.addend = a.addend;   // the last op writes the chain's output
+            if constexpr (applies_relu<Relu, i>) parts_.template forward_relu<i>(ctx, pass, args, hook);
             else parts_.template forward<i>(ctx, pass, args, hook);
         });
     }

@@ -152,6 +152,13 @@ public:
         if constexpr (syncs_of<op<I>> > 0) get<I>().forward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
         else get<I>().forward(ctx, pass, a);
     }
+    // forward<I> with the ReLU after op I applied in its pass (the op fuses_relu).
+    template <std::size_t I, class Ctx, class T, class Hook>
+    void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook)
+    {
+        if constexpr (syncs_of<op<I>> > 0) get<I>().forward_relu(ctx, pass, a, core::SyncOnly<Hook>{&hook});
+        else get<I>().forward_relu(ctx, pass, a);
+    }
     template <std::size_t I, class Ctx, class T, class Hook>
     void backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, Hook& hook)
     {
@@ -165,10 +172,14 @@ public:
     template <class Ctx, class Hook>
     void idle_forward(Ctx& ctx, float* statistics, Hook& hook)
     {
-        core::static_for<N>([&](auto i) {
-            if constexpr (syncs_of<op<i>> > 0)
-                get<i>().idle_forward(ctx, statistics + statistics_offset[i], core::SyncOnly<Hook>{&hook});
-        });
+        core::static_for<N>([&](auto i) { idle_forward<i>(ctx, statistics, hook); });
+    }
+    // Part I's share of it (statistics: the parts' whole block), for a composite whose forward runs its
+    // parts in another order (Residual).
+    template <std::size_t I, class Ctx, class Hook>
+    void idle_forward(Ctx& ctx, float* statistics, Hook& hook)
+    {
+        if constexpr (syncs_of<op<I>> > 0) get<I>().idle_forward(ctx, statistics + statistics_offset[I], core::SyncOnly<Hook>{&hook});
     }
     template <class Ctx, class Hook>
     void idle_backward(Ctx& ctx, Hook& hook)

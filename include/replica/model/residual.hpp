@@ -3,7 +3,10 @@
 // projection shortcut, e.g. Sequential<Conv2d<128, 1, 2, 0, Bias::none>, BatchNorm2d>).
 //   Residual<Sequential<Conv2d<64, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<64, 3, 1, 1>, BatchNorm2d>>, ReLU
 // Parameters: the body's, then the shortcut's; statistics likewise. A ReLU after it is applied in the
-// same pass as the addition (a Chain fuses them), forward and backward.
+// same pass as the addition (a Chain fuses them), forward and backward. A body whose last op takes an
+// addend (layers/op.hpp: BatchNorm, as every ResNet block's) adds the other branch in its own last pass,
+// and writes the Residual's output itself: the shortcut then runs first, and the body's output is
+// neither written apart nor kept.
 
 #include <cstddef>
 #include <type_traits>
@@ -46,8 +49,10 @@ struct Residual {
         static constexpr bool projected = !std::is_void_v<Shortcut>;
         using body_op = typename parts::template op<0>;
         using Out = typename body_op::output_shape;
-        // Per sample in kept: the body's output, the shortcut's (if any), then each part's own.
-        static constexpr std::size_t outputs = Out::size * (projected ? 2 : 1);
+        static constexpr bool body_adds = takes_addend_of<body_op>;
+        // Per sample in kept: the body's output (unless body_adds), the shortcut's (if any), then each
+        // part's own.
+        static constexpr std::size_t outputs = Out::size * ((body_adds ? 0 : 1) + (projected ? 1 : 0));
 
     public:
         using input_shape = In;
@@ -82,9 +87,18 @@ struct Residual {
         template <class Ctx>
         void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
 
-        // See Chain::idle_forward; the body, then the shortcut, both ways.
+        // See Chain::idle_forward: the parts in the order forward and backward run them (the shortcut first
+        // in forward when the body adds it).
         template <class Ctx, class Hook>
-        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook) { parts_.idle_forward(ctx, statistics, hook); }
+        void idle_forward(Ctx& ctx, float* statistics, Hook&& hook)
+        {
+            if constexpr (body_adds && projected) {
+                parts_.template idle_forward<1>(ctx, statistics, hook);
+                parts_.template idle_forward<0>(ctx, statistics, hook);
+            } else {
+                parts_.idle_forward(ctx, statistics, hook);
+            }
+        }
         template <class Ctx, class Hook>
         void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
@@ -94,29 +108,38 @@ struct Residual {
         template <class Ctx, class Hook>
         void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook, bool relu)
         {
-            T* body_y = a.kept;
-            parts_.template forward<0>(ctx, pass, parts::template forward_args<0>(a, a.x, body_y, outputs, inner_scratch(a.scratch, a.n)),
-                                       hook);
             const T* other = a.x;
             if constexpr (projected) {
-                T* short_y = a.kept + Out::size * a.n;
+                T* short_y = shortcut_output(a.kept, a.n);
                 parts_.template forward<1>(
                     ctx, pass, parts::template forward_args<1>(a, a.x, short_y, outputs, inner_scratch(a.scratch, a.n)), hook);
                 other = short_y;
             }
-            add_into(ctx, body_y, other, a.y, a.n * Out::size, relu);
+            if constexpr (body_adds) {
+                ForwardArgs<T> args = parts::template forward_args<0>(a, a.x, a.y, outputs, inner_scratch(a.scratch, a.n));
+                args.addend = other;
+                if (relu) parts_.template forward_relu<0>(ctx, pass, args, hook);
+                else parts_.template forward<0>(ctx, pass, args, hook);
+            } else {
+                T* body_y = a.kept;
+                parts_.template forward<0>(ctx, pass, parts::template forward_args<0>(a, a.x, body_y, outputs, inner_scratch(a.scratch, a.n)),
+                                           hook);
+                add_into(ctx, body_y, other, a.y, a.n * Out::size, relu);
+            }
         }
 
         template <class Ctx, class Hook>
         void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, const T* dz, Hook& hook)
         {
+            // body_adds: the body's output is the Residual's (its last op reads no y).
+            const T* body_y = body_adds ? a.y : a.kept;
             parts_.template backward<0>(
                 ctx, pass,
-                parts::template backward_args<0>(a, a.x, a.kept, dz, a.dx, outputs, inner_scratch(a.scratch, a.n)), hook);
+                parts::template backward_args<0>(a, a.x, body_y, dz, a.dx, outputs, inner_scratch(a.scratch, a.n)), hook);
             if constexpr (projected) {
                 T* dx_short = a.dx ? reinterpret_cast<T*>(a.scratch) : nullptr;
                 parts_.template backward<1>(ctx, pass,
-                                            parts::template backward_args<1>(a, a.x, a.kept + Out::size * a.n, dz, dx_short,
+                                            parts::template backward_args<1>(a, a.x, shortcut_output(a.kept, a.n), dz, dx_short,
                                                                              outputs, inner_scratch(a.scratch, a.n)),
                                             hook);
                 if (a.dx) add(ctx, dx_short, a.dx, a.n * In::size);
@@ -124,6 +147,9 @@ struct Residual {
                 add(ctx, dz, a.dx, a.n * In::size);
             }
         }
+
+        // Where the shortcut's output is kept: after the body's, or first when the body keeps none.
+        static T* shortcut_output(T* kept, std::size_t n) { return kept + (body_adds ? 0 : Out::size * n); }
 
         static float* inner_scratch(float* scratch, std::size_t n)
         {

@@ -90,19 +90,21 @@ inline void batch_norm_running(const Context&, const float* running_mean, const 
     }
 }
 
-// y = weight * (x - mean) * invstd + bias, then max(y, 0) when relu.
+// y = weight * (x - mean) * invstd + bias, plus addend (null: nothing) in float, then max(y, 0) when
+// relu; rounded to T once.
 template <core::Storage T>
 void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
-                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
+                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu,
+                      const std::type_identity_t<T>* addend = nullptr)
 {
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t ch = 0; ch < c; ++ch) {
             const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
-            const T* p = x + (i * c + ch) * inner;
-            T* q = y + (i * c + ch) * inner;
+            const std::size_t at = (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                const float v = core::to_float(p[j]) * scale + shift;
-                q[j] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
+                float v = core::to_float(x[at + j]) * scale + shift;
+                if (addend) v += core::to_float(addend[at + j]);
+                y[at + j] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
             }
         }
 }

@@ -175,19 +175,22 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
 // The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
 // V, and the pointers aligned to a move of V where V > 1): one channel lookup a group. Channels-last
 // activations take columns.hpp's column_map with the Ops below instead, the same expressions.
-template <bool Relu, int V, class I, core::Storage T>
+// Add: addend's values are added before the ReLU (a Residual's other branch, layers/op.hpp).
+template <bool Relu, bool Add, int V, class I, core::Storage T>
 __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups, const float* weight, const float* bias,
-                                 const float* mean, const float* invstd)
+                                 const float* mean, const float* invstd, const T* addend)
 {
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
         const I ch = (g / inner_groups) % c;
-        float v[8];
+        float v[8], a[8];
         load_v<V>(x + g * V, v);
+        if constexpr (Add) load_v<V>(addend + g * V, a);
         const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const float u = v[j] * scale + shift;
+            float u = v[j] * scale + shift;
+            if constexpr (Add) u += a[j];
             v[j] = Relu && u < 0.0f ? 0.0f : u;
         }
         store_v<V>(y + g * V, v);
@@ -206,13 +209,7 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
         const I ch = (g / inner_groups) % c;
         float v[8], d[8];
         load_v<V>(x + g * V, v);
-        load_v<V>(dy + g * V, d);
-        if constexpr (Masked) {
-            float r[8];
-            load_v<V>(relu_y + g * V, r);
-#pragma unroll
-            for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
-        }
+        load_gradient<V, Masked>(dy, relu_y, g * V, d);
         const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
         const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
 #pragma unroll
@@ -226,11 +223,12 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
 
 // columns.hpp's column_map Ops for channels-last BatchNorm: batch_norm_apply's and
 // batch_norm_backward_input's expressions, each channel's coefficients read once a thread.
-template <bool Relu, core::Storage T>
+template <bool Relu, bool Add, core::Storage T>
 struct ColumnNormalize {
     const T* x;
     T* y;
     const float *weight, *bias, *mean, *invstd;
+    const T* addend;
     template <int V, class I>
     __device__ auto group(I ch) const
     {
@@ -240,12 +238,14 @@ struct ColumnNormalize {
             scale[j] = weight[ch + j] * invstd[ch + j];
             shift[j] = bias[ch + j] - mean[ch + j] * scale[j];
         }
-        return [=, x = x, y = y](I at) {
-            float v[8];
+        return [=, x = x, y = y, addend = addend](I at) {
+            float v[8], a[8];
             load_v<V>(x + at, v);
+            if constexpr (Add) load_v<V>(addend + at, a);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
-                const float u = v[j] * scale[j] + shift[j];
+                float u = v[j] * scale[j] + shift[j];
+                if constexpr (Add) u += a[j];
                 v[j] = Relu && u < 0.0f ? 0.0f : u;
             }
             store_v<V>(y + at, v);
@@ -272,13 +272,7 @@ struct ColumnNormalizeGradient {
         return [=, x = x, dy = dy, dx = dx, relu_y = relu_y](I at) {
             float v[8], d[8];
             load_v<V>(x + at, v);
-            load_v<V>(dy + at, d);
-            if constexpr (Masked) {
-                float r[8];
-                load_v<V>(relu_y + at, r);
-#pragma unroll
-                for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
-            }
+            load_gradient<V, Masked>(dy, relu_y, at, d);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 const float xhat = (v[j] - m[j]) * s[j];
@@ -487,27 +481,33 @@ inline void batch_norm_running(const Context& ctx, const float* running_mean, co
     detail::check_launch("batch_norm_running");
 }
 
+// addend (not null): added before the ReLU (kernels::batch_norm_apply's Add).
 template <core::Storage T>
 void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::size_t c, std::size_t inner,
-                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu)
+                      const float* weight, const float* bias, const float* mean, const float* invstd, bool relu,
+                      const std::type_identity_t<T>* addend = nullptr)
 {
-    const auto with_relu = [&](auto r) {
-        constexpr bool R = decltype(r)::value;
+    const auto launch = [&](auto r, auto add) {
+        constexpr bool R = decltype(r)::value, A = decltype(add)::value;
         detail::by_layout<T>(ctx, [&](auto l) {
             if constexpr (decltype(l)::value) {
                 detail::column_map(
-                    ctx, n * inner, c, [&](auto) { return kernels::ColumnNormalize<R, T>{x, y, weight, bias, mean, invstd}; },
-                    "batch_norm_apply", x, y);
+                    ctx, n * inner, c, [&](auto) { return kernels::ColumnNormalize<R, A, T>{x, y, weight, bias, mean, invstd, addend}; },
+                    "batch_norm_apply", x, y, addend);
             } else {
                 detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
                     using I = decltype(index);
-                    kernels::batch_norm_apply<R, decltype(v)::value, I, T>
+                    kernels::batch_norm_apply<R, A, decltype(v)::value, I, T>
                         <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(x, y, I(groups), I(c), I(inner / decltype(v)::value),
-                                                                                            weight, bias, mean, invstd);
-                }, x, y);
+                                                                                            weight, bias, mean, invstd, addend);
+                }, x, y, addend);
                 detail::check_launch("batch_norm_apply");
             }
         });
+    };
+    const auto with_relu = [&](auto r) {
+        if (addend) launch(r, std::true_type{});
+        else launch(r, std::false_type{});
     };
     if (relu) with_relu(std::true_type{});
     else with_relu(std::false_type{});

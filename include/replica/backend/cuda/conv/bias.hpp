@@ -89,14 +89,8 @@ struct ColumnBias {
     __device__ void add(std::size_t at, unsigned, float (&s)[1][V]) const
     {
         float d[8];
-        load_v<V>(dy + at, d);
-        if constexpr (Relu) {
-            float a[8];
-            load_v<V>(y + at, a);
-#pragma unroll
-            for (int j = 0; j < V; ++j) d[j] = relu_grad(a[j], d[j]);
-            store_v<V>(dz + at, d);
-        }
+        load_gradient<V, Relu>(dy, y, at, d);
+        if constexpr (Relu) store_v<V>(dz + at, d);
 #pragma unroll
         for (int j = 0; j < V; ++j) s[0][j] += d[j];
     }
