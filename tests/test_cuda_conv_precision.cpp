@@ -399,10 +399,14 @@ TEST_CASE("Scratch and workspace sizes: float's as before, 16-bit ones with room
     // cuDNN's filter gradient in T after the bias's partial sums, from a 256-byte boundary.
     CHECK(cuda::CudnnConv<g>::scratch_size<float>(cout, n) == bias);
     const std::size_t weights = std::size_t(cout) * K, start = (bias + 63) / 64 * 64;
-    // Then, as far again, the filter reordered for channels-last activations.
+    // Then, as far again, the filter reordered for channels-last activations. 16-bit types' bias room
+    // also fits channels-last's parts (columns.hpp).
     const std::size_t filter = (weights * 2 + 255) / 256 * 64;
-    CHECK(cuda::CudnnConv<g>::scratch_size<core::bf16>(cout, n) == start + 2 * filter);
-    CHECK(cuda::CudnnConv<g>::scratch_size<core::fp16>(cout, n) == start + 2 * filter);
+    const std::size_t bias16 = std::size_t(cout) * std::max<std::size_t>(cuda::detail::bias_parts(cout, pixels),
+                                                                         cuda::detail::column_parts(pixels, cout));
+    CHECK(bias16 > bias);   // a small layer: more parts than channels-first's, to fill the device
+    CHECK(cuda::CudnnConv<g>::scratch_size<core::bf16>(cout, n) == (bias16 + 63) / 64 * 64 + 2 * filter);
+    CHECK(cuda::CudnnConv<g>::scratch_size<core::fp16>(cout, n) == (bias16 + 63) / 64 * 64 + 2 * filter);
     float* base = nullptr;
     CHECK(reinterpret_cast<char*>(cuda::detail::cudnn_filter_scratch<core::bf16>(base + 256, bias)) ==
           reinterpret_cast<char*>(base + 256 + start));
@@ -411,13 +415,18 @@ TEST_CASE("Scratch and workspace sizes: float's as before, 16-bit ones with room
     // Transposed: over the output's channels (g.c), c input channels.
     constexpr core::Window t{5, 16, 16, 4, 4, 2, 2, 1, 1, 8, 8};
     const std::size_t tbias = 5 * cuda::detail::bias_parts(5, 3 * 16 * 16);
+    const std::size_t tbias16 = 5 * std::max<std::size_t>(cuda::detail::bias_parts(5, 3 * 16 * 16), cuda::detail::column_parts(3 * 16 * 16, 5));
     CHECK(cuda::CudnnConvTranspose<t>::scratch_size<float>(6, 3) == tbias);
-    CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias + 63) / 64 * 64 + 2 * ((6 * 5 * 16 * 2 + 255) / 256 * 64));
+    CHECK(cuda::CudnnConvTranspose<t>::scratch_size<core::fp16>(6, 3) == (tbias16 + 63) / 64 * 64 + 2 * ((6 * 5 * 16 * 2 + 255) / 256 * 64));
     // Channels-last sums a bias gradient in parts of about 1024 rows (columns.hpp): 16-bit types leave room for them.
     const std::size_t rows = 256 * 56 * 56;
     CHECK(cuda::detail::bias_scratch<float>(64, rows) == 64 * std::size_t(cuda::detail::bias_parts(64, rows)));
-    CHECK(cuda::detail::bias_scratch<core::bf16>(64, rows) == 64 * cuda::detail::column_parts(rows));
-    CHECK(cuda::detail::column_parts(rows) > cuda::detail::bias_parts(64, rows));
+    CHECK(cuda::detail::bias_scratch<core::bf16>(64, rows) == 64 * cuda::detail::column_parts(rows, 64));
+    CHECK(cuda::detail::column_parts(rows, 64) == (rows + 1023) / 1024);
+    CHECK(cuda::detail::column_parts(rows, 64) > cuda::detail::bias_parts(64, rows));
+    // Smaller parts where parts of 1024 rows would leave the device idle, never below 64 rows.
+    CHECK(cuda::detail::column_parts(32 * 28 * 28, 64) == 32 * 28 * 28 / 64);
+    CHECK(cuda::detail::column_parts(256 * 7 * 7, 2048) == 16);   // ResNet-50's last layers: 32 blocks across
 }
 
 TEST_CASE("Vector access is allowed per T (16 bytes for float, 8 for 16-bit), and T names the libraries' types",

@@ -26,10 +26,15 @@ namespace detail {
 inline constexpr unsigned kLanes = 32, kGroupsPerBlock = 8;
 // The most parts a column is summed in (the partial sums' room per channel).
 inline constexpr std::size_t kColumnParts = 1024;
-// Parts of about 1024 rows, at most kColumnParts.
-inline std::size_t column_parts(std::size_t rows)
+// Parts of about 1024 rows; smaller ones (down to 64 rows) where c channels' parts of 1024 would make
+// fewer than kFillBlocks blocks (a small layer's activations: GoogLeNet-32's ran on a few dozen blocks);
+// at most kColumnParts. The count depends on the shape only.
+inline std::size_t column_parts(std::size_t rows, std::size_t c)
 {
-    return std::clamp<std::size_t>((rows + 1023) / 1024, 1, kColumnParts);
+    constexpr std::size_t kFillBlocks = 512;
+    const std::size_t across = std::max<std::size_t>((c / 8 + kGroupsPerBlock - 1) / kGroupsPerBlock, 1);
+    const std::size_t fill = std::min((kFillBlocks + across - 1) / across, (rows + 63) / 64);
+    return std::clamp<std::size_t>(std::max((rows + 1023) / 1024, fill), 1, kColumnParts);
 }
 } // namespace detail
 

@@ -435,7 +435,7 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
                      float* sums, float* scratch)
 {
     const bool last = channels_last<T>(ctx);
-    const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
+    const std::size_t parts = last ? detail::column_parts(n * inner, c) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     detail::by_layout<T>(ctx, [&](auto l) {
         if constexpr (decltype(l)::value) {
@@ -521,7 +521,7 @@ void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::
                               const std::type_identity_t<T>* relu_y = nullptr)
 {
     const bool last = channels_last<T>(ctx);
-    const std::size_t parts = last ? detail::column_parts(n * inner) : detail::channel_parts(n * inner);
+    const std::size_t parts = last ? detail::column_parts(n * inner, c) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     detail::by_layout<T>(ctx, [&](auto l) {
         if constexpr (!decltype(l)::value) {

@@ -130,7 +130,7 @@ template <core::Storage T>
 std::size_t bias_scratch(std::size_t channels, std::size_t rows)
 {
     const std::size_t parts = bias_parts(channels, rows);
-    return channels * (std::same_as<T, float> ? parts : std::max<std::size_t>(parts, column_parts(rows)));
+    return channels * (std::same_as<T, float> ? parts : std::max<std::size_t>(parts, column_parts(rows, channels)));
 }
 
 // channel_sums over channels-last dy (rows, channels) (columns.hpp).
@@ -138,7 +138,7 @@ template <core::Storage T>
 void channel_sums_last(const Context& ctx, const T* dy, float* db, std::size_t channels, std::size_t rows, float* partial,
                        const T* relu_y, T* dz)
 {
-    const std::size_t parts = column_parts(rows);
+    const std::size_t parts = column_parts(rows, channels);
     if (relu_y)
         column_sums<1>(ctx, rows, channels, parts, partial, [&](auto) { return kernels::ColumnBias<T, true>{dy, relu_y, dz}; },
                        dy, relu_y, dz);
