@@ -233,20 +233,30 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
 // eps = 1e-3 on up to 40 random input elements and 40 random parameters (all when fewer); the step is the
 // difference of the two float values actually fed in.
 //
-// Tolerance: |num - ana| <= 1e-2 * max(|num|, |ana|) + 2e-3. The absolute term covers float rounding
-// of y (about 1e-7 relative on O(1) outputs) divided by the step.
+// Tolerance: |num - ana| <= 1e-2 * max(|num|, |ana|) + 2e-3 + noise. The absolute term covers float
+// rounding of y (about 1e-7 relative on O(1) outputs) divided by the step. noise is what the loss's own
+// rounding can move the central difference by: BatchNorm over a few values with a small variance
+// amplifies float rounding a hundredfold, and the loss is then jagged at 1e-4 (its slopes over 1e-5
+// steps can differ by several units). It is measured at each element from second differences over
+// steps of eps / 64 and eps / 16, which a smooth loss keeps near 0; an element where it would allow
+// more than a tenth of the gradient is skipped and another drawn.
 //
 // `kinks`: set for composites where a ReLU or max pool acts on computed values (which no input grid
 // keeps away from a kink). The loss is piecewise linear in any single input or parameter, so the
 // slopes over the four half-steps in [-eps, eps] all equal the central difference unless a kink lies
-// within the step; such an element is skipped and another one drawn, up to 40 skipped. Without
-// `kinks`, nothing is skipped.
+// within the step (or the loss curves on the step's scale, as BatchNorm's does over a few values);
+// such an element is skipped and another drawn, up to 120 skipped. The slopes must agree within half
+// the gradients' relative tolerance: a kink shifts the central difference by up to half its change of
+// slope, so one that passed a test as loose as the comparison could take the whole tolerance (1.2% off
+// on a convolution before BatchNorm, seed 313021309851). Without `kinks`, only noisy elements are
+// skipped. Measured over 1,000 runs of [gradient]: 3 fail (21 with the looser rules), and scaling the
+// analytic gradients by 1.015 fails every run.
 
 constexpr double kEps = 1e-3;
 
-bool gradient_close(double num, double ana)
+bool gradient_close(double num, double ana, double rel = 1e-2, double noise = 0.0)
 {
-    return std::abs(num - ana) <= 1e-2 * std::max(std::abs(num), std::abs(ana)) + 2e-3;
+    return std::abs(num - ana) <= rel * std::max(std::abs(num), std::abs(ana)) + 2e-3 + noise;
 }
 
 struct GradOptions {
@@ -291,7 +301,7 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
         std::size_t checked = 0, skipped = 0, bad = 0;
         std::ostringstream failures;
         for (std::size_t i : shuffled_indices(v.size(), rng)) {
-            if (checked == 40 || skipped == 40) break;
+            if (checked == 40 || skipped == 120) break;
             const float v0 = v[i];
             auto loss_at = [&](double step) {
                 v[i] = float(double(v0) + step);
@@ -300,8 +310,20 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
             };
             const auto [vm, lm] = loss_at(-kEps);
             const auto [vp, lp] = loss_at(kEps);
+            // The loss's own rounding near v0: half its second differences over steps far below eps,
+            // which a smooth loss keeps near 0; twice it over the step is what it can move num by.
+            double rounding = 0.0;
+            for (const double d : {kEps / 64, kEps / 16}) {
+                const auto [a, la] = loss_at(-d);
+                const auto [b, lb] = loss_at(d);
+                rounding = std::max(rounding, std::abs(la + lb - 2.0 * l0) / 2.0);
+            }
             v[i] = v0;
-            const double num = (lp - lm) / (vp - vm);
+            const double num = (lp - lm) / (vp - vm), noise = 2.0 * rounding / (vp - vm);
+            if (noise > 0.1 * std::abs(num)) {   // rounding would decide the comparison: draw another
+                ++skipped;
+                continue;
+            }
             if (options.kinks) {
                 // The slopes over each half of each side all equal the central difference unless a kink
                 // lies within the step.
@@ -310,20 +332,21 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
                 v[i] = v0;
                 const double slopes[] = {(lmh - lm) / (vmh - vm), (l0 - lmh) / (double(v0) - vmh),
                                          (lph - l0) / (vph - double(v0)), (lp - lph) / (vp - vph)};
-                if (!std::all_of(std::begin(slopes), std::end(slopes), [&](double s) { return gradient_close(s, num); })) {
+                if (!std::all_of(std::begin(slopes), std::end(slopes), [&](double s) { return gradient_close(s, num, 5e-3); })) {
                     ++skipped;
                     continue;
                 }
             }
             ++checked;
             const double ana = analytic[i];
-            if (!gradient_close(num, ana) && bad++ < 8)
-                failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana;
+            if (!gradient_close(num, ana, 1e-2, noise) && bad++ < 8)
+                failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana << " (rounding allows "
+                         << noise << ")";
         }
         INFO(what << ": " << bad << " of " << checked << " elements off (" << skipped << " skipped at kinks)"
                   << failures.str());
         CHECK(bad == 0);
-        CHECK(skipped < 40);   // else half the elements sit at kinks and the check means little
+        CHECK(skipped < 120);   // else most elements sit at kinks and the check means little
     };
     compare(x, dx, "dx");
     if constexpr (P > 0) compare(b.params, dparams, "dparams");
