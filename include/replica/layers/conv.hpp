@@ -151,7 +151,7 @@ struct ConvTranspose2d {
         // The convolution whose adjoint this is: from the output (Out, OH, OW) to the input (C, H, W).
         static constexpr Window window{int(Out), int(OH), int(OW), int(K), int(K), int(Stride), int(Stride),
                                        int(Pad), int(Pad), int(H), int(W)};
-        static constexpr bool wants_channels_last = true;
+        static constexpr bool wants_channels_last = true;   // it runs on cuDNN in either layout, never detours
 
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const

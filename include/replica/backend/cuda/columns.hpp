@@ -27,8 +27,8 @@ inline constexpr unsigned kLanes = 32, kGroupsPerBlock = 8;
 // The most parts a column is summed in (the partial sums' room per channel).
 inline constexpr std::size_t kColumnParts = 1024;
 // Parts of about 1024 rows; smaller ones (down to 64 rows) where c channels' parts of 1024 would make
-// fewer than kFillBlocks blocks (a small layer's activations: GoogLeNet-32's ran on a few dozen blocks);
-// at most kColumnParts. The count depends on the shape only.
+// fewer than kFillBlocks blocks (a small layer's activations, which would leave most of the device
+// idle); at most kColumnParts. The count depends on the shape only.
 inline std::size_t column_parts(std::size_t rows, std::size_t c)
 {
     constexpr std::size_t kFillBlocks = 512;
@@ -110,15 +110,23 @@ __global__ void column_map(Op op, I rows, I c)
 } // namespace kernels
 
 namespace detail {
+// f(std::integral_constant<int, V>{}) with the channels a thread takes: V = 8 (one 16-byte move) where
+// c % 8 == 0 and every pointer in `aligned` is 16-byte aligned, else 1.
+template <class F, class... P>
+void by_column_width(std::size_t c, F&& f, const P*... aligned)
+{
+    if (c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...)) f(std::integral_constant<int, 8>{});
+    else f(std::integral_constant<int, 1>{});
+}
+
 // Warps of fold_parts for c channels.
 inline unsigned fold_blocks(std::size_t c)
 {
     return unsigned((c * 32 + kThreads - 1) / kThreads);
 }
 
-// Queues column_partial_sums over rows x c values with `parts` parts, reading groups of 8 channels in
-// one move where c % 8 == 0 and every pointer in `aligned` is 16-byte aligned; make_op(V) gives the
-// Op for a width V.
+// Queues column_partial_sums over rows x c values with `parts` parts, V channels a move
+// (by_column_width); make_op(V) gives the Op for a width V.
 template <int S, class Acc, class MakeOp, class... P>
 void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_t parts, Acc* partial, MakeOp&& make_op,
                  const P*... aligned)
@@ -134,13 +142,11 @@ void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_
                                                                                             per_part, gb, partial);
         check_launch("column_partial_sums");
     };
-    const bool wide = c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...);
-    if (wide) launch(std::integral_constant<int, 8>{});
-    else launch(std::integral_constant<int, 1>{});
+    by_column_width(c, launch, aligned...);
 }
 
-// Queues column_map over rows x c values, V = 8 channels a thread where c % 8 == 0 and every pointer
-// in `aligned` is 16-byte aligned, else 1; make_op(V) gives the Op for a width V. A block holds up to
+// Queues column_map over rows x c values, V channels a thread (by_column_width); make_op(V) gives the
+// Op for a width V. A block holds up to
 // kThreads threads: the groups of a row across (up to kThreads of them), as many rows down as fit; the
 // grid has about kMapBlocks blocks, enough to fill the device with each thread taking several rows.
 template <class MakeOp, class... P>
@@ -162,9 +168,7 @@ void column_map(const Context& ctx, std::size_t rows, std::size_t c, MakeOp&& ma
         });
         check_launch(what);
     };
-    const bool wide = c % 8 == 0 && ((reinterpret_cast<std::uintptr_t>(aligned) % 16 == 0) && ...);
-    if (wide) launch(std::integral_constant<int, 8>{});
-    else launch(std::integral_constant<int, 1>{});
+    by_column_width(c, launch, aligned...);
 }
 } // namespace detail
 

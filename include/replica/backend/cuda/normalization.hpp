@@ -1,9 +1,9 @@
 #pragma once
 // Batch normalisation and the residual merge on the GPU (layers/normalization.hpp, model/residual.hpp).
 // x is (n, c, inner) in the context's layout (layout.hpp: channels-last, (n, inner, c), whose sums and
-// per-channel maps are columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks sum fixed parts
-// of each channel (a block tree), then one thread a channel adds the parts in order: the same bits
-// every run. x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
+// per-channel maps are columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks
+// sum fixed parts of each channel (a block tree), then one thread a channel adds the parts in order:
+// the same bits every run. x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
 // read as float, each output rounded once to T; sums, statistics and parameters stay float (the sums
 // in double, as for float).
 
@@ -172,6 +172,23 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
     invstd[ch] = float(1.0 / sqrt(double(running_var[ch]) + double(eps)));
 }
 
+// BatchNorm's per-value rules, which both layouts' kernels apply (so both give the same bits): a value
+// normalised (scale = weight * invstd, shift = bias - mean * scale), the addend added when Add, then
+// the ReLU when Relu; and its input gradient from the channel's coefficients.
+template <bool Relu, bool Add>
+__device__ inline float normalized(float v, float scale, float shift, float addend)
+{
+    float u = v * scale + shift;
+    if constexpr (Add) u += addend;
+    return Relu && u < 0.0f ? 0.0f : u;
+}
+__device__ inline float normalized_gradient(float v, float d, float mean, float invstd, float scale, float mean_dy,
+                                            float mean_dy_xhat)
+{
+    const float xhat = (v - mean) * invstd;
+    return scale * (d - mean_dy - xhat * mean_dy_xhat);
+}
+
 // The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
 // V, and the pointers aligned to a move of V where V > 1): one channel lookup a group. Channels-last
 // activations take columns.hpp's column_map with the Ops below instead, the same expressions.
@@ -183,16 +200,12 @@ __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
         const I ch = (g / inner_groups) % c;
-        float v[8], a[8];
+        float v[8], a[8] = {};
         load_v<V>(x + g * V, v);
         if constexpr (Add) load_v<V>(addend + g * V, a);
         const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-            float u = v[j] * scale + shift;
-            if constexpr (Add) u += a[j];
-            v[j] = Relu && u < 0.0f ? 0.0f : u;
-        }
+        for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], scale, shift, a[j]);
         store_v<V>(y + g * V, v);
     }
 }
@@ -213,10 +226,7 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
         const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
         const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-            const float xhat = (v[j] - m) * s;
-            v[j] = scale * (d[j] - mean_dy - xhat * mean_dy_xhat);
-        }
+        for (int j = 0; j < V; ++j) v[j] = normalized_gradient(v[j], d[j], m, s, scale, mean_dy, mean_dy_xhat);
         store_v<V>(dx + g * V, v);
     }
 }
@@ -239,15 +249,11 @@ struct ColumnNormalize {
             shift[j] = bias[ch + j] - mean[ch + j] * scale[j];
         }
         return [=, x = x, y = y, addend = addend](I at) {
-            float v[8], a[8];
+            float v[8], a[8] = {};
             load_v<V>(x + at, v);
             if constexpr (Add) load_v<V>(addend + at, a);
 #pragma unroll
-            for (int j = 0; j < V; ++j) {
-                float u = v[j] * scale[j] + shift[j];
-                if constexpr (Add) u += a[j];
-                v[j] = Relu && u < 0.0f ? 0.0f : u;
-            }
+            for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], scale[j], shift[j], a[j]);
             store_v<V>(y + at, v);
         };
     }
@@ -274,10 +280,8 @@ struct ColumnNormalizeGradient {
             load_v<V>(x + at, v);
             load_gradient<V, Masked>(dy, relu_y, at, d);
 #pragma unroll
-            for (int j = 0; j < V; ++j) {
-                const float xhat = (v[j] - m[j]) * s[j];
-                v[j] = scale[j] * (d[j] - mean_dy[j] - xhat * mean_dy_xhat[j]);
-            }
+            for (int j = 0; j < V; ++j)
+                v[j] = normalized_gradient(v[j], d[j], m[j], s[j], scale[j], mean_dy[j], mean_dy_xhat[j]);
             store_v<V>(dx + at, v);
         };
     }

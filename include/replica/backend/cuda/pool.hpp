@@ -34,9 +34,8 @@ __device__ inline I plane_start(const core::Window& g, I sample, int ch, int pix
     return Last ? sample * I(pixels) * I(g.c) + I(ch) : (sample * I(g.c) + I(ch)) * I(pixels);
 }
 // The element k elements into a plane at p: channels-last's are g.c apart (index type I);
-// channels-first's are neighbours, indexed by the int k itself, as the kernels always did (an offset
-// converted to an unsigned I first keeps nvcc from folding a thread's neighbouring stores into one
-// base address).
+// channels-first's are neighbours, indexed by the int k itself (an offset converted to an unsigned I
+// first keeps nvcc from addressing a thread's neighbouring stores from one base).
 template <bool Last, class I, class P>
 __device__ inline P* element(P* p, const core::Window& g, int k)
 {
