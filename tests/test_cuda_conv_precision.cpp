@@ -88,11 +88,12 @@ void check_close(const Results& cpu_r, const Results& gpu_r, double t)
 // A convolution of window g with `cout` filters over n samples, forward and backward (with the ReLU
 // after it fused where relu; a bias where bias), in T on the GPU (the context's ConvPath) and in float
 // on the CPU from the same rounded x, w, dy; the CPU's ReLU rule reads the GPU's output, so that both
-// take the same gradient mask. last: on channels-last activations (cuDNN alone), compared transposed.
+// take the same gradient mask. last: on channels-last activations, compared transposed. accumulate:
+// the input gradient is added to dx's values (the same rounded ones on both).
 template <core::Window g, class T>
-void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last = false)
+void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last = false, bool accumulate = false)
 {
-    CAPTURE(g.c, g.h, g.w, g.kh, g.kw, cout, n, bias, relu, last, core::storage_name<T>);
+    CAPTURE(g.c, g.h, g.w, g.kh, g.kw, cout, n, bias, relu, last, accumulate, core::storage_name<T>);
     const std::size_t xs = n * g.c * g.h * g.w, ys = n * std::size_t(cout) * g.oh * g.ow,
                       ws = std::size_t(cout) * g.c * g.kh * g.kw;
     const auto x = rounded<T>(xs, 1), w = rounded<T>(ws, 2, 1.0f / std::sqrt(float(g.c * g.kh * g.kw))),
@@ -104,7 +105,9 @@ void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last =
     auto x_d = upload<T>(gpu, last ? to_channels_last(x, n, g.c, in_pixels) : x), w_d = upload<T>(gpu, w),
          dy_d = upload<T>(gpu, last ? to_channels_last(dy, n, std::size_t(cout), out_pixels) : dy);
     auto b_d = upload<float>(gpu, b);
-    auto y_d = gpu.allocate<T>(ys + 1), dz_d = gpu.allocate<T>(ys + 1), dx_d = gpu.allocate<T>(xs + 1);
+    const auto dx0 = accumulate ? rounded<T>(xs, 9) : std::vector<float>(xs, 0.0f);
+    auto y_d = gpu.allocate<T>(ys + 1), dz_d = gpu.allocate<T>(ys + 1),
+         dx_d = upload<T>(gpu, last ? to_channels_last(dx0, n, g.c, in_pixels) : dx0);
     auto dw_d = gpu.allocate<float>(ws + 1), db_d = gpu.allocate<float>(std::size_t(cout) + 1);
     auto scratch = gpu.allocate<float>(cuda::conv_scratch_size<g, T>(gpu, cout, n) + 1);
     const float* bp = bias ? b_d.data() : nullptr;
@@ -112,9 +115,10 @@ void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last =
     cuda::conv_forward<g>(gpu, cout, w_d.data(), bp, x_d.data(), y_d.data(), n, scratch.data(), relu);
     if (relu)
         cuda::conv_backward_relu<g>(gpu, cout, w_d.data(), x_d.data(), y_d.data(), dy_d.data(), dz_d.data(), dx_d.data(),
-                                    dw_d.data(), dbp, n, scratch.data());
+                                    dw_d.data(), dbp, n, scratch.data(), accumulate);
     else
-        cuda::conv_backward<g>(gpu, cout, w_d.data(), x_d.data(), dy_d.data(), dx_d.data(), dw_d.data(), dbp, n, scratch.data());
+        cuda::conv_backward<g>(gpu, cout, w_d.data(), x_d.data(), dy_d.data(), dx_d.data(), dw_d.data(), dbp, n, scratch.data(),
+                               accumulate);
     const auto y_got = download(gpu, y_d.data(), ys), dx_got = download(gpu, dx_d.data(), xs);
     Results on_gpu{last ? to_channels_first(y_got, n, std::size_t(cout), out_pixels) : y_got,
                    last ? to_channels_first(dx_got, n, g.c, in_pixels) : dx_got, download(gpu, dw_d.data(), ws),
@@ -122,25 +126,25 @@ void conv_matches_cpu(int cout, std::size_t n, bool bias, bool relu, bool last =
 
     cpu::Context host;
     std::vector<float> cpu_scratch(cpu::conv_scratch_size<g>(host, cout, n) + 1), dz(ys);
-    Results on_cpu{std::vector<float>(ys), std::vector<float>(xs), std::vector<float>(ws),
-                   std::vector<float>(bias ? std::size_t(cout) : 0)};
+    Results on_cpu{std::vector<float>(ys), dx0, std::vector<float>(ws), std::vector<float>(bias ? std::size_t(cout) : 0)};
     cpu::conv_forward<g>(host, cout, w.data(), bias ? b.data() : nullptr, x.data(), on_cpu.y.data(), n, cpu_scratch.data(), relu);
     float* cpu_db = bias ? on_cpu.db.data() : nullptr;
     if (relu)
         cpu::conv_backward_relu<g>(host, cout, w.data(), x.data(), on_gpu.y.data(), dy.data(), dz.data(), on_cpu.dx.data(),
-                                   on_cpu.dw.data(), cpu_db, n, cpu_scratch.data());
+                                   on_cpu.dw.data(), cpu_db, n, cpu_scratch.data(), accumulate);
     else
         cpu::conv_backward<g>(host, cout, w.data(), x.data(), dy.data(), on_cpu.dx.data(), on_cpu.dw.data(), cpu_db, n,
-                              cpu_scratch.data());
+                              cpu_scratch.data(), accumulate);
     check_close(on_cpu, on_gpu, tolerance<T>);
 }
 
-// Every combination of bias and fused ReLU.
+// Every combination of bias and fused ReLU, and the input gradient added to dx (with both).
 template <core::Window g, class T>
 void conv_matches_cpu_all(int cout, std::size_t n, bool last = false)
 {
     for (const bool bias : {true, false})
         for (const bool relu : {false, true}) conv_matches_cpu<g, T>(cout, n, bias, relu, last);
+    conv_matches_cpu<g, T>(cout, n, true, true, last, true);
 }
 
 // A transposed convolution (window g maps its output, g.c channels, to its input, c channels).
@@ -255,19 +259,32 @@ TEMPLATE_TEST_CASE("bf16 and fp16 convolutions equal the CPU's float ones on the
     conv_matches_cpu<core::Window{2, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(7, 300, true, true);   // more samples than parts
 }
 
-TEMPLATE_TEST_CASE("Channels-last bf16 and fp16 convolutions (cuDNN for every shape) equal the CPU's",
+TEMPLATE_TEST_CASE("Channels-last bf16 and fp16 convolutions equal the CPU's: cuDNN's, and the products where a path takes them",
                    "[cuda][precision]", core::bf16, core::fp16)
 {
     REQUIRE_GPU();
-    // Input channels a multiple of 8 run on cuDNN's channels-last kernels whatever the path says (the
-    // direct kernels and the products read (channels, pixels)); other channel counts over small
-    // inputs take the detour: channels-first between transposes (conv.hpp, detail::detours).
-    const auto path = GENERATE(cuda::ConvPath::timed, cuda::ConvPath::gemm);
+    // Channels-last products (conv/products.hpp): rows in (row, column, channel) order padded to a
+    // multiple of 8, the filters copied into that order, cuDNN's input gradient beside them. A forced
+    // path takes them for every shape; the timed choice weighs them where the input channels are not
+    // a multiple of 8. Other channel counts over small inputs take the detour: channels-first
+    // between transposes (conv.hpp, detail::detours).
+    const auto path = GENERATE(cuda::ConvPath::timed, cuda::ConvPath::gemm, cuda::ConvPath::gemm_forward,
+                               cuda::ConvPath::gemm_backward);
     CAPTURE(int(path));
     const OptionScope forced{&cuda::Options::conv_path, path};
     const cuda::Context probe = gpu_context(true);
     constexpr core::Window odd16{16, 10, 9, 3, 3, 2, 2, 1, 1, 5, 5}, conv1d8{8, 1, 40, 1, 7, 1, 1, 0, 0, 1, 34},
-                           large{3, 128, 128, 3, 3, 1, 1, 1, 1, 128, 128};
+                           large{3, 128, 128, 3, 3, 1, 1, 1, 1, 128, 128},
+                           stem{3, 112, 112, 7, 7, 2, 2, 3, 3, 56, 56};   // a ResNet's first layer, on 112 x 112
+    if (path != cuda::ConvPath::timed) {   // the forced paths run the products (a batch no other test uses)
+        const cuda::ConvPlan& p = cuda::detail::plan_of<stem, TestType>(probe, 16, 3);
+        CHECK(p.gemm_forward == (path == cuda::ConvPath::gemm || path == cuda::ConvPath::gemm_forward));
+        CHECK(p.gemm_backward == (path == cuda::ConvPath::gemm || path == cuda::ConvPath::gemm_backward));
+    }
+    {
+        CHECK(cuda::detail::weighs_products<TestType>(probe, stem));
+        CHECK(cuda::detail::weighs_products<TestType>(probe, odd16) == (path != cuda::ConvPath::timed));
+    }
     CHECK_FALSE(cuda::detail::detours<one_by_one, TestType>(probe));
     CHECK_FALSE(cuda::detail::detours<odd16, TestType>(probe));
     CHECK_FALSE(cuda::detail::detours<large, TestType>(probe));   // 3 channels, but too large an input
@@ -278,6 +295,7 @@ TEMPLATE_TEST_CASE("Channels-last bf16 and fp16 convolutions (cuDNN for every sh
     conv_matches_cpu_all<odd16, TestType>(8, 4, true);
     conv_matches_cpu_all<conv1d8, TestType>(16, 3, true);
     conv_matches_cpu_all<large, TestType>(8, 2, true);
+    conv_matches_cpu_all<stem, TestType>(16, 2, true);
     conv_matches_cpu<core::Window{8, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}, TestType>(16, 300, true, true, true);
     conv_matches_cpu_all<lenet1, TestType>(20, 5, true);
     conv_matches_cpu_all<alexnet1, TestType>(64, 2, true);

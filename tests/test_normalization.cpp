@@ -351,3 +351,23 @@ TEST_CASE("A Residual whose body ends in BatchNorm adds the other branch in Batc
     static_assert(Residual<BodyRelu>::op<In>::kept_size == BodyRelu::op<In>::kept_size + In::size);
     static_assert(Body::op<In>::takes_addend && !BodyRelu::op<In>::takes_addend);
 }
+
+TEST_CASE("A Residual sums its branches' input gradients where a convolution writes them: no pass of its own",
+          "[cpu][layers][residual]")
+{
+    using In = Shape<4, 6, 6>;
+    using Body = Sequential<Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d>;
+    using Shortcut = Sequential<Conv2d<4, 1, 1, 0, Bias::none>, BatchNorm2d>;
+    using PoolFirst = Sequential<MaxPool2d<1, 1>, Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d>;
+    // A body whose first op is a convolution and whose output gradient another op reads: in place.
+    static_assert(Body::op<In>::accumulates_input_gradient && Body::op<In>::reads_output_gradient_first);
+    static_assert(Residual<Body>::op<In>::identity_in_place && !Residual<Body>::op<In>::gradient_apart);
+    // A projection whose first op is a convolution adds its gradient to the body's: no scratch for it.
+    static_assert(!Residual<Body, Shortcut>::op<In>::identity_in_place && !Residual<Body, Shortcut>::op<In>::gradient_apart);
+    // A lone convolution would read its output gradient where it writes its input gradient; a body that
+    // starts with pooling cannot add: both add in a pass of their own.
+    static_assert(!Residual<Conv2d<4, 3, 1, 1>>::op<In>::identity_in_place);
+    static_assert(!Residual<PoolFirst>::op<In>::identity_in_place && !PoolFirst::op<In>::accumulates_input_gradient);
+    static_assert(Residual<PoolFirst, Shortcut>::op<In>::gradient_apart == false);
+    static_assert(Residual<Body, Sequential<MaxPool2d<1, 1>, Conv2d<4, 1, 1, 0, Bias::none>>>::op<In>::gradient_apart);
+}

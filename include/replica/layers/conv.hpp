@@ -69,18 +69,21 @@ struct ConvOp : LeafOp {
     {
         conv_forward<window>(ctx, Out, a.weights, bias_of<B>(a.params, weight_count), a.x, a.y, a.n, a.scratch, true);
     }
+    // The input gradient may be added to dx (a.accumulate): a Residual's shortcut gradient is then
+    // summed in the pass that writes it.
+    static constexpr bool accumulates_input_gradient = true;
     template <class Ctx>
     void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
     {
         conv_backward<window>(ctx, Out, a.weights, a.x, a.dy, a.dx, a.dparams, bias_of<B>(a.dparams, weight_count), a.n,
-                              a.scratch);
+                              a.scratch, a.accumulate);
     }
     // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
     template <class Ctx>
     void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, T* dz) const
     {
         conv_backward_relu<window>(ctx, Out, a.weights, a.x, a.y, a.dy, dz, a.dx, a.dparams,
-                                   bias_of<B>(a.dparams, weight_count), a.n, a.scratch);
+                                   bias_of<B>(a.dparams, weight_count), a.n, a.scratch, a.accumulate);
     }
 };
 

@@ -131,6 +131,7 @@ struct BackwardArgs {
     float* saved;
     T* kept;
     float* scratch;
+    bool accumulate = false;   // dx += the input gradient instead (only for an op that accumulates_input_gradient)
 };
 
 // Floats of scratch that `count` values of T take; a 16-bit region is rounded up to 16 bytes so that
@@ -162,6 +163,19 @@ inline constexpr std::size_t statistics_count_of = [] {
 template <class O>
 inline constexpr bool takes_addend_of = [] {
     if constexpr (requires { O::takes_addend; }) return bool(O::takes_addend);
+    else return false;
+}();
+// An op that can add its input gradient to dx (BackwardArgs::accumulate) instead of assigning it.
+template <class O>
+inline constexpr bool accumulates_input_gradient_of = [] {
+    if constexpr (requires { O::accumulates_input_gradient; }) return bool(O::accumulates_input_gradient);
+    else return false;
+}();
+// An op whose output gradient is read before its input gradient is written (a chain whose first op
+// is not the one that reads it): the two may then share memory.
+template <class O>
+inline constexpr bool reads_output_gradient_first_of = [] {
+    if constexpr (requires { O::reads_output_gradient_first; }) return bool(O::reads_output_gradient_first);
     else return false;
 }();
 template <class O>
@@ -223,12 +237,15 @@ struct FusesReluWithHook {
     {
         self().run_backward(ctx, pass, a, a.dy, hook);
     }
-    // a.y and a.dy are the ReLU's output and gradient; dz receives the op's own output gradient.
+    // a.y and a.dy are the ReLU's output and gradient; dz receives the op's own output gradient, or
+    // where the op says (D::output_gradient_home(a, dz), if it has one: a Residual puts it in dx).
     template <class Ctx, class Hook = core::NoHook>
     void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook&& hook = {})
     {
-        relu_backward(ctx, a.y, a.dy, dz, a.n * D::output_shape::size);
-        self().run_backward(ctx, pass, a, dz, hook);
+        T* home = dz;
+        if constexpr (requires { D::output_gradient_home(a, dz); }) home = D::output_gradient_home(a, dz);
+        relu_backward(ctx, a.y, a.dy, home, a.n * D::output_shape::size);
+        self().run_backward(ctx, pass, a, home, hook);
     }
 
 private:

@@ -157,6 +157,21 @@ public:
         else return false;
     }();
 
+    // Its first op can add its input gradient to the caller's dx (BackwardArgs::accumulate, handed to
+    // that op).
+    static constexpr bool accumulates_input_gradient = [] {
+        if constexpr (N == 0) return false;
+        else return accumulates_input_gradient_of<op_t<0>> && !skipped_view<0>;
+    }();
+    // The op whose backward reads the chain's output gradient (the last that runs one), and whether it
+    // is not the first: the chain's output gradient is then read before its input gradient is written.
+    static constexpr std::size_t reads_output_gradient = []<std::size_t... I>(std::index_sequence<I...>) {
+        std::size_t k = 0;
+        ((k = !fused_into_previous<I> && !(skipped_view<I> && I > 0) ? I : k), ...);
+        return k;
+    }(seq{});
+    static constexpr bool reads_output_gradient_first = reads_output_gradient > 0;
+
 private:
     // may_hold_input's two ways; the first op reads the input in both (it is no skipped view).
     static constexpr bool pings_hold_input_ = [] {
@@ -327,10 +342,11 @@ private:
             if constexpr (!fused_into_previous<i> && !(skipped_view<i> && i > 0)) {
                 constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // whose output dy is for
                 T* dx = i == 0 ? a.dx : (dy == ping[0] ? ping[1] : ping[0]);   // the buffer dy is not in
-                const BackwardArgs<T> args = parts::template backward_args<i>(
+                BackwardArgs<T> args = parts::template backward_args<i>(
                     a, input_of<i>(backward_input<i>(a.x, dy, ping, refill), a.kept, a.n),
                     last + 1 == N ? a.y : activation(a.kept, a.n, last), dy, dx, act_offset[N],
                     inner_scratch(a.scratch, a.n));
+                if constexpr (i == 0) args.accumulate = a.accumulate;   // the op that writes the caller's dx
                 if constexpr (first_refills<i, Refill>) {   // the first op keeps the input
                     first_backward_refilling(ctx, pass, args, refill, hook);
                 } else if constexpr (applies_relu<Relu, i>) {

@@ -34,6 +34,8 @@ using layers::update_statistics_of;
 using layers::statistics_count_of;
 using layers::syncs_of;
 using layers::takes_addend_of;
+using layers::accumulates_input_gradient_of;
+using layers::reads_output_gradient_first_of;
 using layers::wants_channels_last_of;
 
 // A training step's batch as a model's step() takes it (host memory, n samples), with its pass and

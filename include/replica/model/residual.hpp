@@ -6,7 +6,11 @@
 // same pass as the addition (a Chain fuses them), forward and backward. A body whose last op takes an
 // addend (layers/op.hpp: BatchNorm, as every ResNet block's) adds the other branch in its own last pass,
 // and writes the Residual's output itself: the shortcut then runs first, and the body's output is
-// neither written apart nor kept.
+// neither written apart nor kept. In backward no pass adds the two branches' input gradients either,
+// where the first op that writes one can add to it (accumulates_input_gradient: a convolution): an
+// identity shortcut's gradient is the Residual's own output gradient, which the ReLU's backward then
+// writes into dx, where the body reads it before its first op adds the body's gradient to it; a
+// projection's first op adds its gradient to the body's.
 
 #include <cstddef>
 #include <type_traits>
@@ -55,6 +59,16 @@ struct Residual {
         static constexpr std::size_t outputs = Out::size * ((body_adds ? 0 : 1) + (projected ? 1 : 0));
 
     public:
+        // Backward's sums in place (see the top): with an identity shortcut the body's output gradient
+        // and its input gradient share dx, so the body must read the one before it writes the other.
+        static constexpr bool identity_in_place =
+            !projected && accumulates_input_gradient_of<body_op> && reads_output_gradient_first_of<body_op>;
+        static constexpr bool shortcut_accumulates = [] {
+            if constexpr (projected) return accumulates_input_gradient_of<typename parts::template op<1>>;
+            else return false;
+        }();
+        // The shortcut's input gradient apart, to be added: a projection that cannot add it itself.
+        static constexpr bool gradient_apart = projected && !shortcut_accumulates;
         using input_shape = In;
         using output_shape = Out;
         static constexpr std::size_t param_count = parts::param_count;
@@ -68,12 +82,16 @@ struct Residual {
 
         explicit op(const Build& b) : parts_(b) {}
 
-        // [the shortcut's input gradient (In values) | the parts' scratch]
+        // [the shortcut's input gradient (In values, gradient_apart) | the parts' scratch]
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            return (projected ? floats_for<T>(In::size * n) : 0) + parts_.scratch_size(ctx, n);
+            return (gradient_apart ? floats_for<T>(In::size * n) : 0) + parts_.scratch_size(ctx, n);
         }
+
+        // Where the ReLU after it writes its gradient (layers/op.hpp, FusesReluWithHook): into dx where
+        // the identity shortcut's sum is made in place.
+        static T* output_gradient_home(const BackwardArgs<T>& a, T* dz) { return identity_in_place && a.dx ? a.dx : dz; }
         void init(float* params, std::uint64_t seed) const { parts_.init(params, seed); }
         void init_statistics(float* s) const { parts_.init_statistics(s); }
         template <class Ctx>
@@ -133,17 +151,20 @@ struct Residual {
         {
             // body_adds: the body's output is the Residual's (its last op reads no y).
             const T* body_y = body_adds ? a.y : a.kept;
-            parts_.template backward<0>(
-                ctx, pass,
-                parts::template backward_args<0>(a, a.x, body_y, dz, a.dx, outputs, inner_scratch(a.scratch, a.n)), hook);
+            BackwardArgs<T> body =
+                parts::template backward_args<0>(a, a.x, body_y, dz, a.dx, outputs, inner_scratch(a.scratch, a.n));
+            // In place: dz is dx (output_gradient_home), and the body adds its gradient to it.
+            const bool in_place = identity_in_place && a.dx && dz == a.dx;
+            body.accumulate = in_place;
+            parts_.template backward<0>(ctx, pass, body, hook);
             if constexpr (projected) {
-                T* dx_short = a.dx ? reinterpret_cast<T*>(a.scratch) : nullptr;
-                parts_.template backward<1>(ctx, pass,
-                                            parts::template backward_args<1>(a, a.x, shortcut_output(a.kept, a.n), dz, dx_short,
-                                                                             outputs, inner_scratch(a.scratch, a.n)),
-                                            hook);
-                if (a.dx) add(ctx, dx_short, a.dx, a.n * In::size);
-            } else if (a.dx) {
+                T* dx_short = !a.dx ? nullptr : gradient_apart ? reinterpret_cast<T*>(a.scratch) : a.dx;
+                BackwardArgs<T> shortcut = parts::template backward_args<1>(a, a.x, shortcut_output(a.kept, a.n), dz, dx_short,
+                                                                            outputs, inner_scratch(a.scratch, a.n));
+                shortcut.accumulate = shortcut_accumulates && a.dx;
+                parts_.template backward<1>(ctx, pass, shortcut, hook);
+                if (a.dx && gradient_apart) add(ctx, dx_short, a.dx, a.n * In::size);
+            } else if (a.dx && !in_place) {
                 add(ctx, dz, a.dx, a.n * In::size);
             }
         }
@@ -153,7 +174,7 @@ struct Residual {
 
         static float* inner_scratch(float* scratch, std::size_t n)
         {
-            return scratch + (projected ? floats_for<T>(In::size * n) : 0);
+            return scratch + (gradient_apart ? floats_for<T>(In::size * n) : 0);
         }
 
         parts parts_;

@@ -91,17 +91,18 @@ void conv_forward(const Context&, int cout, const T* w, const float* b, const T*
             for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
-// dw, db (null without a bias) are assigned; dx (may be null) is assigned.
+// dw, db (null without a bias) are assigned; dx (may be null) is assigned, or with `accumulate` the
+// input gradient is added to it (summed in float onto dx's values, rounded to T once).
 template <Window g, core::Storage T>
 void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
-                   float* dw, float* db, std::size_t n, float* scratch)
+                   float* dw, float* db, std::size_t n, float* scratch, bool accumulate = false)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
     float* tail = scratch + m * detail::conv_per_sample<g>(cout);
     const float* wf = dx ? detail::float_weights(w, std::size_t(cout) * k, tail) : nullptr;
     if constexpr (std::same_as<T, float>)
-        if (dx) std::fill(dx, dx + n * g.in_size(), 0.0f);
+        if (dx && !accumulate) std::fill(dx, dx + n * g.in_size(), 0.0f);
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         const float beta = s0 == 0 ? 0.0f : 1.0f;
@@ -117,7 +118,8 @@ void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy
                 col2im<g>(col, mm, dx + s0 * g.in_size());
             } else {
                 float* dxf = tail + std::size_t(cout) * k;       // (mm, c, h, w) summed in float
-                std::fill(dxf, dxf + std::size_t(mm) * g.in_size(), 0.0f);
+                if (accumulate) load_float(dx + s0 * g.in_size(), std::size_t(mm) * g.in_size(), dxf);
+                else std::fill(dxf, dxf + std::size_t(mm) * g.in_size(), 0.0f);
                 col2im<g>(col, mm, dxf);
                 store_float(dxf, std::size_t(mm) * g.in_size(), dx + s0 * g.in_size());
             }
@@ -129,10 +131,11 @@ void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy
 // convolution output's gradient, n x cout x oh x ow) = the ReLU's backward, then conv_backward from dz.
 template <Window g, core::Storage T>
 void conv_backward_relu(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz,
-                        std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n, float* scratch)
+                        std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n, float* scratch,
+                        bool accumulate = false)
 {
     relu_backward(ctx, relu_y, dy, dz, n * std::size_t(cout) * g.out_pixels());
-    conv_backward<g>(ctx, cout, w, x, dz, dx, dw, db, n, scratch);
+    conv_backward<g>(ctx, cout, w, x, dz, dx, dw, db, n, scratch, accumulate);
 }
 
 // ---- transposed convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----

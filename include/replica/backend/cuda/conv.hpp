@@ -9,8 +9,9 @@
 // runs cuDNN's adjoint passes.
 //
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, their gradients, relu_y and
-// dz are T, activations in the context's layout (layout.hpp: channels-last runs cuDNN alone, with
-// tensors and filters described NHWC: the (cout, c, kh, kw) weights are reordered into scratch); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
+// dz are T, activations in the context's layout (layout.hpp: channels-last runs cuDNN, with tensors
+// and filters described NHWC and the (cout, c, kh, kw) weights reordered into scratch, or the
+// products' channels-last rows); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
 // stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's own filter gradient
 // comes out in T and is widened to dw). Plans are made and timed per T. Only under nvcc.
 
@@ -113,6 +114,7 @@ void run_backward(const Context& ctx, const ConvBackward<T>& a)
         from_activation_layout(ctx, dy, d.y, a.n, cout, out);
         const bool one = Detour<g, T>::inputs == 0;   // one input channel: the same memory either way
         if (!one) from_activation_layout(ctx, a.x, d.x, a.n, g.c, in);
+        if (a.dx && a.accumulate && !one) from_activation_layout(ctx, a.dx, d.dx, a.n, g.c, in);   // what to add to
         ConvBackward<T> first = a;
         first.x = one ? a.x : d.x;
         first.dy = d.y;
@@ -157,11 +159,13 @@ void conv_forward(const Context& ctx, int cout, const T* w, const float* b, cons
     else CudnnConv<g>::forward(ctx, &p, a);
 }
 
+// dx assigned, or with `accumulate` the input gradient added to it (for the identity shortcut of a
+// Residual: model/residual.hpp).
 template <core::Window g, core::Storage T>
 void conv_backward(const Context& ctx, int cout, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db,
-                   std::size_t n, float* scratch)
+                   std::size_t n, float* scratch, bool accumulate = false)
 {
-    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, nullptr, dy, nullptr, dx, dw, db, n, scratch});
+    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, nullptr, dy, nullptr, dx, dw, db, n, scratch, accumulate});
 }
 
 // The backward of a convolution followed by a ReLU whose output is relu_y and whose output gradient
@@ -170,9 +174,9 @@ void conv_backward(const Context& ctx, int cout, const T* w, const T* x, const T
 // (n x cout x oh x ow).
 template <core::Window g, core::Storage T>
 void conv_backward_relu(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz, T* dx,
-                        float* dw, float* db, std::size_t n, float* scratch)
+                        float* dw, float* db, std::size_t n, float* scratch, bool accumulate = false)
 {
-    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, relu_y, dy, dz, dx, dw, db, n, scratch});
+    detail::run_backward<g>(ctx, ConvBackward<T>{cout, w, x, relu_y, dy, dz, dx, dw, db, n, scratch, accumulate});
 }
 
 // Window g maps the transposed convolution's OUTPUT (g.c = cout channels, g.h x g.w) to its input

@@ -5,7 +5,9 @@
 // - cuDNN's algorithms for each pass: its heuristic choice, or, with Options::benchmark (and not
 //   deterministic), its candidates timed as a step runs them (conv/cudnn.hpp, timing.hpp);
 // - for a plain convolution, by ConvPath: the products (conv/products.hpp) for a pass where they
-//   are at least 3% faster than cuDNN's timed algorithms (`timed`), or where the path says so;
+//   are at least 3% faster than cuDNN's timed algorithms (`timed`), or where the path says so. For
+//   channels-last activations the products are timed only where the input channels are not a
+//   multiple of 8 (weighs_products), and their backward takes cuDNN's input gradient with it;
 // - the direct kernels (conv/direct.hpp) by a rule on the shape (detail::direct_conv), not timed.
 // A candidate that cannot run or be captured in a CUDA graph is timed as CallTimer::never and so
 // never chosen. Deterministic mode keeps cuDNN's heuristic choice (deterministic algorithms) and
@@ -54,6 +56,14 @@ struct ConvAlgorithms {
     bool products_timed = false, gemm_forward = false, gemm_backward = false;
 };
 
+// What the products' backward is weighed against: cuDNN's two gradients, or on channels-last
+// activations, where the products leave the input gradient to cuDNN's algorithm, its filter gradient.
+inline double products_rival(const CudnnAlgorithms& cudnn, bool channels_last)
+{
+    const bool apart = channels_last && cudnn.data_seconds < CallTimer::never;
+    return apart ? cudnn.seconds.backward - cudnn.data_seconds : cudnn.seconds.backward;
+}
+
 // One line of Options::log: a timed choice, the layer named input -> output (a transposed
 // convolution's window maps its output to its input: CudnnConvTranspose). The algorithms are
 // those of the cuDNN convolution; a transposed layer runs its forward pass by backward data.
@@ -72,7 +82,11 @@ inline void log_choice(std::ostream& out, const MeasuredConvKey& measured, const
         << (key.storage == StorageId::fp32 ? "" : std::string(", ") + storage_name(key.storage))
         << (measured.channels_last ? ", channels-last" : "") << ": cuDNN forward algorithm " << int(a.cudnn.fwd) << " " << us(a.cudnn.seconds.forward) << ", gradients (data "
         << int(a.cudnn.bwd_data) << ", filter " << int(a.cudnn.bwd_filter) << ") " << us(a.cudnn.seconds.backward);
-    if (a.products_timed)
+    if (a.products_timed && measured.channels_last)
+        out << "; products forward " << us(a.products.forward) << ", filter gradient " << us(a.products.backward)
+            << " (cuDNN's " << us(products_rival(a.cudnn, true)) << "): forward by " << (a.gemm_forward ? "products" : "cuDNN")
+            << ", filter gradient by " << (a.gemm_backward ? "products" : "cuDNN");
+    else if (a.products_timed)
         out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
             << (a.gemm_forward ? "products" : "cuDNN") << ", gradients by " << (a.gemm_backward ? "products" : "cuDNN");
     out << std::endl;
@@ -83,6 +97,18 @@ inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
     return choices;
 }
 
+
+// Whether the products are a candidate for a plain convolution of window g in element type T: on
+// (channels, pixels) activations always; on channels-last ones where a path forces them, and for
+// the timed choice where the input channels are not a multiple of 8. cuDNN's channels-last kernels
+// pad those channels to 8 and run on mostly zero filters (an image's 3 channels: 8 x 7 x 7 of them),
+// whereas elsewhere they read the activations as they are and the rows would only multiply the
+// traffic.
+template <core::Storage T>
+bool weighs_products(const Context& ctx, const core::Window& g)
+{
+    return !channels_last<T>(ctx) || ctx.options().conv_path != ConvPath::timed || g.c % 8 != 0;
+}
 
 // Which passes of a plain convolution run as products (ConvPath), into p; true if the products were
 // timed by this call (to be logged). `timed`: cuDNN's algorithms were timed (ConvPath::timed needs
@@ -119,7 +145,7 @@ inline bool choose_products(const Context& ctx, ConvPlan& p, const MeasuredConvK
         if (!a.products_timed) {   // each pass on its own; near ties stay with cuDNN, as in CallTimer
             a.products = t;
             a.gemm_forward = CallTimer::clearly_faster(t.forward, a.cudnn.seconds.forward);
-            a.gemm_backward = CallTimer::clearly_faster(t.backward, a.cudnn.seconds.backward);
+            a.gemm_backward = CallTimer::clearly_faster(t.backward, products_rival(a.cudnn, measured.channels_last));
             a.products_timed = true;
             fresh = true;
         }
@@ -169,10 +195,10 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
     p.fwd = chosen.fwd;
     p.bwd_data = chosen.bwd_data;
     p.bwd_filter = chosen.bwd_filter;
-    // The products read and write (channels, pixels): not for channels-last activations.
-    if (use == ConvKey::convolution && products_seconds && !channels_last<T>(ctx))
+    if (use == ConvKey::convolution && products_seconds && weighs_products<T>(ctx, g))
         fresh = choose_products(ctx, p, measured, timed, cout, n, products_seconds) || fresh;
-    p.workspace = std::max(cudnn_workspace(ctx, p), p.gemm_forward || p.gemm_backward ? gemm_workspace<T>(g, cout, n) : 0);
+    p.workspace = std::max(cudnn_workspace(ctx, p),
+                           p.gemm_forward || p.gemm_backward ? gemm_workspace<T>(g, cout, n, channels_last<T>(ctx)) : 0);
     if (fresh && ctx.options().log) {
         std::lock_guard lock(measured_mutex());
         log_choice(*ctx.options().log, measured, measured_conv_choices().at(measured));

@@ -10,7 +10,8 @@
 //   C::forward(ctx, plan, ConvForward<T>)    y = the convolution of x by w, plus b, then the ReLU if
 //                                            relu (in float, rounded to T once where a library allows)
 //   C::backward(ctx, plan, ConvBackward<T>)  dw assigned, db assigned where not null (null exactly
-//                                            when b was), dx assigned where not null
+//                                            when b was), dx assigned where not null (added to,
+//                                            with `accumulate`)
 // and is prepared and measured by the autotuner through its own plan and time functions (cuDNN's
 // descriptors and algorithms, cudnn_plan; the products' seconds, ProductConv::time; the direct
 // kernels are taken by a rule on the shape, DirectConv, and not timed). `plan` is the layer's
@@ -61,6 +62,7 @@ struct ConvBackward {
     float* db;
     std::size_t n;
     float* scratch;
+    bool accumulate = false;   // dx += the input gradient (in FP32 onto dx's values, rounded to T once)
 };
 
 template <class C, class T = float>

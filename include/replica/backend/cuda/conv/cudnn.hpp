@@ -194,12 +194,13 @@ struct CudnnCandidates {
 };
 
 // cuDNN's algorithms for the three passes and, when timed, their seconds per call (the forward
-// algorithm's; the two gradients' together).
+// algorithm's; the two gradients' together, of which the input gradient's alone in data_seconds).
 struct CudnnAlgorithms {
     cudnnConvolutionFwdAlgo_t fwd{};
     cudnnConvolutionBwdDataAlgo_t bwd_data{};
     cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
     PassSeconds seconds;
+    double data_seconds = 0.0;
 };
 
 // cuDNN's own choice: its first usable candidate of each pass (deterministic: its first deterministic one).
@@ -228,7 +229,8 @@ inline CudnnAlgorithms cudnn_timed(const Context& ctx, const ConvPlan& p, const 
     }, a.seconds.forward);
     a.bwd_data = timer.choose(c.data, c.data_count, [&](cudnnConvolutionBwdDataAlgo_t algo, void* ws, std::size_t bytes) {
         return cudnnConvolutionBackwardData(h, &one, p.w, w, p.y, y, p.conv, algo, ws, bytes, &zero, p.x, x);
-    }, a.seconds.backward);
+    }, a.data_seconds);
+    a.seconds.backward = a.data_seconds;
     a.bwd_filter = timer.choose(c.filter, c.filter_count, [&](cudnnConvolutionBwdFilterAlgo_t algo, void* ws, std::size_t bytes) {
         return cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, y, p.conv, algo, ws, bytes, &zero, p.w, w);
     }, a.seconds.backward);
@@ -279,16 +281,18 @@ struct CudnnConv {
         void* ws = ctx.workspace(0);
         detail::cudnn_filter_gradient(ctx, p, a.x, dz, a.dw, detail::cudnn_filter_scratch<T>(a.scratch, bias_scratch<T>(a.cout, a.n)),
                                       std::size_t(a.cout), std::size_t(g.c), window(), ws);
-        if (a.dx) data_gradient(ctx, p, filter(ctx, a.w, a.scratch, a.cout, a.n), dz, a.dx, ws);
+        if (a.dx) input_gradient(ctx, p, a);
     }
 
-    // dx = the input gradient from the output's gradient dz (ws: the context's workspace).
+    // a.dx = the input gradient by the plan's algorithm (a.dx + it, with a.accumulate: cuDNN's beta),
+    // from the output's gradient (a.dz where a.relu_y, else a.dy), after the bias pass that wrote a.dz.
     template <core::Storage T>
-    static void data_gradient(const Context& ctx, const ConvPlan& p, const T* w, const T* dz, T* dx, void* ws)
+    static void input_gradient(const Context& ctx, const ConvPlan& p, const ConvBackward<T>& a)
     {
-        const float one = 1.0f, zero = 0.0f;
-        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, w, p.y, dz, p.conv, p.bwd_data, ws, p.workspace,
-                                                   &zero, p.x, dx));
+        const float one = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
+        const T* dz = a.relu_y ? a.dz : a.dy;
+        REPLICA_CHECK(cudnnConvolutionBackwardData(ctx.cudnn(), &one, p.w, filter(ctx, a.w, a.scratch, a.cout, a.n), p.y, dz,
+                                                   p.conv, p.bwd_data, ctx.workspace(0), p.workspace, &beta, p.x, a.dx));
     }
 
 private:

@@ -169,7 +169,6 @@ struct DirectConv {
     {
         detail::bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, pixels, a.scratch, a.relu_y, a.dz);
         const T* dz = a.relu_y ? a.dz : a.dy;
-        void* ws = ctx.workspace(0);
         const unsigned fcs = unsigned(a.cout) * unsigned(g.c), parts = detail::filter_grad_part_count(fcs, a.n);
         const unsigned per_part = unsigned((a.n + parts - 1) / parts);
         kernels::filter_grad_parts<T, g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow>
@@ -179,7 +178,7 @@ struct DirectConv {
         kernels::filter_grad_totals<<<detail::blocks_for(fcs * KW), detail::kThreads, 0, ctx.stream()>>>(a.scratch, a.dw, KW,
                                                                                                       fcs, parts);
         detail::check_launch("filter_grad_totals");
-        if (a.dx) CudnnConv<g>::data_gradient(ctx, *plan, a.w, dz, a.dx, ws);
+        if (a.dx) CudnnConv<g>::input_gradient(ctx, *plan, a);
     }
 
     // The scratch its backward needs: the bias's partial sums, then the filter gradient's (float for

@@ -2,20 +2,32 @@
 // The products candidate (conv/candidate.hpp; ConvPath::gemm): a convolution as a fully connected
 // layer over its windows. im2row writes, per output pixel, the values its window reads; cuBLASLt
 // multiplies them by the filters (linear.hpp, TF32 where Options::allow_tf32) with the bias and
-// ReLU in the product's epilogue; a transpose puts the output in the layer's layout. Backward runs
-// the same products' gradients and gathers the rows' gradient back to the input (row2im). The rows
-// that forward leaves in the context's workspace are reused by backward when nothing used the
-// workspace in between. For T = bf16 or fp16 the rows, the products' inputs and the outputs are T
-// (products in FP32); the filter gradient and the rows' gradient come out of their products in
-// float. Only under nvcc.
+// ReLU in the product's epilogue. The rows that forward leaves in the context's workspace are reused
+// by backward when nothing used the workspace in between.
+// - (channels, pixels) activations: the rows follow the filter's order (channel, row, column); a
+//   transpose puts the pixel-major output in the layer's layout. Backward runs the same products'
+//   gradients and gathers the rows' gradient back to the input (row2im).
+// - channels-last activations (layout.hpp): the rows follow (row, column, channel), padded with
+//   zeros to a multiple of 8 values so that every row is 16-byte aligned as cuBLASLt's tensor-core
+//   kernels want, and the filters are copied into that order (filter_rows); the product's
+//   pixel-major output is the layer's layout as it is. Backward takes the bias gradient and the
+//   ReLU's rule from our channel sums (as cuDNN's path does) and the filter gradient from the
+//   product; the input gradient, where one is asked for, is cuDNN's (conv/cudnn.hpp), whose
+//   channels-last kernels serve it without rows.
+// For T = bf16 or fp16 the rows, the products' inputs and the outputs are T (products in FP32); the
+// filter gradient and the rows' gradient come out of their products in float. Only under nvcc.
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/backend/cuda/conv/bias.hpp"
 #include "replica/backend/cuda/conv/candidate.hpp"
+#include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/storage.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/linear.hpp"
@@ -73,12 +85,70 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
     }
 }
 
+// im2row for channels-last activations, x (n, h, w, c): row (s, p) of `rows` holds what output pixel
+// p of sample s reads, in the order (filter row, column, channel), zeros where it reads padding and
+// after the window's K = c kh kw values up to the row's length KP (a multiple of 8). A thread moves
+// two neighbouring values of a row (one 4-byte store): a warp then writes a stretch of a row and
+// reads the few input runs it comes from (a filter row's kw c values are one run of x); eight values a
+// thread would spread a warp's reads over every row of the window. count = n * oh * ow * KP / 2.
+template <class I, class T, int KP, int... G>
+__global__ void im2row_last(const T* x, T* rows, I count)
+{
+    constexpr core::Window g{G...};
+    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow, M = KP / 2;
+    static_assert(sizeof(T) == 2 && KP % 8 == 0);
+    REPLICA_GRID_LOOP_AS(I, t, count)
+    {
+        const I r = t / I(M), s = r / I(P);
+        const int p = int(r - s * I(P)), k0 = int(t - r * I(M)) * 2, oy = p / g.ow, ox = p % g.ow;
+        const T* sample = x + s * I(g.h * g.w * g.c);
+        std::uint16_t v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int k = k0 + j, c = k % g.c, b = k / g.c % g.kw, a = k / (g.c * g.kw);
+            const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
+            v[j] = k < K && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? sample[(iy * g.w + ix) * g.c + c].bits : 0;
+        }
+        reinterpret_cast<unsigned*>(rows)[t] = unsigned(v[0]) | unsigned(v[1]) << 16;
+    }
+}
+
+// The filters w (cout, c, kh, kw) as rows of KP values in im2row_last's order (kh, kw, c), zeros
+// after the first K (exact: values are moved); count = cout * KP.
+template <class T, int KP, int... G>
+__global__ void filter_rows(const T* w, T* rows, unsigned count)
+{
+    constexpr core::Window g{G...};
+    constexpr int K = g.c * g.kh * g.kw;
+    REPLICA_GRID_LOOP_AS(unsigned, i, count)
+    {
+        const unsigned o = i / KP;
+        const int k = int(i - o * KP);
+        rows[i] = k < K ? w[(o * g.c + unsigned(k % g.c)) * (g.kh * g.kw) + unsigned(k / g.c)] : narrow<T>(0.0f);
+    }
+}
+
+// dw (cout, c, kh, kw) from the filter rows' gradient (cout rows of KP floats, filter_rows' order);
+// count = cout * K.
+template <int KP, int... G>
+__global__ void filter_gradient_from_rows(const float* drows, float* dw, unsigned count)
+{
+    constexpr core::Window g{G...};
+    constexpr int K = g.c * g.kh * g.kw, window = g.kh * g.kw;
+    REPLICA_GRID_LOOP_AS(unsigned, i, count)
+    {
+        const unsigned o = i / K;
+        const int k = int(i - o * K), c = k / window, at = k % window;
+        dw[i] = drows[o * KP + unsigned(at * g.c + c)];
+    }
+}
+
 // dx (n, c, h, w) from the rows' gradient (float), stored by filter position (c kh kw rows of
 // `pixels` = n oh ow values, so that neighbouring threads read neighbouring values): each input
 // element sums the entries that read it, in the filter's rows then columns (a gather: the same bits
-// every run), rounded to T once; count = n * c * h * w.
+// every run), onto dx's value where `accumulate`, rounded to T once; count = n * c * h * w.
 template <class I, class T, int... G>
-__global__ void row2im(const float* drows, T* dx, I count, I pixels)
+__global__ void row2im(const float* drows, T* dx, I count, I pixels, bool accumulate)
 {
     constexpr core::Window g{G...};
     constexpr int P = g.oh * g.ow;
@@ -98,7 +168,7 @@ __global__ void row2im(const float* drows, T* dx, I count, I pixels)
                 if (tx >= 0 && tx == ox * g.sw && ox < g.ow) sum += __ldg(d + I(a * g.kw + b) * pixels + oy * g.ow + ox);
             }
         }
-        dx[i] = kernels::narrow<T>(sum);
+        dx[i] = kernels::narrow<T>(accumulate ? widen(dx[i]) + sum : sum);
     }
 }
 
@@ -130,12 +200,45 @@ __global__ void transpose(const T* src, const T* mask, T* dst, unsigned rows, un
 } // namespace kernels
 
 namespace detail {
-// The product path's workspace for n samples: the rows (n oh ow x c kh kw; room for them in float,
-// which their gradient is), then the output or its gradient pixel-major (n oh ow x cout, T).
+// The length of a channels-last row: the window's c kh kw values, padded to a multiple of 8.
+constexpr int rows_last_length(const core::Window& g) { return (g.c * g.kh * g.kw + 7) / 8 * 8; }
+
+// The channels-last products' workspace, each region 256-byte aligned: the filters as rows (cout x
+// KP, T), their gradient (cout x KP, float), then the rows (n oh ow x KP, T).
+template <core::Window g, core::Storage T>
+struct RowsLast {
+    static constexpr int KP = rows_last_length(g);
+    static std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+    static std::size_t bytes(int cout, std::size_t n)
+    {
+        const std::size_t filters = std::size_t(cout) * KP;
+        return aligned(filters * sizeof(T)) + aligned(filters * sizeof(float)) + n * g.oh * g.ow * KP * sizeof(T);
+    }
+    T* filters;
+    float* filter_gradient;
+    T* rows;
+    RowsLast(void* work, int cout)
+    {
+        auto* at = static_cast<char*>(work);
+        const std::size_t filters_bytes = aligned(std::size_t(cout) * KP * sizeof(T));
+        filters = reinterpret_cast<T*>(at);
+        filter_gradient = reinterpret_cast<float*>(at + filters_bytes);
+        rows = reinterpret_cast<T*>(at + filters_bytes + aligned(std::size_t(cout) * KP * sizeof(float)));
+    }
+};
+
+// The product path's workspace for n samples. Channels-first: the rows (n oh ow x c kh kw; room for
+// them in float, which their gradient is), then the output or its gradient pixel-major (n oh ow x
+// cout, T). Channels-last (`last`): RowsLast's.
 template <core::Storage T = float>
-std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n)
+std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n, bool last = false)
 {
     const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
+    if (last) {
+        const std::size_t filters = std::size_t(cout) * std::size_t(rows_last_length(g));
+        return (filters * sizeof(T) + 255) / 256 * 256 + (filters * sizeof(float) + 255) / 256 * 256 +
+               pixels * std::size_t(rows_last_length(g)) * sizeof(T);
+    }
     return sizeof(float) * pixels * (std::size_t(g.c) * g.kh * g.kw) + sizeof(T) * pixels * std::size_t(cout);
 }
 
@@ -191,10 +294,11 @@ void conv_forward_gemm(const Context& ctx, int cout, const T* w, const float* b,
 // Backward of the same: dy (n, cout, oh ow) transposed to pixel-major into dz (with the ReLU's rule
 // where relu_y, its output, is given), then the layer's products (db null: no bias gradient). The
 // rows are made again unless `kept` (forward left them in `work` and nothing used it since:
-// rows_kept); the rows' gradient (float) takes their place after.
+// rows_kept); the rows' gradient (float) takes their place after, and is gathered into dx (added to
+// it where `accumulate`).
 template <core::Window g, core::Storage T>
 void conv_backward_gemm(const Context& ctx, int cout, const T* w, const T* x, const T* relu_y, const T* dy, T* dz, T* dx,
-                        float* dw, float* db, std::size_t n, float* work, bool kept)
+                        float* dw, float* db, std::size_t n, float* work, bool kept, bool accumulate = false)
 {
     constexpr int K = g.c * g.kh * g.kw;
     const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
@@ -211,28 +315,88 @@ void conv_backward_gemm(const Context& ctx, int cout, const T* w, const T* x, co
     indexed(std::max(inputs, pixels * K), [&](auto index) {
         using I = decltype(index);
         kernels::row2im<I, T, REPLICA_WINDOW_INTS(g)>
-            <<<blocks_for(inputs), kThreads, 0, ctx.stream()>>>(drows, dx, I(inputs), I(pixels));
+            <<<blocks_for(inputs), kThreads, 0, ctx.stream()>>>(drows, dx, I(inputs), I(pixels), accumulate);
     });
     check_launch("row2im");
 }
 
-// Seconds per call of the product path's forward and of its backward (both gradients, the rows made
-// again) over n samples, as a step runs them (CallTimer::never where its workspace is over the limit
-// of cuDNN's candidates).
+template <core::Window g, core::Storage T>
+void im2row_last(const Context& ctx, const T* x, T* rows, std::size_t n)
+{
+    constexpr int KP = rows_last_length(g);
+    const std::size_t count = n * std::size_t(g.oh) * g.ow * KP / 2;
+    indexed(count * 2, [&](auto index) {
+        using I = decltype(index);
+        kernels::im2row_last<I, T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
+    });
+    check_launch("im2row_last");
+}
+
+// The channels-last forward: the filters into rows, the input's rows, their product with the bias
+// and the ReLU in its epilogue straight into y (n oh ow, cout). `work`: gemm_workspace's bytes.
+template <core::Window g, core::Storage T>
+void conv_forward_rows_last(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                            bool relu, void* work)
+{
+    constexpr int KP = rows_last_length(g);
+    const RowsLast<g, T> ws(work, cout);
+    const unsigned filters = unsigned(cout) * KP;
+    kernels::filter_rows<T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(filters), kThreads, 0, ctx.stream()>>>(w, ws.filters, filters);
+    check_launch("filter_rows");
+    im2row_last<g>(ctx, x, ws.rows, n);
+    linear_forward<T>(ctx, KP, cout, ws.filters, b, ws.rows, y, n * std::size_t(g.oh) * g.ow, relu);
+}
+
+// The channels-last backward's products (ProductConv::backward adds cuDNN's input gradient): the
+// bias gradient and the ReLU's rule (into dz) by our channel sums, the rows made again unless `kept`
+// (rows_kept), then the filter gradient.
+template <core::Window g, core::Storage T>
+void conv_backward_rows_last(const Context& ctx, const ConvBackward<T>& a, void* work, bool kept)
+{
+    constexpr int K = g.c * g.kh * g.kw, KP = rows_last_length(g);
+    const std::size_t pixels = std::size_t(g.oh) * g.ow;
+    bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, pixels, a.scratch, a.relu_y, a.dz);
+    const T* dz = a.relu_y ? a.dz : a.dy;
+    const RowsLast<g, T> ws(work, a.cout);
+    if (!kept) im2row_last<g>(ctx, a.x, ws.rows, a.n);
+    linear_backward<T>(ctx, KP, a.cout, ws.filters, ws.rows, dz, nullptr, ws.filter_gradient, nullptr, a.n * pixels);
+    const unsigned weights = unsigned(a.cout) * K;
+    kernels::filter_gradient_from_rows<KP, REPLICA_WINDOW_INTS(g)>
+        <<<blocks_for(weights), kThreads, 0, ctx.stream()>>>(ws.filter_gradient, a.dw, weights);
+    check_launch("filter_gradient_from_rows");
+}
+
+// Seconds per call of the product path's forward and of its backward over n samples, as a step runs
+// them (CallTimer::never where its workspace is over the limit of cuDNN's candidates): channels-first,
+// both gradients with the rows made again; channels-last, without the bias, the ReLU and the input
+// gradient, which cuDNN's path runs as well (the autotuner adds cuDNN's input gradient).
 template <core::Window g, core::Storage T>
 PassSeconds gemm_seconds(const Context& ctx, int cout, std::size_t n)
 {
     constexpr std::size_t K = std::size_t(g.c) * g.kh * g.kw, f = sizeof(float);
-    const std::size_t work = gemm_workspace<T>(g, cout, n);
+    constexpr bool sixteen = sizeof(T) == 2;   // float is never channels-last (layout.hpp)
+    const bool last = channels_last<T>(ctx);
+    const std::size_t work = gemm_workspace<T>(g, cout, n, last);
     if (work > workspace_limit(std::size_t{1} << 30)) return {CallTimer::never, CallTimer::never};
     const std::size_t in = n * g.c * g.h * g.w, out = n * std::size_t(cout) * g.oh * g.ow, weights = K * std::size_t(cout);
     const TimingScratch s(ctx, {in * f, out * f, weights * f, cout * f, in * f, weights * f, cout * f, work, out * f});
     auto t = [&](std::size_t i) { return static_cast<T*>(s.bytes(i)); };   // float-sized: room for any T
     auto forward = [&] {
+        if constexpr (sixteen)
+            if (last) {
+                conv_forward_rows_last<g, T>(ctx, cout, t(2), nullptr, t(0), t(1), n, false, s.bytes(7));
+                return true;
+            }
         conv_forward_gemm<g, T>(ctx, cout, t(2), s.floats(3), t(0), t(1), n, false, s.floats(7));
         return true;
     };
     auto backward = [&] {
+        if constexpr (sixteen)
+            if (last) {
+                conv_backward_rows_last<g, T>(
+                    ctx, {cout, t(2), t(0), nullptr, t(1), nullptr, nullptr, s.floats(5), nullptr, n, nullptr}, s.bytes(7), false);
+                return true;
+            }
         conv_backward_gemm<g, T>(ctx, cout, t(2), t(0), nullptr, t(1), t(8), t(4), s.floats(5), s.floats(6), n, s.floats(7),
                                  false);
         return true;
@@ -252,20 +416,36 @@ struct ProductConv {
     template <core::Storage T>
     static void forward(const Context& ctx, const ConvPlan*, const ConvForward<T>& a)
     {
-        detail::conv_forward_gemm<g>(ctx, a.cout, a.w, a.b, a.x, a.y, a.n, a.relu, static_cast<float*>(ctx.workspace(0)));
+        void* work = ctx.workspace(0);
+        if constexpr (sizeof(T) == 2)   // float is never channels-last (layout.hpp)
+            if (channels_last<T>(ctx)) {
+                detail::conv_forward_rows_last<g>(ctx, a.cout, a.w, a.b, a.x, a.y, a.n, a.relu, work);
+                ctx.plan_cache().workspace_rows = {a.x, g, a.n, storage_of<T>};
+                return;
+            }
+        detail::conv_forward_gemm<g>(ctx, a.cout, a.w, a.b, a.x, a.y, a.n, a.relu, static_cast<float*>(work));
         // For backward, unless something else uses the workspace first.
         ctx.plan_cache().workspace_rows = {a.x, g, a.n, storage_of<T>};
     }
 
-    // Without relu_y, the output's gradient goes pixel-major to the workspace after the rows; with
-    // it, to dz.
+    // Channels-first: without relu_y, the output's gradient goes pixel-major to the workspace after
+    // the rows; with it, to dz. Channels-last: the products' filter gradient, then cuDNN's input
+    // gradient by the plan's algorithm where dx is asked for.
     template <core::Storage T>
-    static void backward(const Context& ctx, const ConvPlan*, const ConvBackward<T>& a)
+    static void backward(const Context& ctx, const ConvPlan* plan, const ConvBackward<T>& a)
     {
         const bool kept = detail::rows_kept(ctx, g, a.x, a.n);   // before workspace() forgets them
-        auto* work = static_cast<float*>(ctx.workspace(0));
-        T* dz = a.relu_y ? a.dz : reinterpret_cast<T*>(work + a.n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw);
-        detail::conv_backward_gemm<g>(ctx, a.cout, a.w, a.x, a.relu_y, a.dy, dz, a.dx, a.dw, a.db, a.n, work, kept);
+        void* work = ctx.workspace(0);
+        if constexpr (sizeof(T) == 2)
+            if (channels_last<T>(ctx)) {
+                detail::conv_backward_rows_last<g>(ctx, a, work, kept);
+                if (a.dx) CudnnConv<g>::input_gradient(ctx, *plan, a);
+                return;
+            }
+        auto* floats = static_cast<float*>(work);
+        T* dz = a.relu_y ? a.dz : reinterpret_cast<T*>(floats + a.n * std::size_t(g.oh) * g.ow * g.c * g.kh * g.kw);
+        detail::conv_backward_gemm<g>(ctx, a.cout, a.w, a.x, a.relu_y, a.dy, dz, a.dx, a.dw, a.db, a.n, floats, kept,
+                                      a.accumulate);
     }
 
     // Seconds per call of each pass as a step runs them (detail::gemm_seconds).
@@ -275,11 +455,11 @@ struct ProductConv {
         return detail::gemm_seconds<g, T>(ctx, cout, n);
     }
 
-    // The workspace its passes need.
+    // The workspace its passes need (`last`: on channels-last activations).
     template <core::Storage T = float>
-    static std::size_t workspace(int cout, std::size_t n)
+    static std::size_t workspace(int cout, std::size_t n, bool last = false)
     {
-        return detail::gemm_workspace<T>(g, cout, n);
+        return detail::gemm_workspace<T>(g, cout, n, last);
     }
 };
 
