@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
-#include <cstdint>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/bias.hpp"
@@ -87,29 +86,35 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
 
 // im2row for channels-last activations, x (n, h, w, c): row (s, p) of `rows` holds what output pixel
 // p of sample s reads, in the order (filter row, column, channel), zeros where it reads padding and
-// after the window's K = c kh kw values up to the row's length KP (a multiple of 8). A thread moves
-// two neighbouring values of a row (one 4-byte store): a warp then writes a stretch of a row and
-// reads the few input runs it comes from (a filter row's kw c values are one run of x); eight values a
-// thread would spread a warp's reads over every row of the window. count = n * oh * ow * KP / 2.
+// after the window's K = c kh kw values up to the row's length KP (a multiple of 8). A thread writes
+// eight values of a row, one 16-byte store; count = n * oh * ow * KP / 8.
 template <class I, class T, int KP, int... G>
 __global__ void im2row_last(const T* x, T* rows, I count)
 {
     constexpr core::Window g{G...};
-    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow, M = KP / 2;
-    static_assert(sizeof(T) == 2 && KP % 8 == 0);
+    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow, M = KP / 8;
+    static_assert(KP % 8 == 0);
     REPLICA_GRID_LOOP_AS(I, t, count)
     {
         const I r = t / I(M), s = r / I(P);
-        const int p = int(r - s * I(P)), k0 = int(t - r * I(M)) * 2, oy = p / g.ow, ox = p % g.ow;
+        const int p = int(r - s * I(P)), k0 = int(t - r * I(M)) * 8, oy = p / g.ow, ox = p % g.ow;
+        int c = k0 % g.c, b = k0 / g.c % g.kw, a = k0 / g.c / g.kw;
         const T* sample = x + s * I(g.h * g.w * g.c);
-        std::uint16_t v[2];
+        float v[8];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int k = k0 + j, c = k % g.c, b = k / g.c % g.kw, a = k / (g.c * g.kw);
+        for (int j = 0; j < 8; ++j) {
             const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
-            v[j] = k < K && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? sample[(iy * g.w + ix) * g.c + c].bits : 0;
+            v[j] = k0 + j < K && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? load_ldg(sample + (iy * g.w + ix) * g.c + c)
+                                                                            : 0.0f;
+            if (++c == g.c) {
+                c = 0;
+                if (++b == g.kw) {
+                    b = 0;
+                    ++a;
+                }
+            }
         }
-        reinterpret_cast<unsigned*>(rows)[t] = unsigned(v[0]) | unsigned(v[1]) << 16;
+        store8(rows + t * 8, v);   // the values move unchanged: exact for every T
     }
 }
 
@@ -324,8 +329,8 @@ template <core::Window g, core::Storage T>
 void im2row_last(const Context& ctx, const T* x, T* rows, std::size_t n)
 {
     constexpr int KP = rows_last_length(g);
-    const std::size_t count = n * std::size_t(g.oh) * g.ow * KP / 2;
-    indexed(count * 2, [&](auto index) {
+    const std::size_t count = n * std::size_t(g.oh) * g.ow * KP / 8;
+    indexed(count * 8, [&](auto index) {
         using I = decltype(index);
         kernels::im2row_last<I, T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
     });
