@@ -13,6 +13,7 @@
 // Random inputs draw a fresh seed each run and print it on failure; REPLICA_TEST_SEED=<seed> reruns one.
 
 #include <bit>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -355,6 +356,26 @@ void check_conv(int cout, std::size_t n, std::mt19937_64& rng)
         if (with_dx) CHECK(rounding_differences("conv_backward dx", dxt, dxf) == "");
         CHECK(float_differences("conv_backward dw", dwt, dwf) == "");
         CHECK(float_differences("conv_backward db", dbt, dbf) == "");
+    }
+
+    {   // the input gradient added to dx's values (a Residual's in-place sum): summed in float onto
+        // them, rounded once
+        const auto dx0 = rounded<T>(in, rng);
+        std::vector<float> dxf = dx0.f, dwf(weights), dbf(cout), dwt(weights), dbt(cout);
+        std::vector<T> dxt = dx0.t;
+        cpu::conv_backward<g>(ctx, cout, w.f.data(), x.f.data(), dy.f.data(), dxf.data(), dwf.data(), dbf.data(), n, sf.data(),
+                              true);
+        cpu::conv_backward<g>(ctx, cout, w.t.data(), x.t.data(), dy.t.data(), dxt.data(), dwt.data(), dbt.data(), n, st.data(),
+                              true);
+        CHECK(rounding_differences("conv_backward accumulated dx", dxt, dxf) == "");
+        std::vector<float> fresh(in);
+        cpu::conv_backward<g>(ctx, cout, w.f.data(), x.f.data(), dy.f.data(), fresh.data(), dwf.data(), dbf.data(), n, sf.data());
+        double off = 0.0, scale = 0.0;   // dx0 + the gradient, up to float rounding
+        for (std::size_t i = 0; i < in; ++i) {
+            off = std::max(off, double(std::abs(dxf[i] - (dx0.f[i] + fresh[i]))));
+            scale = std::max(scale, double(std::abs(dx0.f[i]) + std::abs(fresh[i])));
+        }
+        CHECK(off <= 1e-5 * scale);
     }
 
     const auto relu_y = rounded<T>(out, rng, -1.0f, 1.0f);
