@@ -11,9 +11,10 @@
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, their gradients, relu_y and
 // dz are T, activations in the context's layout (layout.hpp: channels-last runs cuDNN, with tensors
 // and filters described NHWC and the (cout, c, kh, kw) weights reordered into scratch, or the
-// products' channels-last rows); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16 on tensor cores), each
-// stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's own filter gradient
-// comes out in T and is widened to dw). Plans are made and timed per T. Only under nvcc.
+// products' channels-last rows); b, dw, db and scratch are float. Arithmetic is FP32 (bf16 and fp16
+// on tensor cores), each stored T value rounded once where our kernels or cuBLASLt write it (cuDNN's
+// own filter gradient comes out in T and is widened to dw). Plans are made and timed per T. Only under
+// nvcc.
 
 #include <algorithm>
 #include <concepts>
