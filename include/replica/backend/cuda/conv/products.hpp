@@ -26,9 +26,9 @@
 #include "replica/backend/cuda/conv/candidate.hpp"
 #include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/storage.hpp"
-#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/timing.hpp"
 
@@ -208,27 +208,36 @@ namespace detail {
 // The length of a channels-last row: the window's c kh kw values, padded to a multiple of 8.
 constexpr int rows_last_length(const core::Window& g) { return (g.c * g.kh * g.kw + 7) / 8 * 8; }
 
-// The channels-last products' workspace, each region 256-byte aligned: the filters as rows (cout x
-// KP, T), their gradient (cout x KP, float), then the rows (n oh ow x KP, T).
-template <core::Window g, core::Storage T>
+// The channels-last products' workspace for window g, cout filters and n samples, each region
+// 256-byte aligned: the filters as rows (cout x KP, T), their gradient (cout x KP, float), then the
+// rows (n oh ow x KP, T).
+template <core::Storage T>
 struct RowsLast {
-    static constexpr int KP = rows_last_length(g);
-    static std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-    static std::size_t bytes(int cout, std::size_t n)
-    {
-        const std::size_t filters = std::size_t(cout) * KP;
-        return aligned(filters * sizeof(T)) + aligned(filters * sizeof(float)) + n * g.oh * g.ow * KP * sizeof(T);
-    }
     T* filters;
     float* filter_gradient;
     T* rows;
-    RowsLast(void* work, int cout)
+    RowsLast(void* work, const core::Window& g, int cout)
     {
         auto* at = static_cast<char*>(work);
-        const std::size_t filters_bytes = aligned(std::size_t(cout) * KP * sizeof(T));
         filters = reinterpret_cast<T*>(at);
-        filter_gradient = reinterpret_cast<float*>(at + filters_bytes);
-        rows = reinterpret_cast<T*>(at + filters_bytes + aligned(std::size_t(cout) * KP * sizeof(float)));
+        filter_gradient = reinterpret_cast<float*>(at + filters_bytes(g, cout));
+        rows = reinterpret_cast<T*>(at + filters_bytes(g, cout) + gradient_bytes(g, cout));
+    }
+    static std::size_t bytes(const core::Window& g, int cout, std::size_t n)
+    {
+        return filters_bytes(g, cout) + gradient_bytes(g, cout) +
+               n * std::size_t(g.oh) * g.ow * std::size_t(rows_last_length(g)) * sizeof(T);
+    }
+
+private:
+    static std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+    static std::size_t filters_bytes(const core::Window& g, int cout)
+    {
+        return aligned(std::size_t(cout) * std::size_t(rows_last_length(g)) * sizeof(T));
+    }
+    static std::size_t gradient_bytes(const core::Window& g, int cout)
+    {
+        return aligned(std::size_t(cout) * std::size_t(rows_last_length(g)) * sizeof(float));
     }
 };
 
@@ -238,12 +247,8 @@ struct RowsLast {
 template <core::Storage T = float>
 std::size_t gemm_workspace(const core::Window& g, int cout, std::size_t n, bool last = false)
 {
+    if (last) return RowsLast<T>::bytes(g, cout, n);
     const std::size_t pixels = n * std::size_t(g.oh) * g.ow;
-    if (last) {
-        const std::size_t filters = std::size_t(cout) * std::size_t(rows_last_length(g));
-        return (filters * sizeof(T) + 255) / 256 * 256 + (filters * sizeof(float) + 255) / 256 * 256 +
-               pixels * std::size_t(rows_last_length(g)) * sizeof(T);
-    }
     return sizeof(float) * pixels * (std::size_t(g.c) * g.kh * g.kw) + sizeof(T) * pixels * std::size_t(cout);
 }
 
@@ -344,7 +349,7 @@ void conv_forward_rows_last(const Context& ctx, int cout, const T* w, const floa
                             bool relu, void* work)
 {
     constexpr int KP = rows_last_length(g);
-    const RowsLast<g, T> ws(work, cout);
+    const RowsLast<T> ws(work, g, cout);
     const unsigned filters = unsigned(cout) * KP;
     kernels::filter_rows<T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(filters), kThreads, 0, ctx.stream()>>>(w, ws.filters, filters);
     check_launch("filter_rows");
@@ -362,7 +367,7 @@ void conv_backward_rows_last(const Context& ctx, const ConvBackward<T>& a, void*
     const std::size_t pixels = std::size_t(g.oh) * g.ow;
     bias_backward(ctx, a.dy, a.db, std::size_t(a.cout), a.n, pixels, a.scratch, a.relu_y, a.dz);
     const T* dz = a.relu_y ? a.dz : a.dy;
-    const RowsLast<g, T> ws(work, a.cout);
+    const RowsLast<T> ws(work, g, a.cout);
     if (!kept) im2row_last<g>(ctx, a.x, ws.rows, a.n);
     linear_backward<T>(ctx, KP, a.cout, ws.filters, ws.rows, dz, nullptr, ws.filter_gradient, nullptr, a.n * pixels);
     const unsigned weights = unsigned(a.cout) * K;
@@ -422,7 +427,7 @@ struct ProductConv {
     static void forward(const Context& ctx, const ConvPlan*, const ConvForward<T>& a)
     {
         void* work = ctx.workspace(0);
-        if constexpr (sizeof(T) == 2)   // float is never channels-last (layout.hpp)
+        if constexpr (sizeof(T) == 2)   // float is never channels-last (layout.hpp): no such kernels for it
             if (channels_last<T>(ctx)) {
                 detail::conv_forward_rows_last<g>(ctx, a.cout, a.w, a.b, a.x, a.y, a.n, a.relu, work);
                 ctx.plan_cache().workspace_rows = {a.x, g, a.n, storage_of<T>};
