@@ -324,6 +324,41 @@ TEST_CASE("A warm training step on the GPU allocates nothing", "[cuda]")
     CHECK(after == reserved);
 }
 
+namespace {
+// Keeps one thread of the GPU busy for about `cycles` clock ticks.
+__global__ void spin(long long cycles)
+{
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+} // namespace
+
+// The zero fill must be ordered before the context's streams, which do not wait for the legacy
+// default stream: with that stream kept busy, a fill queued there would run after the compute
+// stream had already read the reused block's old values.
+TEST_CASE("Memory is zero when allocate() returns, for every stream, even while the legacy default stream is busy",
+          "[cuda]")
+{
+    REQUIRE_GPU();
+    cuda::Context ctx{Device::cuda(0)};
+    constexpr std::size_t n = 1 << 20;
+    {
+        auto used = ctx.allocate<float>(n);
+        const std::vector<float> ones(n, 1.0f);
+        ctx.upload(used.data(), ones.data(), n);
+    }   // back to the allocator's cache, holding ones
+    ctx.activate();
+    spin<<<1, 1, 0, cudaStreamLegacy>>>(std::int64_t{2} << 30);   // about a second
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    auto reused = ctx.allocate<float>(n);
+    std::vector<float> host(n, -1.0f);
+    ctx.download(host.data(), reused.data(), n);
+    ctx.synchronize();
+    CHECK(std::count(host.begin(), host.end(), 0.0f) == std::ptrdiff_t(n));
+    REQUIRE(cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess);
+}
+
 // ---- several replicas: DataParallel over NCCL (distinct GPUs) or over one shared GPU ----
 
 namespace {

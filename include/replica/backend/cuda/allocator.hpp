@@ -1,6 +1,11 @@
 #pragma once
 // A caching device allocator: freed blocks are kept, by exact size, and handed out again, so that a
 // warm training loop never calls cudaMalloc or cudaFree. One per context (device).
+//
+// Memory is zero-filled on the context's compute stream, and the fill has finished when allocate()
+// returns, so that work on any stream may use the block at once. (A fill on the legacy default
+// stream would not be ordered before the context's streams, which do not synchronise with it: a
+// block could be written, or a reused one read, before its fill ran.)
 
 #include <cuda_runtime.h>
 
@@ -16,7 +21,8 @@ namespace replica::backend::cuda {
 
 class CachingAllocator {
 public:
-    explicit CachingAllocator(int device) : device_(device) {}
+    // `fill`: the stream the zero fill runs on (the context's compute stream, made before this).
+    CachingAllocator(int device, cudaStream_t fill) : device_(device), fill_(fill) {}
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
     ~CachingAllocator()
@@ -26,7 +32,8 @@ public:
             for (void* p : blocks) cudaFree(p);
     }
 
-    // Zero-filled memory of at least `bytes` bytes, 256-byte aligned.
+    // Zero-filled memory of at least `bytes` bytes, 256-byte aligned; the host waits for the fill (and
+    // for what was queued on the fill stream before it).
     void* allocate(std::size_t bytes)
     {
         bytes = (bytes + 511) / 512 * 512;
@@ -49,7 +56,9 @@ public:
             }
             reserved_ += bytes;
         }
-        if (const cudaError_t e = cudaMemset(p, 0, bytes); e != cudaSuccess) {
+        cudaError_t e = cudaMemsetAsync(p, 0, bytes, fill_);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(fill_);
+        if (e != cudaSuccess) {
             free_[bytes].push_back(p);   // kept for reuse, not lost, when the fill fails
             REPLICA_CHECK(e);
         }
@@ -90,6 +99,7 @@ private:
     }
 
     int device_;
+    cudaStream_t fill_;
     std::mutex mutex_;
     std::unordered_map<std::size_t, std::vector<void*>> free_;
     std::unordered_map<void*, std::size_t> size_;

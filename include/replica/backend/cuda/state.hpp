@@ -341,7 +341,7 @@ struct Reductions {
 // made, the allocator outlives every buffer from it, the streams outlive everything queued on them.
 struct State {
     explicit State(Device d)
-        : device(d), options(default_options()), streams(d.index()), allocator(d.index()),
+        : device(d), options(default_options()), streams(d.index()), allocator(d.index(), streams.compute()),
           libraries(streams.compute(), allocator)
     {
     }
