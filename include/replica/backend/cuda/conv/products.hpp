@@ -86,35 +86,41 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
 
 // im2row for channels-last activations, x (n, h, w, c): row (s, p) of `rows` holds what output pixel
 // p of sample s reads, in the order (filter row, column, channel), zeros where it reads padding and
-// after the window's K = c kh kw values up to the row's length KP (a multiple of 8). A thread writes
-// eight values of a row, one 16-byte store; count = n * oh * ow * KP / 8.
+// after the window's K = c kh kw values up to the row's length KP (a multiple of 8); count = n oh ow
+// rows. A thread writes one row as 16-byte stores: the window's bounds are tested once per filter
+// row and column, every value's place in x and in the row is a constant of the unrolled loops, and
+// the values move as their 16-bit patterns (splitting each value's index at run time made an
+// earlier form of this kernel bound by its instructions).
 template <class I, class T, int KP, int... G>
 __global__ void im2row_last(const T* x, T* rows, I count)
 {
     constexpr core::Window g{G...};
-    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow, M = KP / 8;
-    static_assert(KP % 8 == 0);
-    REPLICA_GRID_LOOP_AS(I, t, count)
+    constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow;
+    static_assert(KP % 8 == 0 && KP >= K && sizeof(T) == 2, "channels-last rows: 16-bit values, KP a multiple of 8");
+    REPLICA_GRID_LOOP_AS(I, r, count)
     {
-        const I r = t / I(M), s = r / I(P);
-        const int p = int(r - s * I(P)), k0 = int(t - r * I(M)) * 8, oy = p / g.ow, ox = p % g.ow;
-        int c = k0 % g.c, b = k0 / g.c % g.kw, a = k0 / g.c / g.kw;
-        const T* sample = x + s * I(g.h * g.w * g.c);
-        float v[8];
+        const I s = r / I(P);
+        const int p = int(r - s * I(P)), y0 = p / g.ow * g.sh - g.ph, x0 = p % g.ow * g.sw - g.pw;
+        bool in_y[g.kh], in_x[g.kw];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int iy = oy * g.sh - g.ph + a, ix = ox * g.sw - g.pw + b;
-            v[j] = k0 + j < K && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? load_ldg(sample + (iy * g.w + ix) * g.c + c)
-                                                                            : 0.0f;
-            if (++c == g.c) {
-                c = 0;
-                if (++b == g.kw) {
-                    b = 0;
-                    ++a;
-                }
+        for (int a = 0; a < g.kh; ++a) in_y[a] = unsigned(y0 + a) < unsigned(g.h);
+#pragma unroll
+        for (int b = 0; b < g.kw; ++b) in_x[b] = unsigned(x0 + b) < unsigned(g.w);
+        // The window's first value: outside x where the window starts in the padding, read only
+        // at the offsets the tests above let through.
+        const std::uint16_t* corner =
+            reinterpret_cast<const std::uint16_t*>(x) + s * I(g.h * g.w * g.c) + (y0 * g.w + x0) * g.c;
+        uint4* to = reinterpret_cast<uint4*>(rows + r * I(KP));
+#pragma unroll
+        for (int m = 0; m < KP / 8; ++m) {
+            unsigned w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int k = m * 8 + j, c = k % g.c, b = k / g.c % g.kw, a = k / g.c / g.kw;
+                if (k < K && in_y[a] && in_x[b]) w[j / 2] |= unsigned(__ldg(corner + (a * g.w + b) * g.c + c)) << (16 * (j % 2));
             }
+            to[m] = make_uint4(w[0], w[1], w[2], w[3]);
         }
-        store8(rows + t * 8, v);   // the values move unchanged: exact for every T
     }
 }
 
@@ -334,8 +340,8 @@ template <core::Window g, core::Storage T>
 void im2row_last(const Context& ctx, const T* x, T* rows, std::size_t n)
 {
     constexpr int KP = rows_last_length(g);
-    const std::size_t count = n * std::size_t(g.oh) * g.ow * KP / 8;
-    indexed(count * 8, [&](auto index) {
+    const std::size_t count = n * std::size_t(g.oh) * g.ow;   // rows
+    indexed(count * KP, [&](auto index) {
         using I = decltype(index);
         kernels::im2row_last<I, T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
     });
