@@ -654,7 +654,9 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
     }
     SECTION("max and average pooling, a global average, forward and backward")
     {
-        const auto pools = [&](auto window) {
+        // offset 0: channels-last activations of a multiple of 8 channels run eight channels a
+        // thread; offset 1 (buffers not 16-byte aligned) one; both give channels-first's bits.
+        const auto pools = [&](auto window, std::size_t offset) {
             constexpr core::Window g = decltype(window)::value;
             const std::size_t in = n * g.in_size(), out = n * g.c * g.out_pixels(), ip = std::size_t(g.h) * g.w,
                               op = std::size_t(g.oh) * g.ow;
@@ -662,8 +664,8 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
             std::vector<std::vector<float>> r[5];
             std::vector<std::vector<core::pool_position_t<g>>> args;
             for (const cuda::Context* ctx : {&first, &last}) {
-                auto x_d = put(*ctx, x, g.c, ip, 0), dy_d = put(*ctx, dy, g.c, op, 0);
-                auto y_d = put(*ctx, std::vector<float>(out), g.c, op, 0), dx_d = put(*ctx, std::vector<float>(in), g.c, ip, 0);
+                auto x_d = put(*ctx, x, g.c, ip, offset), dy_d = put(*ctx, dy, g.c, op, offset);
+                auto y_d = put(*ctx, std::vector<float>(out), g.c, op, offset), dx_d = put(*ctx, std::vector<float>(in), g.c, ip, offset);
                 auto arg_d = ctx->allocate<core::pool_position_t<g>>(out);
                 cuda::max_pool_forward<g>(*ctx, x_d.data(), y_d.data(), arg_d.data(), n);
                 r[0].push_back(get(*ctx, y_d, g.c, op));
@@ -681,9 +683,13 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
             for (int k = 0; k < 4; ++k) CHECK(differences(r[k][1], r[k][0]) == "");
             CHECK(args[1] == args[0]);
         };
-        pools(std::integral_constant<core::Window, core::Window{3, 9, 8, 3, 3, 2, 2, 1, 0, 5, 4}>{});
-        pools(std::integral_constant<core::Window, core::Window{16, 9, 8, 3, 3, 2, 2, 1, 1, 5, 4}>{});
-        pools(std::integral_constant<core::Window, core::Window{8, 7, 7, 7, 7, 1, 1, 0, 0, 1, 1}>{});
+        for (const std::size_t offset : {std::size_t(0), std::size_t(1)}) {
+            CAPTURE(offset);
+            pools(std::integral_constant<core::Window, core::Window{3, 9, 8, 3, 3, 2, 2, 1, 0, 5, 4}>{}, offset);
+            pools(std::integral_constant<core::Window, core::Window{16, 9, 8, 3, 3, 2, 2, 1, 1, 5, 4}>{}, offset);
+            pools(std::integral_constant<core::Window, core::Window{16, 6, 5, 3, 3, 1, 1, 1, 1, 6, 5}>{}, offset);   // inception's
+            pools(std::integral_constant<core::Window, core::Window{8, 7, 7, 7, 7, 1, 1, 0, 0, 1, 1}>{}, offset);
+        }
     }
     SECTION("softmax cross-entropy over pixels, and the arg-max count")
     {
