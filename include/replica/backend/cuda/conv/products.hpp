@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <string>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/bias.hpp"
@@ -87,40 +88,51 @@ __global__ void im2row(const T* x, T* rows, I count, bool aligned)
 // im2row for channels-last activations, x (n, h, w, c): row (s, p) of `rows` holds what output pixel
 // p of sample s reads, in the order (filter row, column, channel), zeros where it reads padding and
 // after the window's K = c kh kw values up to the row's length KP (a multiple of 8); count = n oh ow
-// rows. A thread writes one row as 16-byte stores: the window's bounds are tested once per filter
-// row and column, every value's place in x and in the row is a constant of the unrolled loops, and
-// the values move as their 16-bit patterns (a value's index split at run time costs dozens of
-// instructions, and this kernel is bound by its instructions, not by memory).
-template <class I, class T, int KP, int... G>
-__global__ void im2row_last(const T* x, T* rows, I count)
+// rows. A block of R threads makes R consecutive rows: each thread builds one row in shared memory,
+// its window's bounds tested once per filter row and column and every value's place a constant of
+// the unrolled loops, its values moved as their 16-bit patterns (a value's index split at run time
+// costs dozens of instructions, and this kernel is bound by its instructions); then the block stores
+// its rows, which are contiguous in `rows`, as 16-byte moves of neighbouring threads (a thread's own
+// row stored from registers would scatter every warp's stores over 32 rows).
+template <class I, class T, int KP, int R, int... G>
+__global__ void __launch_bounds__(R) im2row_last(const T* x, T* rows, I count)
 {
     constexpr core::Window g{G...};
     constexpr int K = g.c * g.kh * g.kw, P = g.oh * g.ow;
+    // A row's stride in shared memory, in 16-bit values: an odd number of 4-byte words, so that the
+    // threads' rows start in different banks.
+    constexpr int S = KP + 2;
     static_assert(KP % 8 == 0 && KP >= K && sizeof(T) == 2, "channels-last rows: 16-bit values, KP a multiple of 8");
-    REPLICA_GRID_LOOP_AS(I, r, count)
-    {
-        const I s = r / I(P);
-        const int p = int(r - s * I(P)), y0 = p / g.ow * g.sh - g.ph, x0 = p % g.ow * g.sw - g.pw;
-        bool in_y[g.kh], in_x[g.kw];
+    __shared__ std::uint16_t tile[R * S];
+    for (I first = I(blockIdx.x) * I(R); first < count; first += I(gridDim.x) * I(R)) {
+        if (const I r = first + I(threadIdx.x); r < count) {
+            const I s = r / I(P);
+            const int p = int(r - s * I(P)), y0 = p / g.ow * g.sh - g.ph, x0 = p % g.ow * g.sw - g.pw;
+            bool in_y[g.kh], in_x[g.kw];
 #pragma unroll
-        for (int a = 0; a < g.kh; ++a) in_y[a] = unsigned(y0 + a) < unsigned(g.h);
+            for (int a = 0; a < g.kh; ++a) in_y[a] = unsigned(y0 + a) < unsigned(g.h);
 #pragma unroll
-        for (int b = 0; b < g.kw; ++b) in_x[b] = unsigned(x0 + b) < unsigned(g.w);
-        // The window's first value: outside x where the window starts in the padding, read only
-        // at the offsets the tests above let through.
-        const std::uint16_t* corner =
-            reinterpret_cast<const std::uint16_t*>(x) + s * I(g.h * g.w * g.c) + (y0 * g.w + x0) * g.c;
-        uint4* to = reinterpret_cast<uint4*>(rows + r * I(KP));
+            for (int b = 0; b < g.kw; ++b) in_x[b] = unsigned(x0 + b) < unsigned(g.w);
+            // The window's first value: outside x where the window starts in the padding, read only
+            // at the offsets the tests above let through.
+            const std::uint16_t* corner =
+                reinterpret_cast<const std::uint16_t*>(x) + s * I(g.h * g.w * g.c) + (y0 * g.w + x0) * g.c;
+            std::uint16_t* row = tile + threadIdx.x * S;
 #pragma unroll
-        for (int m = 0; m < KP / 8; ++m) {
-            unsigned w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int k = m * 8 + j, c = k % g.c, b = k / g.c % g.kw, a = k / g.c / g.kw;
-                if (k < K && in_y[a] && in_x[b]) w[j / 2] |= unsigned(__ldg(corner + (a * g.w + b) * g.c + c)) << (16 * (j % 2));
+            for (int k = 0; k < KP; ++k) {
+                const int c = k % g.c, b = k / g.c % g.kw, a = k / g.c / g.kw;
+                row[k] = k < K && in_y[a] && in_x[b] ? __ldg(corner + (a * g.w + b) * g.c + c) : std::uint16_t(0);
             }
-            to[m] = make_uint4(w[0], w[1], w[2], w[3]);
         }
+        __syncthreads();
+        const unsigned here = unsigned(count - first < I(R) ? count - first : I(R)), moves = KP / 8;
+        uint4* to = reinterpret_cast<uint4*>(rows + first * I(KP));
+        for (unsigned m = threadIdx.x; m < here * moves; m += R) {
+            const unsigned rr = m / moves;
+            const unsigned* from = reinterpret_cast<const unsigned*>(tile + rr * S + (m - rr * moves) * 8);   // S, 8 even
+            to[m] = make_uint4(from[0], from[1], from[2], from[3]);
+        }
+        __syncthreads();   // the tile is made again for the next rows
     }
 }
 
@@ -339,13 +351,23 @@ void conv_backward_gemm(const Context& ctx, int cout, const T* w, const T* x, co
 template <core::Window g, core::Storage T>
 void im2row_last(const Context& ctx, const T* x, T* rows, std::size_t n)
 {
-    constexpr int KP = rows_last_length(g);
-    const std::size_t count = n * std::size_t(g.oh) * g.ow;   // rows
-    indexed(count * KP, [&](auto index) {
-        using I = decltype(index);
-        kernels::im2row_last<I, T, KP, REPLICA_WINDOW_INTS(g)><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(x, rows, I(count));
-    });
-    check_launch("im2row_last");
+    // Rows a block makes: 128, fewer where their tile would outgrow 48 KiB of shared memory (long
+    // rows: a forced ConvPath on a wide layer); none fits past 24,574 values.
+    constexpr int KP = rows_last_length(g), fit = 48 * 1024 / (2 * (KP + 2));
+    constexpr int R = fit >= 128 ? 128 : fit >= 32 ? fit / 32 * 32 : fit;
+    if constexpr (R < 1) {
+        throw Error("channels-last products: a row of " + std::to_string(KP) +
+                    " values does not fit a block's shared memory (at most 24574): leave this layer's path to the timing "
+                    "(ConvPath::timed), which then keeps it on cuDNN");
+    } else {
+        const std::size_t count = n * std::size_t(g.oh) * g.ow;   // rows
+        const unsigned blocks = unsigned(std::clamp<std::size_t>((count + R - 1) / R, 1, 65535u * 8u));
+        indexed(count * KP, [&](auto index) {
+            using I = decltype(index);
+            kernels::im2row_last<I, T, KP, R, REPLICA_WINDOW_INTS(g)><<<blocks, R, 0, ctx.stream()>>>(x, rows, I(count));
+        });
+        check_launch("im2row_last");
+    }
 }
 
 // The channels-last forward: the filters into rows, the input's rows, their product with the bias
