@@ -85,14 +85,14 @@ __device__ inline void for_window(const core::Window& g, const T* x, I i, F&& f)
         }
 }
 
-// V values at p as floats (through the read-only data cache where V = 1), and V stored there.
+// V values at p as floats (through the read-only data cache where V = 1); store_v stores them.
 template <int V, core::Storage T>
 __device__ inline void load_lanes(const T* p, float (&v)[8])
 {
     if constexpr (V == 1) v[0] = load_ldg(p);
     else load_v<V>(p, v);
 }
-// V positions at p (an 8-byte move of byte positions where V = 8), and V stored there.
+// V positions at p, and V positions stored there: one 8-byte move where V = 8 and they are bytes.
 template <int V, class P>
 __device__ inline void load_positions(const P* p, int (&at)[V])
 {
@@ -351,8 +351,8 @@ constexpr std::size_t tiles(const core::Window& g)
 }
 } // namespace detail
 
-// Each launches count / V threads (detail::with_layout). The positions' lanes move 8 bytes at a time:
-// `arg` is as aligned as the activations (a model's saved region).
+// Each launches count / V threads (detail::with_layout, whose alignment test covers every buffer the
+// lanes move through, the maxima's positions included).
 template <core::Window g, core::Storage T>
 void max_pool_forward(const Context& ctx, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
