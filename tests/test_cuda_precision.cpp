@@ -135,26 +135,36 @@ void aligned_and_not(F&& f)
 
 constexpr std::size_t kCount = 8 * 37 + 5;
 
-// BatchNorm's values over n x c x inner, rounded to T: x and dy; a ReLU's output relu_y as the
-// backward's mask (values of both signs, and zeros) and dz = relu_backward(relu_y, dy), what the
-// masked calls read in dy's place. Its parameters and statistics (float), also on `ctx`: weight, bias,
+// BatchNorm's values over n x c x inner, rounded to T: x and dy; the output relu_y of the normalisation
+// and the ReLU after it (what the masked backward calls recompute from x), and dz = relu_backward(relu_y,
+// dy), what they read in dy's place (dz_float: the same from the output in float, for the float kernels'
+// masks). Its parameters and statistics (float), also on `ctx`: weight, bias,
 // mean (also the sums' shift), invstd > 0, the backward sums [sum dy * xhat | sum dy], the element
-// count a channel. Seeds: x, dy, relu_y, then the parameters' five from `params` on.
+// count a channel. Channel 0 has mean 0 and bias 1e-9, and every third x of it is 0: y = 1e-9, which
+// fp16 rounds to 0 (the mask off) and float and bf16 keep. Seeds: x, dy, then the parameters' five
+// from `params` on.
 template <class T>
 struct BatchNormValues {
-    std::vector<float> x, dy, relu_y, dz, weight, bias, mean, invstd, back_sums, elements;
+    std::vector<float> x, dy, relu_y, dz, dz_float, weight, bias, mean, invstd, back_sums, elements;
     core::Buffer<float> weight_d, bias_d, mean_d, invstd_d, back_sums_d, elements_d;
 
     BatchNormValues(const cpu::Context& host, const cuda::Context& ctx, std::size_t n, std::size_t c, std::size_t inner,
-                    std::uint64_t x_seed, std::uint64_t dy_seed, std::uint64_t relu_seed, std::uint64_t params)
-        : x(inputs<T>(n * c * inner, x_seed)), dy(inputs<T>(n * c * inner, dy_seed)), relu_y(inputs<T>(n * c * inner, relu_seed)),
-          dz(n * c * inner), weight(inputs<float>(c, params)), bias(inputs<float>(c, params + 1)),
+                    std::uint64_t x_seed, std::uint64_t dy_seed, std::uint64_t params)
+        : x(inputs<T>(n * c * inner, x_seed)), dy(inputs<T>(n * c * inner, dy_seed)), relu_y(n * c * inner),
+          dz(n * c * inner), dz_float(n * c * inner), weight(inputs<float>(c, params)), bias(inputs<float>(c, params + 1)),
           mean(inputs<float>(c, params + 2, 0.5f)), invstd(inputs<float>(c, params + 3, 0.5f)),
           back_sums(inputs<float>(2 * c, params + 4, 50.0f)), elements{float(n * inner)}
     {
-        for (std::size_t i = 0; i < relu_y.size(); i += 3) relu_y[i] = 0.0f;
-        cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), dz.size());
         for (float& v : invstd) v += 1.0f;
+        mean[0] = 0.0f, bias[0] = 1e-9f;
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = 0; j < inner; j += 3) x[i * c * inner + j] = 0.0f;
+        cpu::batch_norm_apply(host, x.data(), relu_y.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
+                              invstd.data(), true);
+        cpu::relu_backward(host, relu_y.data(), dy.data(), dz_float.data(), dz.size());
+        relu_y = rounded<T>(relu_y);
+        CHECK((relu_y[0] > 0.0f) == !std::is_same_v<T, core::fp16>);
+        cpu::relu_backward(host, relu_y.data(), dy.data(), dz.data(), dz.size());
         const auto on_gpu = [&](const std::vector<float>& v) {
             auto b = ctx.allocate<float>(v.size());
             ctx.upload(b.data(), v.data(), v.size());
@@ -447,8 +457,8 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
     const auto inner = GENERATE(std::size_t(37), std::size_t(36), std::size_t(56), std::size_t(64));
     const std::size_t count = n * c * inner;
     INFO("inner " << inner);
-    BatchNormValues<T> v(host, ctx, n, c, inner, 15, 16, 22, 17);
-    const auto &x = v.x, &dy = v.dy, &relu_y = v.relu_y, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
+    BatchNormValues<T> v(host, ctx, n, c, inner, 15, 16, 17);
+    const auto &x = v.x, &dy = v.dy, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
     const auto &weight = v.weight, &bias = v.bias, &back_sums = v.back_sums, &elements = v.elements;
     auto &weight_d = v.weight_d, &bias_d = v.bias_d, &mean_d = v.mean_d, &invstd_d = v.invstd_d;
     auto &back_sums_d = v.back_sums_d, &elements_d = v.elements_d;
@@ -483,22 +493,41 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
         if (offset == 0) first_back_sums = got;
         else CHECK(differences(got, first_back_sums) == "");
 
-        // Through the ReLU's mask: the unmasked sums of dz, bit for bit; the CPU's within 1 ulp.
-        OnGpu<T> relu_d(ctx, relu_y, offset), dz_d(ctx, dz, offset);
+        // Through the ReLU's mask, recomputed from x: the unmasked sums of dz, bit for bit; the CPU's of dz
+        // within 1 ulp (the CPU's own masked passes: tests/test_precision.cpp).
+        const backend::ReluAfter<T> relu_d{.weight = weight_d.data(), .bias = bias_d.data()};
+        const backend::ReluAfter<float> reluf_d{.weight = weight_d.data(), .bias = bias_d.data()};
+        OnGpu<T> dz_d(ctx, dz, offset);
         std::vector<float> masked(2 * c);
         cuda::batch_norm_backward_sums(ctx, x_d.data(), dz_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
                                        sums_d.data(), scratch.data());
         ctx.download(got.data(), sums_d.data(), 2 * c);
         cuda::batch_norm_backward_sums(ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
-                                       sums_d.data(), scratch.data(), relu_d.data());
+                                       sums_d.data(), scratch.data(), relu_d);
         ctx.download(masked.data(), sums_d.data(), 2 * c);
-        cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), sums.data(),
-                                      nullptr, relu_y.data());
+        cpu::batch_norm_backward_sums(host, x.data(), dz.data(), n, c, inner, mean.data(), invstd.data(), sums.data(),
+                                      nullptr);
         ctx.synchronize();
         CHECK(differences(masked, got) == "");
         CHECK(ulps<float>(masked, sums) <= 1.0);
         if (offset == 0) first_masked_sums = masked;
         else CHECK(differences(masked, first_masked_sums) == "");
+
+        // Through the mask read from the ReLU's output after an addend (dy as the addend): the unmasked
+        // sums of relu_backward(y, dy), bit for bit, which the sums write to dz as they read dy.
+        OnGpu<T> after_d(ctx, zero, offset), relu_dz_d(ctx, zero, offset), written_d(ctx, zero, offset);
+        cuda::batch_norm_apply(ctx, x_d.data(), after_d.data(), n, c, inner, weight_d.data(), bias_d.data(), mean_d.data(),
+                               invstd_d.data(), true, dy_d.data());
+        cuda::relu_backward(ctx, after_d.data(), dy_d.data(), relu_dz_d.data(), count);
+        cuda::batch_norm_backward_sums(ctx, x_d.data(), relu_dz_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                       sums_d.data(), scratch.data());
+        ctx.download(got.data(), sums_d.data(), 2 * c);
+        cuda::batch_norm_backward_sums(ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                       sums_d.data(), scratch.data(), {.y = after_d.data(), .dz = written_d.data()});
+        ctx.download(masked.data(), sums_d.data(), 2 * c);
+        ctx.synchronize();
+        CHECK(differences(masked, got) == "");
+        CHECK(differences(written_d.values(), relu_dz_d.values()) == "");
 
         // Elementwise passes: the GPU's float kernel rounded once; the CPU's within 1 ulp (fused multiply-adds).
         OnGpu<float> xf_d(ctx, x, offset), dyf_d(ctx, dy, offset), yf_d(ctx, zero, offset);
@@ -525,21 +554,19 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backw
         CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
 
         // Through the ReLU's mask: the unmasked pass on dz, bit for bit, in T and in float; the CPU's
-        // masked float within 1 ulp.
-        OnGpu<float> reluf_d(ctx, relu_y, offset), dzf_d(ctx, dz, offset), unmaskedf_d(ctx, zero, offset);
+        // float on dz within 1 ulp.
+        OnGpu<float> dzf_d(ctx, v.dz_float, offset), unmaskedf_d(ctx, zero, offset);
         OnGpu<T> unmasked_d(ctx, zero, offset);
         cuda::batch_norm_backward_input(ctx, x_d.data(), dz_d.data(), unmasked_d.data(), n, c, inner, weight_d.data(),
                                         mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
         cuda::batch_norm_backward_input(ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
-                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
-                                        relu_d.data());
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(), relu_d);
         cuda::batch_norm_backward_input(ctx, xf_d.data(), dzf_d.data(), unmaskedf_d.data(), n, c, inner, weight_d.data(),
                                         mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data());
         cuda::batch_norm_backward_input(ctx, xf_d.data(), dyf_d.data(), yf_d.data(), n, c, inner, weight_d.data(),
-                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
-                                        reluf_d.data());
-        cpu::batch_norm_backward_input(host, x.data(), dy.data(), want.data(), n, c, inner, weight.data(), mean.data(),
-                                       invstd.data(), back_sums.data(), elements.data(), relu_y.data());
+                                        mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(), reluf_d);
+        cpu::batch_norm_backward_input(host, x.data(), dz.data(), want.data(), n, c, inner, weight.data(), mean.data(),
+                                       invstd.data(), back_sums.data(), elements.data());
         CHECK(differences(y_d.values(), unmasked_d.values()) == "");
         CHECK(differences(yf_d.values(), unmaskedf_d.values()) == "");
         CHECK(ulps<T>(y_d.values(), rounded<T>(want)) <= 1.0);
@@ -721,23 +748,32 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
         for (const std::size_t c : {std::size_t(16), std::size_t(5)}) {
             INFO(c << " channels");
             const std::size_t count = n * c * inner;
-            BatchNormValues<T> v(host, first, n, c, inner, 40, 41, 42, 43);
-            const auto &x = v.x, &dy = v.dy, &relu_y = v.relu_y, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
+            BatchNormValues<T> v(host, first, n, c, inner, 40, 41, 43);
+            const auto &x = v.x, &dy = v.dy, &dz = v.dz, &mean = v.mean, &invstd = v.invstd;
             auto &weight_d = v.weight_d, &bias_d = v.bias_d, &mean_d = v.mean_d, &invstd_d = v.invstd_d;
+            const backend::ReluAfter<T> relu{.weight = weight_d.data(), .bias = bias_d.data()};
             auto &back_sums_d = v.back_sums_d, &elements_d = v.elements_d;
             std::vector<float> want(2 * c + 1), want_back(2 * c), want_masked(2 * c);
             cpu::batch_norm_sums(host, x.data(), n, c, inner, mean.data(), want.data(), nullptr);
             cpu::batch_norm_backward_sums(host, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(), want_back.data(), nullptr);
             cpu::batch_norm_backward_sums(host, x.data(), dz.data(), n, c, inner, mean.data(), invstd.data(), want_masked.data(), nullptr);
-            std::vector<float> first_bits[3];
-            std::vector<std::vector<float>> applied, back, back_masked;
+            // After an addend (dy): the CPU's sums of relu_backward(y, dy), y rounded to T.
+            std::vector<float> after(count), after_dz(count), want_after(2 * c);
+            cpu::batch_norm_apply(host, x.data(), after.data(), n, c, inner, v.weight.data(), v.bias.data(), mean.data(),
+                                  invstd.data(), true, dy.data());
+            after = rounded<T>(after);
+            cpu::relu_backward(host, after.data(), dy.data(), after_dz.data(), count);
+            cpu::batch_norm_backward_sums(host, x.data(), after_dz.data(), n, c, inner, mean.data(), invstd.data(),
+                                          want_after.data(), nullptr);
+            std::vector<float> first_bits[4];
+            std::vector<std::vector<float>> applied, back, back_masked, written;
             for (const cuda::Context* ctx : {&first, &last})
                 aligned_and_not([&](std::size_t offset) {
                     INFO((ctx == &last ? "channels-last" : "channels-first"));
                     auto scratch = ctx->allocate<float>(cuda::batch_norm_scratch<T>(*ctx, c));
                     auto sums_d = ctx->allocate<float>(2 * c + 1);
                     auto x_d = put(*ctx, x, c, inner, offset), dy_d = put(*ctx, dy, c, inner, offset);
-                    auto relu_d = put(*ctx, relu_y, c, inner, offset), y_d = put(*ctx, std::vector<float>(count), c, inner, offset);
+                    auto y_d = put(*ctx, std::vector<float>(count), c, inner, offset);
                     const auto read = [&](std::size_t k) {
                         std::vector<float> v(k);
                         ctx->download(v.data(), sums_d.data(), k);
@@ -752,15 +788,26 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                     const auto bs = read(2 * c);
                     CHECK(ulps<float>(bs, want_back) <= 1.0);
                     cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
-                                                   sums_d.data(), scratch.data(), relu_d.data());
+                                                   sums_d.data(), scratch.data(), relu);
                     const auto ms = read(2 * c);
                     CHECK(ulps<float>(ms, want_masked) <= 1.0);
+                    // The mask read from the output after an addend (dy), its gradient written as the sums go.
+                    auto after_d = put(*ctx, std::vector<float>(count), c, inner, offset);
+                    auto written_d = put(*ctx, std::vector<float>(count), c, inner, offset);
+                    cuda::batch_norm_apply(*ctx, x_d.data(), after_d.data(), n, c, inner, weight_d.data(), bias_d.data(),
+                                           mean_d.data(), invstd_d.data(), true, dy_d.data());
+                    cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
+                                                   sums_d.data(), scratch.data(), {.y = after_d.data(), .dz = written_d.data()});
+                    const auto ys = read(2 * c);
+                    written.push_back(get(*ctx, written_d, c, inner));
+                    CHECK(ulps<float>(ys, want_after) <= 1.0);
                     if (offset == 0) {
-                        first_bits[0] = s, first_bits[1] = bs, first_bits[2] = ms;
+                        first_bits[0] = s, first_bits[1] = bs, first_bits[2] = ms, first_bits[3] = ys;
                     } else {   // how values are read leaves the sums' bits alone
                         CHECK(differences(s, first_bits[0]) == "");
                         CHECK(differences(bs, first_bits[1]) == "");
                         CHECK(differences(ms, first_bits[2]) == "");
+                        CHECK(differences(ys, first_bits[3]) == "");
                     }
                     cuda::batch_norm_apply(*ctx, x_d.data(), y_d.data(), n, c, inner, weight_d.data(), bias_d.data(), mean_d.data(),
                                            invstd_d.data(), true);
@@ -770,13 +817,14 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                     back.push_back(get(*ctx, y_d, c, inner));
                     cuda::batch_norm_backward_input(*ctx, x_d.data(), dy_d.data(), y_d.data(), n, c, inner, weight_d.data(),
                                                     mean_d.data(), invstd_d.data(), back_sums_d.data(), elements_d.data(),
-                                                    relu_d.data());
+                                                    relu);
                     back_masked.push_back(get(*ctx, y_d, c, inner));
                 });
             for (std::size_t k = 1; k < applied.size(); ++k) {
                 CHECK(differences(applied[k], applied[0]) == "");
                 CHECK(differences(back[k], back[0]) == "");
                 CHECK(differences(back_masked[k], back_masked[0]) == "");
+                CHECK(differences(written[k], written[0]) == "");
             }
         }
     }

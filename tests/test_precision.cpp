@@ -574,9 +574,11 @@ TEMPLATE_TEST_CASE("CPU kernels in bf16 and fp16 store round_through<T> of the f
     SECTION("softmax cross-entropy") { check_loss<T>(ctx, random); }
 }
 
-// BatchNorm's backward with a ReLU's output as mask (relu_y) reads dy as relu_backward(relu_y, dy) would
-// have written it: the same bits as relu_backward, then the unmasked call on its output. relu_y holds
-// values of both signs, +0, -0 and NaN (relu_backward passes dy where relu_y > 0 only).
+// BatchNorm's backward through the mask of the ReLU after it (backend::ReluAfter, recomputed from x)
+// reads dy as relu_backward(y, dy) would have written it, y being what batch_norm_apply wrote: the same
+// bits as relu_backward, then the unmasked call on its output; after an addend, read from y. x holds NaNs, and a channel (mean 0,
+// bias 1e-9) whose zeros normalise to 1e-9: positive in float and bf16, rounded to 0 in fp16, where
+// the mask is then off, as y's zero says. A negative weight flips another channel's mask.
 TEMPLATE_TEST_CASE("BatchNorm's backward through a ReLU's mask equals relu_backward, then the unmasked backward, bit for bit",
                    "[cpu][precision][batchnorm]", float, bf16, fp16)
 {
@@ -586,24 +588,31 @@ TEMPLATE_TEST_CASE("BatchNorm's backward through a ReLU's mask equals relu_backw
     INFO(random.rerun);
     auto& rng = random.rng;
     constexpr std::size_t n = 3, c = 4, inner = 10, count = n * c * inner;
-    const auto x = rounded<T>(count, rng, -3.0f, 5.0f), dy = rounded<T>(count, rng);
-    auto relu_y = rounded<T>(count, rng);
-    const float special[] = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN()};
-    for (std::size_t i = 0; i < count; i += 4) relu_y.t[i] = core::from_float<T>(special[i / 4 % 3]);
-    const std::vector<float> mean = random_floats(c, rng), invstd = random_floats(c, rng, 0.5f, 2.0f),
-                             weight = random_floats(c, rng, 0.5f, 1.5f);
+    auto x = rounded<T>(count, rng, -3.0f, 5.0f);
+    const auto dy = rounded<T>(count, rng);
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < inner; j += 3) x.t[i * c * inner + j] = core::from_float<T>(0.0f);   // channel 0
+    for (std::size_t i = 5; i < count; i += 17) x.t[i] = core::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> mean = random_floats(c, rng), invstd = random_floats(c, rng, 0.5f, 2.0f),
+                       weight = random_floats(c, rng, 0.5f, 1.5f), bias = random_floats(c, rng);
+    mean[0] = 0.0f, bias[0] = 1e-9f, weight[2] = -weight[2];
     const auto bits = [](const std::vector<T>& v) {
         std::vector<std::uint32_t> b(v.size());
         for (std::size_t i = 0; i < v.size(); ++i) b[i] = bits_of(v[i]);
         return b;
     };
 
-    std::vector<T> dz(count);
-    cpu::relu_backward(ctx, relu_y.t.data(), dy.t.data(), dz.data(), count);
+    std::vector<T> y(count), dz(count);
+    cpu::batch_norm_apply(ctx, x.t.data(), y.data(), n, c, inner, weight.data(), bias.data(), mean.data(), invstd.data(), true);
+    std::size_t tiny = 0;   // channel 0's zeros: y 1e-9 (float, bf16) or 0 (fp16)
+    for (std::size_t i = 0; i < n; ++i) tiny += core::to_float(y[i * c * inner]) > 0.0f;
+    CHECK(tiny == (std::is_same_v<T, fp16> ? 0 : n));
+    cpu::relu_backward(ctx, y.data(), dy.t.data(), dz.data(), count);
+    const backend::ReluAfter<T> relu{.weight = weight.data(), .bias = bias.data()};
     std::vector<float> want(2 * c), got(2 * c);
     cpu::batch_norm_backward_sums(ctx, x.t.data(), dz.data(), n, c, inner, mean.data(), invstd.data(), want.data(), nullptr);
     cpu::batch_norm_backward_sums(ctx, x.t.data(), dy.t.data(), n, c, inner, mean.data(), invstd.data(), got.data(), nullptr,
-                                  relu_y.t.data());
+                                  relu);
     CHECK(float_differences("batch_norm_backward_sums", got, want) == "");
 
     const float elements = float(n * inner);
@@ -611,6 +620,25 @@ TEMPLATE_TEST_CASE("BatchNorm's backward through a ReLU's mask equals relu_backw
     cpu::batch_norm_backward_input(ctx, x.t.data(), dz.data(), dx_want.data(), n, c, inner, weight.data(), mean.data(),
                                    invstd.data(), want.data(), &elements);
     cpu::batch_norm_backward_input(ctx, x.t.data(), dy.t.data(), dx_got.data(), n, c, inner, weight.data(), mean.data(),
-                                   invstd.data(), want.data(), &elements, relu_y.t.data());
+                                   invstd.data(), want.data(), &elements, relu);
     CHECK(bits(dx_got) == bits(dx_want));
+
+    // After an addend (a Residual's shortcut) the mask is read from the output y: the sums equal
+    // relu_backward(y, dy)'s, then the unmasked sums, bit for bit, and write relu_backward's output to
+    // dz as they go; the input gradient refuses that form (it reads the written gradient).
+    const auto addend = rounded<T>(count, rng);
+    std::vector<T> after(count), after_dz(count), written(count, core::from_float<T>(7.0f));
+    cpu::batch_norm_apply(ctx, x.t.data(), after.data(), n, c, inner, weight.data(), bias.data(), mean.data(), invstd.data(),
+                          true, addend.t.data());
+    cpu::relu_backward(ctx, after.data(), dy.t.data(), after_dz.data(), count);
+    cpu::batch_norm_backward_sums(ctx, x.t.data(), after_dz.data(), n, c, inner, mean.data(), invstd.data(), want.data(), nullptr);
+    const backend::ReluAfter<T> from_y{.y = after.data(), .dz = written.data()};
+    cpu::batch_norm_backward_sums(ctx, x.t.data(), dy.t.data(), n, c, inner, mean.data(), invstd.data(), got.data(), nullptr,
+                                  from_y);
+    CHECK(float_differences("batch_norm_backward_sums after an addend", got, want) == "");
+    CHECK(bits(written) == bits(after_dz));
+    CHECK_THROWS_WITH(cpu::batch_norm_backward_input(ctx, x.t.data(), dy.t.data(), dx_got.data(), n, c, inner, weight.data(),
+                                                     mean.data(), invstd.data(), want.data(), &elements, from_y),
+                      Catch::Contains("pass the masked gradient they wrote as dy"));
 }
+

@@ -1,11 +1,30 @@
 #pragma once
 // Per-channel rules of batch normalisation's running estimates, shared by the CPU loops
 // (backend/cpu/normalization.hpp) and the GPU kernels (backend/cuda/normalization.hpp), so that both
-// compute the same doubles.
+// compute the same doubles; and how both backends' backward passes are told of a ReLU after it.
 
 #include "replica/core/config.hpp"
 
 namespace replica::backend {
+
+// A ReLU that followed the normalisation in forward (batch_norm_apply's relu), for the backward passes,
+// whose dy is then the ReLU's output gradient, read through its mask, one of two ways:
+// - without an addend, by the normalisation's weight and bias: the passes recompute the mask from x
+//   (the output batch_norm_apply wrote is > 0 exactly there), so they never read that output;
+// - after an addend (a Residual's other branch, which the mask also depends on; the backward sums
+//   only), by that output y and a buffer dz: the sums read y and write the masked gradient,
+//   relu_backward(y, dy)'s bits, to dz as they read dy, for the input gradient and the other branch.
+// Empty: no ReLU.
+template <class T>
+struct ReluAfter {
+    const float* weight = nullptr;
+    const float* bias = nullptr;
+    const T* y = nullptr;
+    T* dz = nullptr;
+    bool from_x() const { return weight != nullptr; }
+    bool from_y() const { return y != nullptr; }
+    explicit operator bool() const { return from_x() || from_y(); }
+};
 
 // Moves the running estimates `momentum` of the way to mean m and to the unbiased form of var, the
 // biased variance over count values.

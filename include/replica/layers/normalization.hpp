@@ -25,8 +25,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
+#include "replica/backend/batch_norm_rules.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/layers/op.hpp"
@@ -61,8 +63,10 @@ struct BatchNorm {
         static constexpr std::size_t param_count = 2 * C;        // weight, bias
         static constexpr std::size_t statistics_count = 2 * C;   // running mean, running variance
         static constexpr std::size_t syncs = Stats == BatchStats::global ? 2 : 0;   // forward's sums, backward's
-        // ForwardArgs::addend joins the normalisation's pass; backward reads x, never y.
+        // ForwardArgs::addend joins the normalisation's pass; backward reads x, and y only through the
+        // ReLU after an addend, whose gradient it then writes (backward_relu).
         static constexpr bool takes_addend = true;
+        static constexpr bool writes_relu_gradient = true;
 
         explicit op(const Build& b) : LeafOp(b), first_sync_(b.first_sync) {}
 
@@ -102,12 +106,17 @@ struct BatchNorm {
             core::hook_sync(hook, sums, 2 * C, first_sync_ + 1);
         }
 
-        // The ReLU's backward inside the kernels: they read a.dy where a.y (the ReLU's output) > 0 and
-        // zero elsewhere, relu_backward's rule. dz is left unwritten (nothing reads it: model/chain.hpp).
+        // The ReLU's backward inside the kernels (backend::ReluAfter): they read a.dy where the ReLU's
+        // output > 0 and zero elsewhere, relu_backward's rule. Without an addend the mask is recomputed
+        // from x, so a.y is not read, and dz is left unwritten (nothing reads it: model/chain.hpp).
+        // After an addend (a Residual's shortcut) the sums read the mask from a.y and write the masked
+        // gradient into dz, which the input gradient and the Residual's shortcut read.
         template <class Ctx, class Hook = core::NoHook>
-        void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T*, Hook&& hook = {})
+        void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook&& hook = {})
         {
-            run_backward(ctx, pass, a, a.dy, hook, a.y);
+            if (!added_) return run_backward(ctx, pass, a, a.dy, hook, {.weight = a.params, .bias = a.params + C});
+            if (dz == nullptr) throw std::logic_error("BatchNorm::backward_relu after an addend needs dz for the ReLU's gradient");
+            run_backward(ctx, pass, a, a.dy, hook, {.y = a.y, .dz = dz});
         }
 
     private:
@@ -144,12 +153,13 @@ struct BatchNorm {
                     batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
                 }
             }
+            added_ = a.addend != nullptr;
             batch_norm_apply(ctx, a.x, a.y, a.n, C, inner, a.params, a.params + C, mean, invstd, relu, a.addend);
         }
 
         template <class Ctx, class Hook>
         void run_backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, const T* dy, Hook& hook,
-                          const T* relu_y = nullptr)
+                          backend::ReluAfter<T> relu = {})
         {
             float* w = work(ctx);
             const float* count = w + 2 * C;
@@ -157,8 +167,10 @@ struct BatchNorm {
             const float* invstd = mean + C;
             float* sums = w + 4 * C + 1;
             // dparams = [sum dy * xhat | sum dy] over this replica's samples: the parameter gradients
-            // (dy masked by relu_y > 0 when relu_y is given).
-            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams, a.scratch, relu_y);
+            // (dy through the ReLU's mask when relu; read from y, the masked dy is written to relu.dz,
+            // and the input gradient reads that).
+            batch_norm_backward_sums(ctx, a.x, dy, a.n, C, inner, mean, invstd, a.dparams, a.scratch, relu);
+            if (relu.from_y()) dy = relu.dz, relu = {};
             const float* global = a.dparams;
             // Every replica takes part in the sync, whether it needs the input gradient or not.
             if constexpr (Stats == BatchStats::global && core::SyncingHook<std::remove_cvref_t<Hook>>) {
@@ -167,10 +179,11 @@ struct BatchNorm {
                 global = sums;
             }
             if (a.dx == nullptr) return;
-            batch_norm_backward_input(ctx, a.x, dy, a.dx, a.n, C, inner, a.params, mean, invstd, global, count, relu_y);
+            batch_norm_backward_input(ctx, a.x, dy, a.dx, a.n, C, inner, a.params, mean, invstd, global, count, relu);
         }
 
         std::size_t first_sync_;
+        bool added_ = false;   // the last forward added an addend
         core::Buffer<float> work_;
     };
 };

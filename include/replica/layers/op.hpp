@@ -171,6 +171,15 @@ inline constexpr bool accumulates_input_gradient_of = [] {
     if constexpr (requires { O::accumulates_input_gradient; }) return bool(O::accumulates_input_gradient);
     else return false;
 }();
+// An op whose backward_relu, after a forward that added ForwardArgs::addend, reads dy through the mask of
+// the ReLU's output a.y and writes the masked gradient, relu_backward(a.y, a.dy), into dz as it goes
+// (otherwise dz may be left unwritten): a Residual whose body adds the shortcut then leaves its ReLU's
+// backward to the body's first pass instead of a pass of its own.
+template <class O>
+inline constexpr bool writes_relu_gradient_of = [] {
+    if constexpr (requires { O::writes_relu_gradient; }) return bool(O::writes_relu_gradient);
+    else return false;
+}();
 // An op whose output gradient is read before its input gradient is written (a chain whose first op
 // is not the one that reads it): the two may then share memory.
 template <class O>

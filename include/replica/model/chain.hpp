@@ -100,10 +100,15 @@ public:
     static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
     static constexpr bool wants_channels_last = parts::wants_channels_last;
-    // Its last op adds ForwardArgs::addend into the chain's output (layers/op.hpp).
+    // Its last op adds ForwardArgs::addend into the chain's output (layers/op.hpp), and then writes the
+    // ReLU's gradient in backward_relu (writes_relu_gradient_of), given dz by this chain's backward_relu.
     static constexpr bool takes_addend = [] {
         if constexpr (N == 0) return false;
         else return takes_addend_of<op_t<N - 1>>;
+    }();
+    static constexpr bool writes_relu_gradient = [] {
+        if constexpr (N == 0) return false;
+        else return last_fuses_relu_ && takes_addend_of<op_t<N - 1>> && writes_relu_gradient_of<op_t<N - 1>>;
     }();
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
@@ -243,8 +248,8 @@ public:
     // A chain nested in another fuses the ReLU after it when its last op does (the leaf ops' contract,
     // layers/op.hpp): forward_relu runs the last op with forward_relu into a.y, the ReLU's output;
     // backward_relu gets that output in a.y and its gradient in a.dy, runs the last op's backward_relu
-    // with dz (this chain's own output gradient buffer, which the op may leave unwritten: nothing
-    // reads it after), then the other ops as backward does.
+    // with dz (this chain's own output gradient buffer, which the op may leave unwritten unless it
+    // writes_relu_gradient after an addend), then the other ops as backward does.
     template <class Ctx, class Hook = core::NoHook>
         requires last_fuses_relu_
     void forward_relu(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook&& hook = {})

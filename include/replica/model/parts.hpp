@@ -165,6 +165,14 @@ public:
         if constexpr (syncs_of<op<I>> > 0) get<I>().backward(ctx, pass, a, core::SyncOnly<Hook>{&hook});
         else get<I>().backward(ctx, pass, a);
     }
+    // backward<I> with the ReLU after op I undone in its passes (a.y, a.dy: the ReLU's output and its
+    // gradient; dz: op I's own output gradient, layers/op.hpp's FusesReluWithHook).
+    template <std::size_t I, class Ctx, class T, class Hook>
+    void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook& hook)
+    {
+        if constexpr (syncs_of<op<I>> > 0) get<I>().backward_relu(ctx, pass, a, dz, core::SyncOnly<Hook>{&hook});
+        else get<I>().backward_relu(ctx, pass, a, dz);
+    }
 
     // A replica with no samples in a step with sync points (Chain::idle_forward): each part that has
     // some takes them, in part order, contributing nothing. idle_backward likewise, for composites

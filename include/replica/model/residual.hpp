@@ -10,7 +10,10 @@
 // where the first op that writes one can add to it (accumulates_input_gradient: a convolution): an
 // identity shortcut's gradient is the Residual's own output gradient, which the ReLU's backward then
 // writes into dx, where the body reads it before its first op adds the body's gradient to it; a
-// projection's first op adds its gradient to the body's.
+// projection's first op adds its gradient to the body's. Nor does a pass of its own undo the ReLU after
+// it, where the body's last op writes the ReLU's gradient as it reads it (writes_relu_gradient_of: a
+// BatchNorm that added the shortcut): the body's backward_relu then writes it where the ReLU's
+// backward would have (output_gradient_home), for the shortcut, and for the body's first op to add to.
 
 #include <cstddef>
 #include <type_traits>
@@ -54,6 +57,8 @@ struct Residual {
         using body_op = typename parts::template op<0>;
         using Out = typename body_op::output_shape;
         static constexpr bool body_adds = takes_addend_of<body_op>;
+        // The body undoes the ReLU after the Residual in its own backward (see the top).
+        static constexpr bool body_writes_relu_gradient = body_adds && writes_relu_gradient_of<body_op>;
         // Per sample in kept: the body's output (unless body_adds), the shortcut's (if any), then each
         // part's own.
         static constexpr std::size_t outputs = Out::size * ((body_adds ? 0 : 1) + (projected ? 1 : 0));
@@ -120,6 +125,15 @@ struct Residual {
         template <class Ctx, class Hook>
         void idle_backward(Ctx& ctx, Hook&& hook) { parts_.idle_backward(ctx, hook); }
 
+        // The backward of the Residual and the ReLU after it (FusesReluWithHook's contract): the body's
+        // own when body_writes_relu_gradient, FusesReluWithHook's ReLU pass otherwise.
+        template <class Ctx, class Hook = core::NoHook>
+        void backward_relu(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, T* dz, Hook&& hook = {})
+        {
+            if constexpr (body_writes_relu_gradient) run_backward(ctx, pass, a, nullptr, hook, output_gradient_home(a, dz));
+            else FusesReluWithHook<op<In, T>, T>::backward_relu(ctx, pass, a, dz, hook);
+        }
+
     private:
         friend FusesReluWithHook<op<In, T>, T>;
 
@@ -146,17 +160,27 @@ struct Residual {
             }
         }
 
+        // dz: the Residual's output gradient. Or relu_home (not null): a.y and a.dy are the ReLU's output
+        // and gradient, and the body's backward_relu writes the Residual's output gradient into relu_home,
+        // dz from then on.
         template <class Ctx, class Hook>
-        void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, const T* dz, Hook& hook)
+        void run_backward(Ctx& ctx, const Pass& pass, const BackwardArgs<T>& a, const T* dz, Hook& hook,
+                          T* relu_home = nullptr)
         {
-            // body_adds: the body's output is the Residual's (its last op reads no y).
+            // body_adds: the body's output is the Residual's (its last op reads y only through the ReLU).
             const T* body_y = body_adds ? a.y : a.kept;
-            BackwardArgs<T> body =
-                parts::template backward_args<0>(a, a.x, body_y, dz, a.dx, outputs, inner_scratch(a.scratch, a.n));
+            BackwardArgs<T> body = parts::template backward_args<0>(a, a.x, body_y, relu_home ? a.dy : dz, a.dx, outputs,
+                                                                    inner_scratch(a.scratch, a.n));
+            if (relu_home) dz = relu_home;
             // In place: dz is dx (output_gradient_home), and the body adds its gradient to it.
             const bool in_place = identity_in_place && a.dx && dz == a.dx;
             body.accumulate = in_place;
-            parts_.template backward<0>(ctx, pass, body, hook);
+            if constexpr (body_writes_relu_gradient) {
+                if (relu_home) parts_.template backward_relu<0>(ctx, pass, body, relu_home, hook);
+                else parts_.template backward<0>(ctx, pass, body, hook);
+            } else {
+                parts_.template backward<0>(ctx, pass, body, hook);
+            }
             if constexpr (projected) {
                 T* dx_short = !a.dx ? nullptr : gradient_apart ? reinterpret_cast<T*>(a.scratch) : a.dx;
                 BackwardArgs<T> shortcut = parts::template backward_args<1>(a, a.x, shortcut_output(a.kept, a.n), dz, dx_short,

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <optional>
 #include <type_traits>
 
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
 
 namespace replica::backend::cpu {
@@ -90,6 +92,19 @@ inline void batch_norm_running(const Context&, const float* running_mean, const 
     }
 }
 
+namespace detail {
+// A channel's normalisation y = x * scale + shift (before an addend and the ReLU), as
+// batch_norm_apply computes it and the backward's ReLU mask recomputes it.
+struct Normalization {
+    float scale, shift;
+    Normalization(const float* weight, const float* bias, const float* mean, const float* invstd, std::size_t ch)
+        : scale(weight[ch] * invstd[ch]), shift(bias[ch] - mean[ch] * scale)
+    {
+    }
+    float operator()(float v) const { return v * scale + shift; }
+};
+} // namespace detail
+
 // y = weight * (x - mean) * invstd + bias, plus addend (null: nothing) in float, then max(y, 0) when
 // relu; rounded to T once.
 template <core::Storage T>
@@ -99,10 +114,10 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
 {
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t ch = 0; ch < c; ++ch) {
-            const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
+            const detail::Normalization normalize(weight, bias, mean, invstd, ch);
             const std::size_t at = (i * c + ch) * inner;
             for (std::size_t j = 0; j < inner; ++j) {
-                float v = core::to_float(x[at + j]) * scale + shift;
+                float v = normalize(core::to_float(x[at + j]));
                 if (addend) v += core::to_float(addend[at + j]);
                 y[at + j] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
             }
@@ -110,33 +125,50 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
 }
 
 namespace detail {
-// dy[j] as float, or with relu_y (not null) relu_backward's rule: dy[j] where relu_y[j] > 0, else 0.
+// dy[j] as float, or with the ReLU after the normalisation relu_backward's rule on the ReLU's output:
+// dy[j] where that output > 0, else 0. The output is recomputed from x[j] (mask: the channel's
+// normalisation) as batch_norm_apply rounds it, or read from y (not null), the value then written to
+// dz[j].
 template <core::Storage T>
-float masked_dy(const T* dy, const T* relu_y, std::size_t j)
+float masked_dy(const T* x, const T* dy, std::size_t j, const Normalization* mask, const T* y = nullptr, T* dz = nullptr)
 {
     const float d = core::to_float(dy[j]);
-    if (relu_y == nullptr) return d;
-    return core::to_float(relu_y[j]) > 0.0f ? d : 0.0f;
+    if (y != nullptr) {
+        const float g = core::to_float(y[j]) > 0.0f ? d : 0.0f;
+        dz[j] = core::from_float<T>(g);
+        return g;
+    }
+    if (mask == nullptr) return d;
+    const float u = (*mask)(core::to_float(x[j]));
+    return core::to_float(core::from_float<T>(u < 0.0f ? 0.0f : u)) > 0.0f ? d : 0.0f;
+}
+template <core::Storage T>
+std::optional<Normalization> relu_mask(const ReluAfter<T>& relu, const float* mean, const float* invstd, std::size_t ch)
+{
+    if (!relu.from_x()) return std::nullopt;
+    return Normalization(relu.weight, relu.bias, mean, invstd, ch);
 }
 } // namespace detail
 
-// dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd. With relu_y (a ReLU's
-// output, (n, c, inner)), dy is the ReLU's output gradient, and the sums are of relu_backward(relu_y, dy)'s
-// values in its place, the same bits, without writing them.
+// dparams = [sum of dy * xhat (c) | sum of dy (c)], xhat = (x - mean) * invstd. With relu
+// (batch_norm_rules.hpp), dy is the ReLU's output gradient, and the sums are of relu_backward(y, dy)'s
+// values in its place, the same bits (with relu.from_y() written to relu.dz).
 template <core::Storage T>
 void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
                               const float* mean, const float* invstd, float* dparams, float*,
-                              const std::type_identity_t<T>* relu_y = nullptr)
+                              ReluAfter<std::type_identity_t<T>> relu = {})
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double sdy = 0.0, sdyx = 0.0;
+        const auto mask = detail::relu_mask(relu, mean, invstd, ch);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = (i * c + ch) * inner;
             const T* p = x + at;
             const T* d = dy + at;
-            const T* r = relu_y ? relu_y + at : nullptr;
+            const T* y = relu.y ? relu.y + at : nullptr;
+            T* dz = relu.dz ? relu.dz + at : nullptr;
             for (std::size_t j = 0; j < inner; ++j) {
-                const float dj = detail::masked_dy(d, r, j);
+                const float dj = detail::masked_dy(p, d, j, mask ? &*mask : nullptr, y, dz);
                 sdy += dj;
                 sdyx += double(dj) * (double(core::to_float(p[j])) - double(mean[ch]));
             }
@@ -147,25 +179,28 @@ void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size
 }
 
 // dx = weight * invstd * (dy - sum dy / N - xhat * sum(dy * xhat) / N), sums = [sum dy*xhat | sum dy]
-// over the whole batch of *count elements a channel. relu_y: as for batch_norm_backward_sums.
+// over the whole batch of *count elements a channel. relu: as for batch_norm_backward_sums, recomputed
+// from x only (after a ReLU read from y, dy is the masked gradient the sums wrote).
 template <core::Storage T>
 void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
-                               const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
+                               const float* sums, const float* count, ReluAfter<std::type_identity_t<T>> relu = {})
 {
+    core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
+                                  "the masked gradient they wrote as dy");
     const float inv_count = 1.0f / *count;
     for (std::size_t ch = 0; ch < c; ++ch) {
         const float k = weight[ch] * invstd[ch];
         const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
+        const auto mask = detail::relu_mask(relu, mean, invstd, ch);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = (i * c + ch) * inner;
             const T* p = x + at;
             const T* d = dy + at;
-            const T* r = relu_y ? relu_y + at : nullptr;
             T* q = dx + at;
             for (std::size_t j = 0; j < inner; ++j) {
                 const float xhat = (core::to_float(p[j]) - mean[ch]) * invstd[ch];
-                q[j] = core::from_float<T>(k * (detail::masked_dy(d, r, j) - mdy - xhat * mdyx));
+                q[j] = core::from_float<T>(k * (detail::masked_dy(p, d, j, mask ? &*mask : nullptr) - mdy - xhat * mdyx));
             }
         }
     }

@@ -24,49 +24,109 @@
 namespace replica::backend::cuda {
 
 namespace kernels {
+// BatchNorm's per-value rules, which every kernel of both layouts applies (so all give the same bits):
+// a channel's coefficients (scale = weight * invstd, shift = bias - mean * scale); a value normalised,
+// the addend added when Add, then the ReLU when Relu; the ReLU's mask recomputed from x; and a value's
+// input gradient from the channel's coefficients. The roundings are spelt out, not left to the
+// compiler's contraction, so that the backward's mask sees the forward's very values.
+struct Coefficients {
+    float scale, shift;
+};
+__device__ inline Coefficients coefficients(float weight, float bias, float mean, float invstd)
+{
+    const float scale = __fmul_rn(weight, invstd);
+    return {scale, __fmaf_rn(-mean, scale, bias)};
+}
+template <bool Relu, bool Add>
+__device__ inline float normalized(float v, float scale, float shift, float addend)
+{
+    float u = __fmaf_rn(v, scale, shift);
+    if constexpr (Add) u = __fadd_rn(u, addend);
+    return Relu && u < 0.0f ? 0.0f : u;
+}
+// dy through the mask of a ReLU that followed a normalisation without an addend: relu_grad(y, dy) with
+// y the ReLU's output as batch_norm_apply rounds it to T, recomputed from x (y itself is not read).
+template <core::Storage T>
+__device__ inline float relu_grad_from_x(float v, Coefficients k, float dy)
+{
+    return relu_grad(widen(narrow<T>(normalized<true, false>(v, k.scale, k.shift, 0.0f))), dy);
+}
+__device__ inline float normalized_gradient(float v, float d, float mean, float invstd, float scale, float mean_dy,
+                                            float mean_dy_xhat)
+{
+    const float xhat = (v - mean) * invstd;
+    return scale * (d - mean_dy - xhat * mean_dy_xhat);
+}
+
+// How a backward pass reads dy (backend::ReluAfter): as it is, through the ReLU's mask recomputed from x
+// (relu_grad_from_x), or through the mask read from the ReLU's output y, writing the masked values to
+// dz as they are read (backward sums only).
+enum class Mask { none, from_x, from_y };
+
+// dy's V values at `at` as a backward pass reads them (M), x's values v already read; with M ==
+// from_y written to relu.dz. k: the channel's coefficients (from_x).
+template <Mask M, int V, class T, class I>
+__device__ inline void read_gradient(const T* dy, I at, const float (&v)[8], Coefficients k, const ReluAfter<T>& relu,
+                                     float (&d)[8])
+{
+    load_v<V>(dy + at, d);
+    if constexpr (M == Mask::from_x) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) d[j] = relu_grad_from_x<T>(v[j], k, d[j]);
+    } else if constexpr (M == Mask::from_y) {
+        float r[8];
+        load_v<V>(relu.y + at, r);
+#pragma unroll
+        for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
+        store_v<V>(relu.dz + at, d);
+    }
+}
+
 // Stage one of a per-channel sum. A channel's n * inner elements, in (sample, position) order, fall
 // into chunks of 8; block (ch, part) sums the chunks of part `part` (a fixed range of them) into
 // partial[(ch * parts + part) * 2 + {0, 1}]; each thread takes every blockDim.x-th chunk and adds its
 // values in order. Stage two (finish_channel_sums) adds the parts in order. All in double. V is how a
 // chunk is read (8: one 16-byte move, inner a multiple of 8 and x, dy aligned; 4: two moves, inner a
-// multiple of 4; 1: value by value): the sums, and so their bits, do not depend on it. Masked (backward
-// only): dy is read through the ReLU's mask, relu_grad(relu_y, dy) (relu_backward's rule), relu_y read
-// as x is.
-template <bool Backward, int V, class I, core::Storage T, bool Masked = false>
+// multiple of 4; 1: value by value): the sums, and so their bits, do not depend on it. Backward: dy
+// read as M says (read_gradient; centre is then the mean, and invstd with relu's weight and bias the
+// rest of the coefficients).
+template <bool Backward, int V, class I, core::Storage T, Mask M = Mask::none>
 __global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner, const float* centre, double* partial,
-                                     const T* relu_y = nullptr)
+                                     const float* invstd = nullptr, ReluAfter<T> relu = {})
 {
     __shared__ double lane[detail::kThreads];
     const I ch = blockIdx.x, parts = gridDim.y, count = n * inner;
     const I chunks = (count + 7) / 8, per = (chunks + parts - 1) / parts, first = I(blockIdx.y) * per;
     const I last = first + per < chunks ? first + per : chunks;
     const double k = centre[ch];
+    Coefficients mask{};
+    if constexpr (M == Mask::from_x) mask = coefficients(relu.weight[ch], relu.bias[ch], centre[ch], invstd[ch]);
     double s1 = 0.0, s2 = 0.0;
     for (I q = first + I(threadIdx.x); q < last; q += I(blockDim.x)) {
         float v[8], g[8] = {};
         const I e0 = 8 * q, m = count - e0 < 8 ? count - e0 : 8;
+        const auto read = [&](I at, int h, auto move) {   // a move of V values lies in one sample's plane
+            constexpr int W = decltype(move)::value;
+            float u[8], d[8];
+            load_v<W>(x + at, u);
+            if constexpr (Backward) read_gradient<M, W>(dy, at, u, mask, relu, d);
+#pragma unroll
+            for (int j = 0; j < W; ++j) {
+                v[h + j] = u[j];
+                if constexpr (Backward) g[h + j] = d[j];
+            }
+        };
         if constexpr (V == 1) {
             for (I j = 0; j < m; ++j) {
-                const I e = e0 + j, i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-                v[j] = widen(x[at]);
-                if constexpr (Masked) g[j] = relu_grad(widen(relu_y[at]), widen(dy[at]));
-                else if constexpr (Backward) g[j] = widen(dy[at]);
+                const I e = e0 + j, i = e / inner;
+                read((i * c + ch) * inner + (e - i * inner), int(j), std::integral_constant<int, 1>{});
             }
         } else {
 #pragma unroll
-            for (int h = 0; h < 8; h += V) {   // a move of V values lies in one sample's plane
+            for (int h = 0; h < 8; h += V) {
                 if (I(h) >= m) break;
-                const I e = e0 + I(h), i = e / inner, at = (i * c + ch) * inner + (e - i * inner);
-                float u[8], d[8], r[8];
-                load_v<V>(x + at, u);
-                if constexpr (Backward) load_v<V>(dy + at, d);
-                if constexpr (Masked) load_v<V>(relu_y + at, r);
-#pragma unroll
-                for (int j = 0; j < V; ++j) {
-                    v[h + j] = u[j];
-                    if constexpr (Masked) g[h + j] = relu_grad(r[j], d[j]);
-                    else if constexpr (Backward) g[h + j] = d[j];
-                }
+                const I e = e0 + I(h), i = e / inner;
+                read((i * c + ch) * inner + (e - i * inner), h, std::integral_constant<int, V>{});
             }
         }
 #pragma unroll
@@ -172,23 +232,6 @@ __global__ void batch_norm_running(const float* running_mean, const float* runni
     invstd[ch] = float(1.0 / sqrt(double(running_var[ch]) + double(eps)));
 }
 
-// BatchNorm's per-value rules, which both layouts' kernels apply (so both give the same bits): a value
-// normalised (scale = weight * invstd, shift = bias - mean * scale), the addend added when Add, then
-// the ReLU when Relu; and its input gradient from the channel's coefficients.
-template <bool Relu, bool Add>
-__device__ inline float normalized(float v, float scale, float shift, float addend)
-{
-    float u = v * scale + shift;
-    if constexpr (Add) u += addend;
-    return Relu && u < 0.0f ? 0.0f : u;
-}
-__device__ inline float normalized_gradient(float v, float d, float mean, float invstd, float scale, float mean_dy,
-                                            float mean_dy_xhat)
-{
-    const float xhat = (v - mean) * invstd;
-    return scale * (d - mean_dy - xhat * mean_dy_xhat);
-}
-
 // The elementwise passes over groups of V values of one (sample, channel) plane (inner a multiple of
 // V, and the pointers aligned to a move of V where V > 1): one channel lookup a group. Channels-last
 // activations take columns.hpp's column_map with the Ops below instead, the same expressions.
@@ -203,28 +246,31 @@ __global__ void batch_norm_apply(const T* x, T* y, I groups, I c, I inner_groups
         float v[8], a[8] = {};
         load_v<V>(x + g * V, v);
         if constexpr (Add) load_v<V>(addend + g * V, a);
-        const float scale = weight[ch] * invstd[ch], shift = bias[ch] - mean[ch] * scale;
+        const Coefficients k = coefficients(weight[ch], bias[ch], mean[ch], invstd[ch]);
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], scale, shift, a[j]);
+        for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], k.scale, k.shift, a[j]);
         store_v<V>(y + g * V, v);
     }
 }
 
-// Masked: dy read through the ReLU's mask, as channel_partial_sums reads it.
-template <int V, class I, core::Storage T, bool Masked = false>
+// dy read as M says, as channel_partial_sums reads it (none or from_x: relu's bias is the normalisation's).
+template <int V, class I, core::Storage T, Mask M = Mask::none>
 __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I groups, I c, I inner_groups,
-                                          const float* weight, const float* mean, const float* invstd, const float* sums,
-                                          const float* elements, const T* relu_y = nullptr)
+                                          const float* weight, const float* mean, const float* invstd,
+                                          const float* sums, const float* elements, ReluAfter<T> relu = {})
 {
+    static_assert(M != Mask::from_y, "the input gradient reads the masked gradient the sums wrote");
     const float inv_count = 1.0f / *elements;
     REPLICA_GRID_LOOP_AS(I, g, groups)
     {
         const I ch = (g / inner_groups) % c;
         float v[8], d[8];
         load_v<V>(x + g * V, v);
-        load_gradient<V, Masked>(dy, relu_y, g * V, d);
         const float m = mean[ch], s = invstd[ch], scale = weight[ch] * s;
         const float mean_dy = sums[c + ch] * inv_count, mean_dy_xhat = sums[ch] * inv_count;
+        Coefficients k{};
+        if constexpr (M == Mask::from_x) k = coefficients(weight[ch], relu.bias[ch], m, s);
+        read_gradient<M, V>(dy, g * V, v, k, relu, d);
 #pragma unroll
         for (int j = 0; j < V; ++j) v[j] = normalized_gradient(v[j], d[j], m, s, scale, mean_dy, mean_dy_xhat);
         store_v<V>(dx + g * V, v);
@@ -242,46 +288,48 @@ struct ColumnNormalize {
     template <int V, class I>
     __device__ auto group(I ch) const
     {
-        float scale[V], shift[V];
+        Coefficients k[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-            scale[j] = weight[ch + j] * invstd[ch + j];
-            shift[j] = bias[ch + j] - mean[ch + j] * scale[j];
-        }
+        for (int j = 0; j < V; ++j) k[j] = coefficients(weight[ch + j], bias[ch + j], mean[ch + j], invstd[ch + j]);
         return [=, x = x, y = y, addend = addend](I at) {
             float v[8], a[8] = {};
             load_v<V>(x + at, v);
             if constexpr (Add) load_v<V>(addend + at, a);
 #pragma unroll
-            for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], scale[j], shift[j], a[j]);
+            for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], k[j].scale, k[j].shift, a[j]);
             store_v<V>(y + at, v);
         };
     }
 };
-template <bool Masked, core::Storage T>
+template <Mask M, core::Storage T>
 struct ColumnNormalizeGradient {
+    static_assert(M != Mask::from_y, "the input gradient reads the masked gradient the sums wrote");
     const T *x, *dy;
     T* dx;
-    const T* relu_y;
     const float *weight, *mean, *invstd, *sums, *elements;
     std::size_t c;
+    ReluAfter<T> relu;
     template <int V, class I>
     __device__ auto group(I ch) const
     {
         const float inv_count = 1.0f / *elements;
         float m[V], s[V], scale[V], mean_dy[V], mean_dy_xhat[V];
+        Coefficients k[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             m[j] = mean[ch + j], s[j] = invstd[ch + j], scale[j] = weight[ch + j] * s[j];
             mean_dy[j] = sums[c + ch + j] * inv_count, mean_dy_xhat[j] = sums[ch + j] * inv_count;
+            if constexpr (M == Mask::from_x) k[j] = coefficients(weight[ch + j], relu.bias[ch + j], m[j], s[j]);
         }
-        return [=, x = x, dy = dy, dx = dx, relu_y = relu_y](I at) {
+        return [=, x = x, dy = dy, dx = dx](I at) {
             float v[8], d[8];
             load_v<V>(x + at, v);
-            load_gradient<V, Masked>(dy, relu_y, at, d);
+            load_v<V>(dy + at, d);
 #pragma unroll
-            for (int j = 0; j < V; ++j)
+            for (int j = 0; j < V; ++j) {
+                if constexpr (M == Mask::from_x) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
                 v[j] = normalized_gradient(v[j], d[j], m[j], s[j], scale[j], mean_dy[j], mean_dy_xhat[j]);
+            }
             store_v<V>(dx + at, v);
         };
     }
@@ -337,22 +385,30 @@ struct ColumnMoments {
         }
     }
 };
-template <core::Storage T, bool Masked>
+// dy read as M says (read_gradient; invstd with mean and relu's weight and bias: the coefficients).
+template <core::Storage T, Mask M>
 struct ColumnGradientMoments {
     const T* x;
     const T* dy;
-    const T* relu_y;
     const float* mean;
+    const float* invstd = nullptr;
+    ReluAfter<T> relu = {};
     template <int V>
     __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
     {
-        float v[8], d[8], r[8];
+        float v[8], d[8];
         load_v<V>(x + at, v);
-        load_v<V>(dy + at, d);
-        if constexpr (Masked) load_v<V>(relu_y + at, r);
+        if constexpr (M == Mask::from_x) {
+            load_v<V>(dy + at, d);
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                d[j] = relu_grad_from_x<T>(v[j], coefficients(relu.weight[ch + j], relu.bias[ch + j], mean[ch + j], invstd[ch + j]), d[j]);
+        } else {
+            read_gradient<M, V>(dy, at, v, Coefficients{}, relu, d);
+        }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const float g = Masked ? relu_grad(r[j], d[j]) : d[j];
+            const float g = d[j];
             s[0][j] += double(g);
             s[1][j] += double(g) * (double(v[j]) - double(mean[ch + j]));
         }
@@ -408,28 +464,34 @@ inline double* partial_sums(float* scratch)
 } // namespace detail
 
 namespace detail {
-// relu_y (backward only): not null, dy is read through the ReLU's mask (kernels' Masked). A null
-// pointer is aligned to every move: the unmasked sums read as they would without it.
+// f(std::integral_constant<kernels::Mask, M>{}) for the way relu says dy is read.
+template <core::Storage T, class F>
+void with_mask(const ReluAfter<T>& relu, F&& f)
+{
+    using kernels::Mask;
+    if (relu.from_x()) f(std::integral_constant<Mask, Mask::from_x>{});
+    else if (relu.from_y()) f(std::integral_constant<Mask, Mask::from_y>{});
+    else f(std::integral_constant<Mask, Mask::none>{});
+}
+
+// relu (backward only): dy is read through the ReLU's mask (kernels::read_gradient); centre is then
+// the mean. A null pointer is aligned to every move.
 template <bool Backward, core::Storage T>
 void channel_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
-                  const float* centre, double* partial, std::size_t parts, const T* relu_y = nullptr)
+                  const float* centre, double* partial, std::size_t parts, const float* invstd = nullptr,
+                  ReluAfter<T> relu = {})
 {
-    const auto launch = [&](auto v, auto index, auto masked) {
+    const auto launch = [&](auto v, auto index, auto mask) {
         using I = decltype(index);
-        kernels::channel_partial_sums<Backward, decltype(v)::value, I, T, decltype(masked)::value>
+        kernels::channel_partial_sums<Backward, decltype(v)::value, I, T, decltype(mask)::value>
             <<<dim3(unsigned(c), unsigned(parts)), kThreads, 0, ctx.stream()>>>(x, dy, I(n), I(c), I(inner), centre,
-                                                                             partial, relu_y);
+                                                                             partial, invstd, relu);
     };
     indexed(n * c * inner, [&](auto index) {
         if constexpr (Backward)
-            with_move<T>(
-                inner,
-                [&](auto v) {
-                    if (relu_y) launch(v, index, std::true_type{});
-                    else launch(v, index, std::false_type{});
-                },
-                x, dy, relu_y);
-        else with_move<T>(inner, [&](auto v) { launch(v, index, std::false_type{}); }, x);
+            with_move<T>(inner, [&](auto v) { with_mask(relu, [&](auto mask) { launch(v, index, mask); }); }, x, dy,
+                         relu.y, static_cast<const T*>(relu.dz));
+        else with_move<T>(inner, [&](auto v) { launch(v, index, std::integral_constant<kernels::Mask, kernels::Mask::none>{}); }, x);
     });
 }
 } // namespace detail
@@ -517,62 +579,65 @@ void batch_norm_apply(const Context& ctx, const T* x, T* y, std::size_t n, std::
     else with_relu(std::false_type{});
 }
 
-// relu_y (not null): a ReLU's output (n, c, inner); dy is then the ReLU's output gradient, read through
-// its mask (relu_backward's rule, the same bits as relu_backward's output in dy's place, unwritten).
+// relu (batch_norm_rules.hpp): dy is the ReLU's output gradient, read through its mask (relu_backward's
+// rule: the same bits as relu_backward's output in dy's place), and with relu.from_y() written to relu.dz.
 template <core::Storage T>
 void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, std::size_t c, std::size_t inner,
                               const float* mean, const float* invstd, float* dparams, float* scratch,
-                              const std::type_identity_t<T>* relu_y = nullptr)
+                              ReluAfter<std::type_identity_t<T>> relu = {})
 {
     const bool last = channels_last<T>(ctx);
     const std::size_t parts = last ? detail::column_parts(n * inner, c) : detail::channel_parts(n * inner);
     double* partial = detail::partial_sums(scratch);
     detail::by_layout<T>(ctx, [&](auto l) {
         if constexpr (!decltype(l)::value) {
-            detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, relu_y);
+            detail::channel_sums<true>(ctx, x, dy, n, c, inner, mean, partial, parts, invstd, relu);
             kernels::finish_channel_sums<true><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
                 partial, parts, c, n * inner, invstd, dparams);
-            return;
-        } else if (relu_y) {
-            detail::column_sums<2>(ctx, n * inner, c, parts, partial,
-                                   [&](auto) { return kernels::ColumnGradientMoments<T, true>{x, dy, relu_y, mean}; }, x, dy, relu_y);
         } else {
-            detail::column_sums<2>(ctx, n * inner, c, parts, partial,
-                                   [&](auto) { return kernels::ColumnGradientMoments<T, false>{x, dy, nullptr, mean}; }, x, dy);
+            detail::with_mask(relu, [&](auto mask) {
+                detail::column_sums<2>(
+                    ctx, n * inner, c, parts, partial,
+                    [&](auto) { return kernels::ColumnGradientMoments<T, decltype(mask)::value>{x, dy, mean, invstd, relu}; }, x, dy,
+                    relu.y, static_cast<const T*>(relu.dz));
+            });
+            kernels::finish_column_sums<true><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
+                partial, parts, c, n * inner, invstd, dparams);
         }
-        kernels::finish_column_sums<true><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
-            partial, parts, c, n * inner, invstd, dparams);
     });
     detail::check_launch("batch_norm_backward_sums");
 }
 
-// relu_y: as for batch_norm_backward_sums.
+// relu: as for batch_norm_backward_sums, recomputed from x only (the input gradient of a ReLU read from y
+// reads the masked gradient the sums wrote, unmasked).
 template <core::Storage T>
 void batch_norm_backward_input(const Context& ctx, const T* x, const T* dy, T* dx, std::size_t n, std::size_t c,
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
-                               const float* sums, const float* count, const std::type_identity_t<T>* relu_y = nullptr)
+                               const float* sums, const float* count, ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    const auto with_mask = [&](auto masked) {
-        constexpr bool M = decltype(masked)::value;
+    core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
+                                  "the masked gradient they wrote as dy");
+    const auto launch = [&](auto mask) {
+        constexpr kernels::Mask M = decltype(mask)::value;
         detail::by_layout<T>(ctx, [&](auto l) {
             if constexpr (decltype(l)::value) {
                 detail::column_map(
                     ctx, n * inner, c,
-                    [&](auto) { return kernels::ColumnNormalizeGradient<M, T>{x, dy, dx, relu_y, weight, mean, invstd, sums, count, c}; },
-                    "batch_norm_backward_input", x, dy, dx, relu_y);
+                    [&](auto) { return kernels::ColumnNormalizeGradient<M, T>{x, dy, dx, weight, mean, invstd, sums, count, c, relu}; },
+                    "batch_norm_backward_input", x, dy, dx);
             } else {
                 detail::in_groups<T>(n * c * inner, inner, [&](auto v, auto index, std::size_t groups) {
                     using I = decltype(index);
                     kernels::batch_norm_backward_input<decltype(v)::value, I, T, M>
                         <<<detail::blocks_for(groups), detail::kThreads, 0, ctx.stream()>>>(
-                            x, dy, dx, I(groups), I(c), I(inner / decltype(v)::value), weight, mean, invstd, sums, count, relu_y);
-                }, x, dy, dx, relu_y);
+                            x, dy, dx, I(groups), I(c), I(inner / decltype(v)::value), weight, mean, invstd, sums, count, relu);
+                }, x, dy, dx);
                 detail::check_launch("batch_norm_backward_input");
             }
         });
     };
-    if (relu_y) with_mask(std::true_type{});
-    else with_mask(std::false_type{});
+    if (relu.from_x()) launch(std::integral_constant<kernels::Mask, kernels::Mask::from_x>{});
+    else launch(std::integral_constant<kernels::Mask, kernels::Mask::none>{});
 }
 
 // y = a + b, then the ReLU when relu.

@@ -146,11 +146,11 @@ T* cudnn_reordered_filter(float* scratch, std::size_t bias, std::size_t weights)
 }
 
 // The filter cuDNN reads: w (k, c, kh, kw) itself, or for channels-last activations w reordered to
-// (k, kh, kw, c) into `reordered` (the layout of cuDNN's NHWC filters).
+// (k, kh, kw, c) into `reordered` (the layout of cuDNN's NHWC filters), which for a 1x1 window is w's.
 template <core::Storage T>
 const T* cudnn_filter(const Context& ctx, const T* w, T* reordered, std::size_t k, std::size_t c, std::size_t window)
 {
-    if (!channels_last<T>(ctx)) return w;
+    if (!channels_last<T>(ctx) || window == 1) return w;
     transpose_planes(ctx, w, reordered, k, c, window);
     return reordered;
 }
@@ -171,7 +171,7 @@ void cudnn_filter_gradient(const Context& ctx, const ConvPlan& p, const T* in, c
     } else {
         REPLICA_CHECK(cudnnConvolutionBackwardFilter(ctx.cudnn(), &one, p.x, in, p.y, dout, p.conv, p.bwd_filter, ws,
                                                      p.workspace, &zero, p.w, filter));
-        if (channels_last<T>(ctx)) transpose_planes(ctx, filter, dw, k, window, c);
+        if (channels_last<T>(ctx) && window > 1) transpose_planes(ctx, filter, dw, k, window, c);
         else convert(ctx, filter, dw, k * c * window);
     }
 }
