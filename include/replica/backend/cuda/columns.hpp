@@ -39,9 +39,8 @@ inline std::size_t column_parts(std::size_t rows, std::size_t c)
 } // namespace detail
 
 namespace kernels {
-// Op::group<V>(first channel) gives, once a thread, a callable add(offset of the group's first value
-// in a row, sums[S][V]) that adds one row of that group of V channels (the channels' constants read
-// once, not once a row). Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
+// Op::add<V>(offset of the group's first value, its first channel, sums[S][V]) adds one row of a
+// group of V channels. Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
 // memory kLanes * Gb * S * V values of Acc.
 template <int S, int V, class Acc, class Op>
 __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::size_t per_part, unsigned gb, Acc* partial)
@@ -56,12 +55,9 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
     for (int k = 0; k < S; ++k)
 #pragma unroll
         for (int j = 0; j < V; ++j) s[k][j] = Acc(0);
-    // Unrolled so that several rows' loads are in flight at once (a lane's adds stay in row order).
-    if (group < groups) {
-        const auto add = op.template group<V>(group * V);
-#pragma unroll 4
-        for (std::size_t r = first + lane; r < last; r += detail::kLanes) add(r * c + std::size_t(group) * V, s);
-    }
+    if (group < groups)
+        for (std::size_t r = first + lane; r < last; r += detail::kLanes)
+            op.template add<V>(r * c + std::size_t(group) * V, group * V, s);
     Acc* mine = lanes + (std::size_t(lane) * gb + local) * (S * V);
 #pragma unroll
     for (int k = 0; k < S; ++k)
@@ -99,38 +95,17 @@ __device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::si
     if (lane == 0) done(ch, s);
 }
 
-// Op::group<V>(first channel) gives, once a thread, an object f whose f.load(offset) reads the V values
-// of one row's inputs at offset (of the row's first value in the group) and f.store(offset, what load
-// read) maps them and writes the row's outputs. Block (groups across, rows down); the rows are visited
-// in a grid-stride loop down the column, kRowsInFlight at a time: all their loads, then their stores.
-inline constexpr int kRowsInFlight = 4;
+// Op::group<V>(first channel) gives, once a thread, a callable f(offset) that maps the V values of one
+// row at offset (of the row's first value in the group). Block (groups across, rows down); the rows
+// are visited in a grid-stride loop down the column.
 template <int V, class I, class Op>
 __global__ void column_map(Op op, I rows, I c)
 {
     const I group = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
     if (group >= c / V) return;
     const auto f = op.template group<V>(group * V);
-    const I step = I(blockDim.y) * I(gridDim.y), at = group * V;
-    I r = I(blockIdx.y) * I(blockDim.y) + I(threadIdx.y);
-    for (; r + (kRowsInFlight - 1) * step < rows; r += kRowsInFlight * step) {
-        decltype(f.load(at)) in[kRowsInFlight];
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) in[u] = f.load((r + I(u) * step) * c + at);
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) f.store((r + I(u) * step) * c + at, in[u]);
-    }
-    for (; r < rows; r += step) f.store(r * c + at, f.load(r * c + at));
-}
-// column_map's f from a load and a store callable.
-template <class Load, class Store>
-struct RowMap {
-    Load load;
-    Store store;
-};
-template <class Load, class Store>
-__device__ RowMap<Load, Store> row_map(Load load, Store store)
-{
-    return {load, store};
+    for (I r = I(blockIdx.y) * I(blockDim.y) + I(threadIdx.y); r < rows; r += I(blockDim.y) * I(gridDim.y))
+        f(r * c + group * V);
 }
 } // namespace kernels
 

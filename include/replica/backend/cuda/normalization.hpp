@@ -107,8 +107,7 @@ __global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner,
         const I e0 = 8 * q, m = count - e0 < 8 ? count - e0 : 8;
         const auto read = [&](I at, int h, auto move) {   // a move of V values lies in one sample's plane
             constexpr int W = decltype(move)::value;
-            float u[8];
-            [[maybe_unused]] float d[8];
+            float u[8], d[8];
             load_v<W>(x + at, u);
             if constexpr (Backward) read_gradient<M, W>(dy, at, u, mask, relu, d);
 #pragma unroll
@@ -279,8 +278,7 @@ __global__ void batch_norm_backward_input(const T* x, const T* dy, T* dx, I grou
 }
 
 // columns.hpp's column_map Ops for channels-last BatchNorm: batch_norm_apply's and
-// batch_norm_backward_input's expressions, each channel's coefficients read once a thread, a row's
-// inputs read raw (load_raw) so that several rows' are in flight.
+// batch_norm_backward_input's expressions, each channel's coefficients read once a thread.
 template <bool Relu, bool Add, core::Storage T>
 struct ColumnNormalize {
     const T* x;
@@ -293,24 +291,14 @@ struct ColumnNormalize {
         Coefficients k[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) k[j] = coefficients(weight[ch + j], bias[ch + j], mean[ch + j], invstd[ch + j]);
-        struct In {
-            Raw<V, T> x, addend;
-        };
-        return row_map(
-            [x = x, addend = addend](I at) {
-                In in;
-                in.x = load_raw<V>(x + at);
-                if constexpr (Add) in.addend = load_raw<V>(addend + at);
-                return in;
-            },
-            [=, y = y](I at, const In& in) {
-                float v[8], a[8] = {};
-                widen_raw(in.x, v);
-                if constexpr (Add) widen_raw(in.addend, a);
+        return [=, x = x, y = y, addend = addend](I at) {
+            float v[8], a[8] = {};
+            load_v<V>(x + at, v);
+            if constexpr (Add) load_v<V>(addend + at, a);
 #pragma unroll
-                for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], k[j].scale, k[j].shift, a[j]);
-                store_v<V>(y + at, v);
-            });
+            for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], k[j].scale, k[j].shift, a[j]);
+            store_v<V>(y + at, v);
+        };
     }
 };
 template <Mask M, core::Storage T>
@@ -333,22 +321,17 @@ struct ColumnNormalizeGradient {
             mean_dy[j] = sums[c + ch + j] * inv_count, mean_dy_xhat[j] = sums[ch + j] * inv_count;
             if constexpr (M == Mask::from_x) k[j] = coefficients(weight[ch + j], relu.bias[ch + j], m[j], s[j]);
         }
-        struct In {
-            Raw<V, T> x, dy;
-        };
-        return row_map(
-            [x = x, dy = dy](I at) { return In{load_raw<V>(x + at), load_raw<V>(dy + at)}; },
-            [=, dx = dx](I at, const In& in) {
-                float v[8], d[8];
-                widen_raw(in.x, v);
-                widen_raw(in.dy, d);
+        return [=, x = x, dy = dy, dx = dx](I at) {
+            float v[8], d[8];
+            load_v<V>(x + at, v);
+            load_v<V>(dy + at, d);
 #pragma unroll
-                for (int j = 0; j < V; ++j) {
-                    if constexpr (M == Mask::from_x) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
-                    v[j] = normalized_gradient(v[j], d[j], m[j], s[j], scale[j], mean_dy[j], mean_dy_xhat[j]);
-                }
-                store_v<V>(dx + at, v);
-            });
+            for (int j = 0; j < V; ++j) {
+                if constexpr (M == Mask::from_x) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
+                v[j] = normalized_gradient(v[j], d[j], m[j], s[j], scale[j], mean_dy[j], mean_dy_xhat[j]);
+            }
+            store_v<V>(dx + at, v);
+        };
     }
 };
 
@@ -390,21 +373,16 @@ struct ColumnMoments {
     const T* x;
     const float* centre;
     template <int V>
-    __device__ auto group(unsigned ch) const
+    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
     {
-        double k[V];
+        float v[8];
+        load_v<V>(x + at, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) k[j] = centre[ch + j];
-        return [=, x = x](std::size_t at, double (&s)[2][V]) {
-            float v[8];
-            load_v<V>(x + at, v);
-#pragma unroll
-            for (int j = 0; j < V; ++j) {
-                const double d = double(v[j]) - k[j];
-                s[0][j] += d;
-                s[1][j] += d * d;
-            }
-        };
+        for (int j = 0; j < V; ++j) {
+            const double d = double(v[j]) - double(centre[ch + j]);
+            s[0][j] += d;
+            s[1][j] += d * d;
+        }
     }
 };
 // dy read as M says (read_gradient; invstd with mean and relu's weight and bias: the coefficients).
@@ -416,31 +394,24 @@ struct ColumnGradientMoments {
     const float* invstd = nullptr;
     ReluAfter<T> relu = {};
     template <int V>
-    __device__ auto group(unsigned ch) const
+    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
     {
-        double m[V];
-        Coefficients k[V];
+        float v[8], d[8];
+        load_v<V>(x + at, v);
+        if constexpr (M == Mask::from_x) {
+            load_v<V>(dy + at, d);
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                d[j] = relu_grad_from_x<T>(v[j], coefficients(relu.weight[ch + j], relu.bias[ch + j], mean[ch + j], invstd[ch + j]), d[j]);
+        } else {
+            read_gradient<M, V>(dy, at, v, Coefficients{}, relu, d);
+        }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            m[j] = mean[ch + j];
-            if constexpr (M == Mask::from_x) k[j] = coefficients(relu.weight[ch + j], relu.bias[ch + j], mean[ch + j], invstd[ch + j]);
+            const float g = d[j];
+            s[0][j] += double(g);
+            s[1][j] += double(g) * (double(v[j]) - double(mean[ch + j]));
         }
-        return [=, x = x, dy = dy, relu = relu](std::size_t at, double (&s)[2][V]) {
-            float v[8], d[8];
-            load_v<V>(x + at, v);
-            if constexpr (M == Mask::from_x) {
-                load_v<V>(dy + at, d);
-#pragma unroll
-                for (int j = 0; j < V; ++j) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
-            } else {
-                read_gradient<M, V>(dy, at, v, Coefficients{}, relu, d);
-            }
-#pragma unroll
-            for (int j = 0; j < V; ++j) {
-                s[0][j] += double(d[j]);
-                s[1][j] += double(d[j]) * (double(v[j]) - m[j]);
-            }
-        };
     }
 };
 } // namespace kernels

@@ -86,15 +86,13 @@ struct ColumnBias {
     const T* y;
     T* dz;
     template <int V>
-    __device__ auto group(unsigned) const
+    __device__ void add(std::size_t at, unsigned, float (&s)[1][V]) const
     {
-        return [dy = dy, y = y, dz = dz](std::size_t at, float (&s)[1][V]) {
-            float d[8];
-            load_gradient<V, Relu>(dy, y, at, d);
-            if constexpr (Relu) store_v<V>(dz + at, d);
+        float d[8];
+        load_gradient<V, Relu>(dy, y, at, d);
+        if constexpr (Relu) store_v<V>(dz + at, d);
 #pragma unroll
-            for (int j = 0; j < V; ++j) s[0][j] += d[j];
-        };
+        for (int j = 0; j < V; ++j) s[0][j] += d[j];
     }
 };
 
