@@ -107,7 +107,8 @@ __global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner,
         const I e0 = 8 * q, m = count - e0 < 8 ? count - e0 : 8;
         const auto read = [&](I at, int h, auto move) {   // a move of V values lies in one sample's plane
             constexpr int W = decltype(move)::value;
-            float u[8], d[8];
+            float u[8];
+            [[maybe_unused]] float d[8];   // read in backward only
             load_v<W>(x + at, u);
             if constexpr (Backward) read_gradient<M, W>(dy, at, u, mask, relu, d);
 #pragma unroll
