@@ -123,6 +123,49 @@ double ulps(const std::vector<float>& got, const std::vector<float>& want)
     return worst;
 }
 
+// The channels-last BatchNorm sums' bound (columns.hpp): a lane adds up to lane_rows values in float,
+// each term (x - shift and its square; dy and dy * (x - mean)) rounded at most twice in float on the
+// way, and the rest is added in double; so a sum is within (lane_rows + 2) * 2^-24 * (the sum of its
+// terms' magnitudes) of the exact one. Laid out as the sums are: forward [x - shift (c) | its square (c)
+// | the count (exact)], backward (dy given) [dy * (x - mean) times invstd (c) | dy (c)]. x and dy are
+// (n, c, inner).
+std::vector<double> column_sum_bounds(const std::vector<float>& x, const std::vector<float>& dy, std::size_t n,
+                                      std::size_t c, std::size_t inner, const std::vector<float>& shift,
+                                      const std::vector<float>& invstd)
+{
+    const std::size_t rows = n * inner, parts = cuda::detail::column_parts(rows, c);
+    const std::size_t lane_rows = ((rows + parts - 1) / parts + cuda::detail::kLanes - 1) / cuda::detail::kLanes;
+    const double u = std::ldexp(double(lane_rows + 2), -24);
+    std::vector<double> bound(dy.empty() ? 2 * c + 1 : 2 * c, 0.0);
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t ch = 0; ch < c; ++ch)
+            for (std::size_t j = 0; j < inner; ++j) {
+                const std::size_t at = (i * c + ch) * inner + j;
+                const double d = double(x[at]) - double(shift[ch]);
+                if (dy.empty()) {
+                    bound[ch] += u * std::abs(d);
+                    bound[c + ch] += u * d * d;
+                } else {
+                    bound[ch] += u * std::abs(dy[at] * d) * invstd[ch];
+                    bound[c + ch] += u * std::abs(double(dy[at]));
+                }
+            }
+    return bound;
+}
+// The largest |got - want| / (bound + one float ulp of want): at most 1 where got keeps to the bound
+// (the ulp: the CPU's and the GPU's double rounded to float).
+double beyond(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& bound)
+{
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.size() == bound.size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const double ulp = std::ldexp(1.0, std::max(int(std::floor(std::log2(std::max(double(std::abs(want[i])), 0x1p-126)))), -126) - 23);
+        worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / (bound[i] + ulp));
+    }
+    return worst;
+}
+
 // f(offset) for a 16-byte aligned layout (offset 0) and one a value off (offset 1).
 template <class F>
 void aligned_and_not(F&& f)
@@ -742,7 +785,92 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
         CHECK(differences(d[1], d[0]) == "");
         CHECK(hits[1] == hits[0]);
     }
-    SECTION("BatchNorm: sums within a float ulp of the CPU's, whatever the alignment; apply and backward bit for bit")
+    SECTION("BatchNorm over many rows (a lane of the channels-last sums adds about 32, four loads in flight): sums within their bound, the same bits from moves of eight and of one; maps bit for bit")
+    {
+        // 655,366 rows of 64 channels. The masked sums are checked against the unmasked sums of the GPU's
+        // own relu_backward, bit for bit (a value whose sign the CPU's rounding flips would move a whole
+        // sum).
+        const std::size_t rows_n = 2, c = 64, inner = 327683, count = rows_n * c * inner;
+        BatchNormValues<T> v(host, first, rows_n, c, inner, 50, 51, 53);
+        const backend::ReluAfter<T> relu{.weight = v.weight_d.data(), .bias = v.bias_d.data()};
+        std::vector<float> want(2 * c + 1), want_back(2 * c);
+        cpu::batch_norm_sums(host, v.x.data(), rows_n, c, inner, v.mean.data(), want.data(), nullptr);
+        cpu::batch_norm_backward_sums(host, v.x.data(), v.dy.data(), rows_n, c, inner, v.mean.data(), v.invstd.data(),
+                                      want_back.data(), nullptr);
+        const auto bound = column_sum_bounds(v.x, {}, rows_n, c, inner, v.mean, v.invstd);
+        const auto back_bound = column_sum_bounds(v.x, v.dy, rows_n, c, inner, v.mean, v.invstd);
+        std::vector<std::vector<float>> applied, added, written, back, sums_last;
+        const std::vector<float> zero(count);
+        for (const cuda::Context* ctx : {&first, &last}) {
+            INFO((ctx == &last ? "channels-last" : "channels-first"));
+            auto scratch = ctx->allocate<float>(cuda::batch_norm_scratch<T>(*ctx, c));
+            auto sums_d = ctx->allocate<float>(2 * c + 1);
+            auto x_d = put(*ctx, v.x, c, inner, 0), dy_d = put(*ctx, v.dy, c, inner, 0);
+            auto y_d = put(*ctx, zero, c, inner, 0), g_d = put(*ctx, zero, c, inner, 0), w_d = put(*ctx, zero, c, inner, 0);
+            const auto read = [&](std::size_t k) {
+                std::vector<float> r(k);
+                ctx->download(r.data(), sums_d.data(), k);
+                ctx->synchronize();
+                return r;
+            };
+            const auto backward_sums = [&](OnGpu<T>& d, backend::ReluAfter<T> mask) {
+                cuda::batch_norm_backward_sums(*ctx, x_d.data(), d.data(), rows_n, c, inner, v.mean_d.data(), v.invstd_d.data(),
+                                               sums_d.data(), scratch.data(), mask);
+                return read(2 * c);
+            };
+            cuda::batch_norm_sums(*ctx, x_d.data(), rows_n, c, inner, v.mean_d.data(), sums_d.data(), scratch.data());
+            const auto s = read(2 * c + 1);
+            const auto bs = backward_sums(dy_d, {});
+            if (ctx == &last) {
+                CHECK(beyond(s, want, bound) <= 1.0);
+                CHECK(beyond(bs, want_back, back_bound) <= 1.0);
+                sums_last = {s, bs};
+            } else {
+                CHECK(ulps<float>(s, want) <= 1.0);
+                CHECK(ulps<float>(bs, want_back) <= 1.0);
+            }
+            for (const bool add : {false, true}) {
+                INFO("apply, addend " << add);
+                cuda::batch_norm_apply(*ctx, x_d.data(), y_d.data(), rows_n, c, inner, v.weight_d.data(), v.bias_d.data(),
+                                       v.mean_d.data(), v.invstd_d.data(), true, add ? dy_d.data() : nullptr);
+                (add ? added : applied).push_back(get(*ctx, y_d, c, inner));
+                cuda::relu_backward(*ctx, y_d.data(), dy_d.data(), g_d.data(), count);
+                const auto unmasked = backward_sums(g_d, {});
+                if (add) {   // the mask read from y, its gradient written
+                    CHECK(differences(backward_sums(dy_d, {.y = y_d.data(), .dz = w_d.data()}), unmasked) == "");
+                    CHECK(differences(w_d.values(), g_d.values()) == "");
+                    written.push_back(get(*ctx, w_d, c, inner));
+                } else {   // the mask recomputed from x
+                    CHECK(differences(backward_sums(dy_d, relu), unmasked) == "");
+                }
+            }
+            cuda::batch_norm_backward_input(*ctx, x_d.data(), dy_d.data(), y_d.data(), rows_n, c, inner, v.weight_d.data(),
+                                            v.mean_d.data(), v.invstd_d.data(), v.back_sums_d.data(), v.elements_d.data(), relu);
+            back.push_back(get(*ctx, y_d, c, inner));
+        }
+        {   // channels-last from pointers a value off 16-byte alignment: values one at a time, the same sums
+            INFO("channels-last, one value at a time");
+            auto scratch = last.allocate<float>(cuda::batch_norm_scratch<T>(last, c));
+            auto sums_d = last.allocate<float>(2 * c + 1);
+            auto x_d = put(last, v.x, c, inner, 1), dy_d = put(last, v.dy, c, inner, 1);
+            std::vector<float> s(2 * c + 1), bs(2 * c);
+            cuda::batch_norm_sums(last, x_d.data(), rows_n, c, inner, v.mean_d.data(), sums_d.data(), scratch.data());
+            last.download(s.data(), sums_d.data(), s.size());
+            cuda::batch_norm_backward_sums(last, x_d.data(), dy_d.data(), rows_n, c, inner, v.mean_d.data(), v.invstd_d.data(),
+                                           sums_d.data(), scratch.data());
+            last.download(bs.data(), sums_d.data(), bs.size());
+            last.synchronize();
+            REQUIRE(sums_last.size() == 2);
+            CHECK(differences(s, sums_last[0]) == "");
+            CHECK(differences(bs, sums_last[1]) == "");
+        }
+        CHECK(differences(applied[1], applied[0]) == "");
+        CHECK(differences(added[1], added[0]) == "");
+        CHECK(differences(written[1], written[0]) == "");
+        CHECK(differences(back[1], back[0]) == "");
+        CHECK(ulps<T>(applied[0], v.relu_y) <= 1.0);
+    }
+    SECTION("BatchNorm: sums within a float ulp of the CPU's (channels-last: within the bound of its float lanes), whatever the alignment; apply and backward bit for bit")
     {
         const std::size_t inner = 36;
         for (const std::size_t c : {std::size_t(16), std::size_t(5)}) {
@@ -765,6 +893,16 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
             cpu::relu_backward(host, after.data(), dy.data(), after_dz.data(), count);
             cpu::batch_norm_backward_sums(host, x.data(), after_dz.data(), n, c, inner, mean.data(), invstd.data(),
                                           want_after.data(), nullptr);
+            const auto bound = column_sum_bounds(x, {}, n, c, inner, mean, invstd);
+            const auto back_bound = column_sum_bounds(x, dy, n, c, inner, mean, invstd);
+            const auto masked_bound = column_sum_bounds(x, dz, n, c, inner, mean, invstd);
+            const auto after_bound = column_sum_bounds(x, after_dz, n, c, inner, mean, invstd);
+            // Within a float ulp of the CPU's double sums (channels-first, in double too); channels-last
+            // within the bound of its float lanes.
+            const auto close = [&](const cuda::Context* ctx, const std::vector<float>& got, const std::vector<float>& want,
+                                   const std::vector<double>& b) {
+                return ctx == &last ? beyond(got, want, b) <= 1.0 : ulps<float>(got, want) <= 1.0;
+            };
             std::vector<float> first_bits[4];
             std::vector<std::vector<float>> applied, back, back_masked, written;
             for (const cuda::Context* ctx : {&first, &last})
@@ -782,15 +920,15 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                     };
                     cuda::batch_norm_sums(*ctx, x_d.data(), n, c, inner, mean_d.data(), sums_d.data(), scratch.data());
                     const auto s = read(2 * c + 1);
-                    CHECK(ulps<float>(s, want) <= 1.0);
+                    CHECK(close(ctx, s, want, bound));
                     cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
                                                    sums_d.data(), scratch.data());
                     const auto bs = read(2 * c);
-                    CHECK(ulps<float>(bs, want_back) <= 1.0);
+                    CHECK(close(ctx, bs, want_back, back_bound));
                     cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
                                                    sums_d.data(), scratch.data(), relu);
                     const auto ms = read(2 * c);
-                    CHECK(ulps<float>(ms, want_masked) <= 1.0);
+                    CHECK(close(ctx, ms, want_masked, masked_bound));
                     // The mask read from the output after an addend (dy), its gradient written as the sums go.
                     auto after_d = put(*ctx, std::vector<float>(count), c, inner, offset);
                     auto written_d = put(*ctx, std::vector<float>(count), c, inner, offset);
@@ -800,7 +938,7 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                                                    sums_d.data(), scratch.data(), {.y = after_d.data(), .dz = written_d.data()});
                     const auto ys = read(2 * c);
                     written.push_back(get(*ctx, written_d, c, inner));
-                    CHECK(ulps<float>(ys, want_after) <= 1.0);
+                    CHECK(close(ctx, ys, want_after, after_bound));
                     if (offset == 0) {
                         first_bits[0] = s, first_bits[1] = bs, first_bits[2] = ms, first_bits[3] = ys;
                     } else {   // how values are read leaves the sums' bits alone

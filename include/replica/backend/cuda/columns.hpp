@@ -6,10 +6,15 @@
 // reads their coefficients once, not once a value.
 //
 // column_sums: Rows fall into parts of a fixed size (column_parts); within a
-// part, row r goes to lane (r - first) % kLanes, each lane adds its rows in order, and the lanes are
-// then added in order: the order depends on the shape only, never on how values are read (a move of
-// V = 8 channels, or one), so the sums have the same bits every run. A block takes Gb groups of V
-// channels and kLanes lanes; partial[(channel * parts + part) * S + k] receives sum k of a part.
+// part, row r goes to lane (r - first) % kLanes, each lane adds its rows in order in float (the loads
+// of kRowsInFlight rows issued before their adds, which keeps that order), and the lanes' totals are
+// then added in order in the partial sums' type Acc (double for BatchNorm): the order depends on the
+// shape only, never on how values are read (a move of V = 8 channels, or one), so the sums have the
+// same bits every run. A lane adds a part's rows / kLanes values in float: about 32 (parts hold about
+// 1024 rows, more only in columns longer than kColumnParts * 1024 rows), so a lane's rounding is that
+// of a few dozen float additions, and beyond the lane everything is added in Acc. A block
+// takes Gb groups of V channels and kLanes lanes; partial[(channel * parts + part) * S + k] receives
+// sum k of a part.
 // Only under nvcc.
 
 #include <algorithm>
@@ -24,6 +29,8 @@ namespace replica::backend::cuda {
 
 namespace detail {
 inline constexpr unsigned kLanes = 32, kGroupsPerBlock = 8;
+// Rows a lane of column_sums loads before it adds the first of them.
+inline constexpr int kRowsInFlight = 4;
 // The most parts a column is summed in (the partial sums' room per channel).
 inline constexpr std::size_t kColumnParts = 1024;
 // Parts of about 1024 rows; smaller ones (down to 64 rows) where c channels' parts of 1024 would make
@@ -39,26 +46,40 @@ inline std::size_t column_parts(std::size_t rows, std::size_t c)
 } // namespace detail
 
 namespace kernels {
-// Op::add<V>(offset of the group's first value, its first channel, sums[S][V]) adds one row of a
-// group of V channels. Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
-// memory kLanes * Gb * S * V values of Acc.
+// Op::group<V>(first channel) gives, once a thread (so each channel's constants are read once), an
+// object f with f.load(offset) reading one row's inputs of that group of V channels (offset: of the
+// row's first value in the group; raw, not yet used, so that several rows' loads are in flight) and
+// f.add(offset, what load read, sums[S][V]) adding them to the lane's float sums (and writing what
+// the Op writes). Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
+// memory kLanes * Gb * S * V floats.
 template <int S, int V, class Acc, class Op>
 __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::size_t per_part, unsigned gb, Acc* partial)
 {
+    constexpr std::size_t L = detail::kLanes, U = detail::kRowsInFlight;
     extern __shared__ unsigned char raw[];
-    Acc* lanes = reinterpret_cast<Acc*>(raw);
+    float* lanes = reinterpret_cast<float*>(raw);
     const unsigned local = threadIdx.x % gb, lane = threadIdx.x / gb, groups = c / V;
     const unsigned group = blockIdx.x * gb + local;
     const std::size_t first = std::size_t(blockIdx.y) * per_part, last = min(rows, first + per_part);
-    Acc s[S][V];
+    float s[S][V];
 #pragma unroll
     for (int k = 0; k < S; ++k)
 #pragma unroll
-        for (int j = 0; j < V; ++j) s[k][j] = Acc(0);
-    if (group < groups)
-        for (std::size_t r = first + lane; r < last; r += detail::kLanes)
-            op.template add<V>(r * c + std::size_t(group) * V, group * V, s);
-    Acc* mine = lanes + (std::size_t(lane) * gb + local) * (S * V);
+        for (int j = 0; j < V; ++j) s[k][j] = 0.0f;
+    if (group < groups) {
+        const auto f = op.template group<V>(group * V);
+        const std::size_t column = std::size_t(group) * V;
+        std::size_t r = first + lane;
+        for (; r + (U - 1) * L < last; r += U * L) {
+            decltype(f.load(column)) in[U];
+#pragma unroll
+            for (std::size_t u = 0; u < U; ++u) in[u] = f.load((r + u * L) * c + column);
+#pragma unroll
+            for (std::size_t u = 0; u < U; ++u) f.add((r + u * L) * c + column, in[u], s);
+        }
+        for (; r < last; r += L) f.add(r * c + column, f.load(r * c + column), s);
+    }
+    float* mine = lanes + (std::size_t(lane) * gb + local) * (S * V);
 #pragma unroll
     for (int k = 0; k < S; ++k)
 #pragma unroll
@@ -68,10 +89,21 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
         const unsigned l = t / (S * V), kj = t % (S * V), g = blockIdx.x * gb + l;
         if (g >= groups) continue;
         Acc total = Acc(0);
-        for (unsigned ln = 0; ln < detail::kLanes; ++ln) total += lanes[(std::size_t(ln) * gb + l) * (S * V) + kj];
+        for (unsigned ln = 0; ln < L; ++ln) total += Acc(lanes[(std::size_t(ln) * gb + l) * (S * V) + kj]);
         const unsigned ch = g * V + kj % V, k = kj / V;
         partial[(std::size_t(ch) * gridDim.y + blockIdx.y) * S + k] = total;
     }
+}
+// column_partial_sums' f from a load and an add callable.
+template <class Load, class Add>
+struct RowSums {
+    Load load;
+    Add add;
+};
+template <class Load, class Add>
+__device__ RowSums<Load, Add> row_sums(Load load, Add add)
+{
+    return {load, add};
 }
 // Stage two: a warp a channel adds the channel's parts partial[(ch * parts + p) * S + k]; lane l takes
 // the parts p = l, l + 32, ... in order, then the lanes are added in a fixed tree (shuffles), so the
@@ -137,7 +169,7 @@ void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_
         const unsigned groups = unsigned(c / V), gb = std::min(groups, kGroupsPerBlock);
         const std::size_t per_part = (rows + parts - 1) / parts;
         const dim3 grid((groups + gb - 1) / gb, unsigned(parts));
-        const std::size_t shared = std::size_t(kLanes) * gb * S * V * sizeof(Acc);
+        const std::size_t shared = std::size_t(kLanes) * gb * S * V * sizeof(float);
         kernels::column_partial_sums<S, V, Acc><<<grid, gb * kLanes, shared, ctx.stream()>>>(make_op(v), rows, unsigned(c),
                                                                                             per_part, gb, partial);
         check_launch("column_partial_sums");
@@ -146,21 +178,26 @@ void column_sums(const Context& ctx, std::size_t rows, std::size_t c, std::size_
 }
 
 // Queues column_map over rows x c values, V channels a thread (by_column_width); make_op(V) gives the
-// Op for a width V. A block holds up to
-// kThreads threads: the groups of a row across (up to kThreads of them), as many rows down as fit; the
-// grid has about kMapBlocks blocks, enough to fill the device with each thread taking several rows.
+// Op for a width V. A block holds up to kThreads threads: the groups of a row across (up to kThreads of
+// them), as many rows down as fit. A thread reads its channels' coefficients before its first row, so
+// it should walk several rows: the grid gives each thread about kMapRowsPerThread rows, but has at
+// least a wave of blocks (every multiprocessor full) where the rows allow, so that small activations
+// still fill the device. The grid depends on the device; the values never do.
 template <class MakeOp, class... P>
 void column_map(const Context& ctx, std::size_t rows, std::size_t c, MakeOp&& make_op, const char* what,
                 const P*... aligned)
 {
-    constexpr std::size_t kMapBlocks = 4096;
+    constexpr std::size_t kMapRowsPerThread = 12, kThreadsPerMultiprocessor = 2048;
     if (rows == 0 || c == 0) return;
     const auto launch = [&](auto v) {
         constexpr int V = decltype(v)::value;
         const std::size_t groups = c / V, across = std::min<std::size_t>(groups, kThreads), down = kThreads / across;
-        const std::size_t columns = (groups + across - 1) / across;
-        const std::size_t row_blocks = std::clamp<std::size_t>(kMapBlocks / columns, 1, (rows + down - 1) / down);
-        const dim3 grid(unsigned(columns), unsigned(std::min<std::size_t>(row_blocks, 65535)));
+        const std::size_t columns = (groups + across - 1) / across, most = (rows + down - 1) / down;
+        const std::size_t wave = ctx.multiprocessors() * (kThreadsPerMultiprocessor / kThreads);
+        const std::size_t row_blocks = std::clamp<std::size_t>(
+            std::max((rows + down * kMapRowsPerThread - 1) / (down * kMapRowsPerThread), (wave + columns - 1) / columns), 1,
+            std::min<std::size_t>(most, 65535));
+        const dim3 grid{unsigned(columns), unsigned(row_blocks)};
         indexed(rows * c, [&](auto index) {
             using I = decltype(index);
             kernels::column_map<V, I><<<grid, dim3(unsigned(across), unsigned(down)), 0, ctx.stream()>>>(make_op(v), I(rows),

@@ -105,6 +105,19 @@ public:
         return kind;
     }
 
+    // The device's multiprocessors (SMs), read once: for grids sized to fill the device where the
+    // result does not depend on the grid (elementwise passes; never a reduction's order).
+    unsigned multiprocessors() const
+    {
+        unsigned& m = state_->multiprocessors;
+        if (m == 0) {
+            int count = 0;
+            REPLICA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device().index()));
+            m = unsigned(count);
+        }
+        return m;
+    }
+
     // While the host waits for this context's device (synchronize(), synchronize(Event)), it polls
     // and calls `watchdog` with the seconds waited so far; the watchdog throws to stop waiting (a
     // communicator across processes: a peer died or hangs). Empty: the host blocks. Set it while no

@@ -24,18 +24,16 @@ namespace kernels {
 // bf16 and fp16 go through packed.hpp's maps, eight values a move.
 __device__ inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
 __device__ inline float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
-// V values of dy at offset `at` into d, read through a ReLU's mask when Masked: relu_grad(y, dy) with
-// the ReLU's output y (null unless Masked).
-template <int V, bool Masked, core::Storage T, class I>
-__device__ inline void load_gradient(const T* dy, const T* y, I at, float (&d)[8])
+// A ReLU's backward inside a pass that reads its output gradient: V values d of dy become
+// relu_grad(y, dy), y the ReLU's output as load_raw read it, and are written to dz (V values).
+template <int V, core::Storage T>
+__device__ inline void relu_grad_store(const Raw<V, T>& y, float (&d)[8], T* dz)
 {
-    load_v<V>(dy + at, d);
-    if constexpr (Masked) {
-        float r[8];
-        load_v<V>(y + at, r);
+    float r[8];
+    widen_raw(y, r);
 #pragma unroll
-        for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
-    }
+    for (int j = 0; j < V; ++j) d[j] = relu_grad(r[j], d[j]);
+    store_v<V>(dz, d);
 }
 struct Relu {
     __device__ float operator()(float v) const { return relu(v); }

@@ -367,26 +367,34 @@ struct PlusRelu {
     }
 };
 // columns.hpp's Ops for channels-last BatchNorm: the forward sums (of x - centre and its square) and
-// the backward ones (of dy, or of dy through the ReLU's mask, and of that times x - mean), each value
-// as channel_partial_sums adds it.
+// the backward ones (of dy, or of dy through the ReLU's mask, and of that times x - mean), each channel's
+// constants read once a thread. A lane adds in float (columns.hpp), every rounding spelt out, so that
+// the moves of eight values and the single values add the same bits.
 template <core::Storage T>
 struct ColumnMoments {
     const T* x;
     const float* centre;
     template <int V>
-    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
+    __device__ auto group(unsigned ch) const
     {
-        float v[8];
-        load_v<V>(x + at, v);
+        float k[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-            const double d = double(v[j]) - double(centre[ch + j]);
-            s[0][j] += d;
-            s[1][j] += d * d;
-        }
+        for (int j = 0; j < V; ++j) k[j] = centre[ch + j];
+        return row_sums([x = x](std::size_t at) { return load_raw<V>(x + at); },
+                        [=](std::size_t, const Raw<V, T>& in, float (&s)[2][V]) {
+                            float v[8];
+                            widen_raw(in, v);
+#pragma unroll
+                            for (int j = 0; j < V; ++j) {
+                                const float d = __fsub_rn(v[j], k[j]);
+                                s[0][j] = __fadd_rn(s[0][j], d);
+                                s[1][j] = __fmaf_rn(d, d, s[1][j]);
+                            }
+                        });
     }
 };
-// dy read as M says (read_gradient; invstd with mean and relu's weight and bias: the coefficients).
+// dy read as M says (read_gradient's rules; invstd with mean and relu's weight and bias: the
+// coefficients of the mask from x; with from_y the masked values written to relu.dz).
 template <core::Storage T, Mask M>
 struct ColumnGradientMoments {
     const T* x;
@@ -395,24 +403,42 @@ struct ColumnGradientMoments {
     const float* invstd = nullptr;
     ReluAfter<T> relu = {};
     template <int V>
-    __device__ void add(std::size_t at, unsigned ch, double (&s)[2][V]) const
+    __device__ auto group(unsigned ch) const
     {
-        float v[8], d[8];
-        load_v<V>(x + at, v);
-        if constexpr (M == Mask::from_x) {
-            load_v<V>(dy + at, d);
-#pragma unroll
-            for (int j = 0; j < V; ++j)
-                d[j] = relu_grad_from_x<T>(v[j], coefficients(relu.weight[ch + j], relu.bias[ch + j], mean[ch + j], invstd[ch + j]), d[j]);
-        } else {
-            read_gradient<M, V>(dy, at, v, Coefficients{}, relu, d);
-        }
+        float m[V];
+        Coefficients k[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const float g = d[j];
-            s[0][j] += double(g);
-            s[1][j] += double(g) * (double(v[j]) - double(mean[ch + j]));
+            m[j] = mean[ch + j];
+            if constexpr (M == Mask::from_x) k[j] = coefficients(relu.weight[ch + j], relu.bias[ch + j], m[j], invstd[ch + j]);
         }
+        struct In {
+            Raw<V, T> x, dy, y;
+        };
+        return row_sums(
+            [x = x, dy = dy, y = relu.y](std::size_t at) {
+                In in;
+                in.x = load_raw<V>(x + at);
+                in.dy = load_raw<V>(dy + at);
+                if constexpr (M == Mask::from_y) in.y = load_raw<V>(y + at);
+                return in;
+            },
+            [=, dz = relu.dz](std::size_t at, const In& in, float (&s)[2][V]) {
+                float v[8], d[8];
+                widen_raw(in.x, v);
+                widen_raw(in.dy, d);
+                if constexpr (M == Mask::from_x) {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
+                } else if constexpr (M == Mask::from_y) {
+                    relu_grad_store(in.y, d, dz + at);
+                }
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    s[0][j] = __fadd_rn(s[0][j], d[j]);
+                    s[1][j] = __fmaf_rn(d[j], __fsub_rn(v[j], m[j]), s[1][j]);
+                }
+            });
     }
 };
 } // namespace kernels

@@ -124,6 +124,48 @@ __device__ inline void store_v(T* p, const float (&v)[8])
     }
 }
 
+// V values of T (V = 8 or 1) as they lie in memory, a register a 4 bytes: read now (load_raw) and
+// widened later (widen_raw, the same floats as load_v), so that a thread can have several rows' loads
+// in flight before it uses the first.
+template <int V, core::Storage T>
+struct Raw {
+    static_assert(V == 8 || V == 1, "Raw: one value or one 16-byte move of eight");
+    unsigned w[(V * sizeof(T) + 3) / 4];
+};
+template <int V, core::Storage T>
+__device__ inline Raw<V, T> load_raw(const T* p)
+{
+    Raw<V, T> r;
+    if constexpr (V == 1) {
+        if constexpr (std::same_as<T, float>) r.w[0] = __float_as_uint(*p);
+        else r.w[0] = p->bits;
+    } else {
+        const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+        for (int k = 0; k < int(sizeof(r.w) / 16); ++k) {
+            const uint4 u = q[k];
+            r.w[4 * k] = u.x, r.w[4 * k + 1] = u.y, r.w[4 * k + 2] = u.z, r.w[4 * k + 3] = u.w;
+        }
+    }
+    return r;
+}
+template <int V, core::Storage T>
+__device__ inline void widen_raw(const Raw<V, T>& r, float (&v)[8])
+{
+    if constexpr (std::same_as<T, float>) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = __uint_as_float(r.w[k]);
+    } else if constexpr (V == 1) {
+        v[0] = widen(T{std::uint16_t(r.w[0])});
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {   // little-endian: the lower half is the first value
+            v[2 * k] = widen(T{std::uint16_t(r.w[k] & 0xffffu)});
+            v[2 * k + 1] = widen(T{std::uint16_t(r.w[k] >> 16)});
+        }
+    }
+}
+
 // y = f(x): over single values, over float4s, over groups of eight values.
 template <class F, core::Storage T>
 __global__ void map1(F f, const T* x, T* y, std::size_t count)

@@ -356,7 +356,8 @@ struct State {
 
     Device device;
     Options options;
-    std::string kind;   // Context::device_kind(), made once
+    std::string kind;          // Context::device_kind(), made once
+    unsigned multiprocessors = 0;   // Context::multiprocessors(), read once
     // Called while the host waits for the device (synchronize), with the seconds waited so far; it
     // throws to stop waiting (Context::set_watchdog).
     std::function<void(double)> watchdog;
