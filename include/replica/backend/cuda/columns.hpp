@@ -127,17 +127,27 @@ __device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::si
     if (lane == 0) done(ch, s);
 }
 
-// Op::group<V>(first channel) gives, once a thread, a callable f(offset) that maps the V values of one
-// row at offset (of the row's first value in the group). Block (groups across, rows down); the rows
-// are visited in a grid-stride loop down the column.
+// Op::load<V>(offset) reads the V values of one row's inputs at offset (of the row's first value in
+// a group of V channels), raw; Op::group<V>(first channel) gives, once a thread, a callable f(offset,
+// what load read) that maps them and writes the row's outputs. Block (groups across, rows down); the
+// rows are visited in a grid-stride loop down the column, each row's inputs read before the row
+// above is mapped, and the first row's before the channels' coefficients: their loads are in
+// flight while the thread works.
 template <int V, class I, class Op>
 __global__ void column_map(Op op, I rows, I c)
 {
-    const I group = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
-    if (group >= c / V) return;
-    const auto f = op.template group<V>(group * V);
-    for (I r = I(blockIdx.y) * I(blockDim.y) + I(threadIdx.y); r < rows; r += I(blockDim.y) * I(gridDim.y))
-        f(r * c + group * V);
+    const I group = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x), column = group * V;
+    const I step = I(blockDim.y) * I(gridDim.y);
+    I r = I(blockIdx.y) * I(blockDim.y) + I(threadIdx.y);
+    if (group >= c / V || r >= rows) return;
+    auto in = op.template load<V>(r * c + column);
+    const auto f = op.template group<V>(column);
+    for (I next = r + step; next < rows; r = next, next += step) {
+        const auto ahead = op.template load<V>(next * c + column);
+        f(r * c + column, in);
+        in = ahead;
+    }
+    f(r * c + column, in);
 }
 } // namespace kernels
 

@@ -287,15 +287,25 @@ struct ColumnNormalize {
     const float *weight, *bias, *mean, *invstd;
     const T* addend;
     template <int V, class I>
+    __device__ auto load(I at) const
+    {
+        struct {
+            Raw<V, T> x, addend;
+        } in;
+        in.x = load_raw<V>(x + at);
+        if constexpr (Add) in.addend = load_raw<V>(addend + at);
+        return in;
+    }
+    template <int V, class I>
     __device__ auto group(I ch) const
     {
         Coefficients k[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) k[j] = coefficients(weight[ch + j], bias[ch + j], mean[ch + j], invstd[ch + j]);
-        return [=, x = x, y = y, addend = addend](I at) {
+        return [=, y = y](I at, const auto& in) {
             float v[8], a[8] = {};
-            load_v<V>(x + at, v);
-            if constexpr (Add) load_v<V>(addend + at, a);
+            widen_raw(in.x, v);
+            if constexpr (Add) widen_raw(in.addend, a);
 #pragma unroll
             for (int j = 0; j < V; ++j) v[j] = normalized<Relu, Add>(v[j], k[j].scale, k[j].shift, a[j]);
             store_v<V>(y + at, v);
@@ -311,24 +321,34 @@ struct ColumnNormalizeGradient {
     std::size_t c;
     ReluAfter<T> relu;
     template <int V, class I>
+    __device__ auto load(I at) const
+    {
+        struct {
+            Raw<V, T> x, dy;
+        } in;
+        in.x = load_raw<V>(x + at);
+        in.dy = load_raw<V>(dy + at);
+        return in;
+    }
+    // The mask's coefficients (coefficients()) share the gradient's scale, weight * invstd.
+    template <int V, class I>
     __device__ auto group(I ch) const
     {
         const float inv_count = 1.0f / *elements;
-        float m[V], s[V], scale[V], mean_dy[V], mean_dy_xhat[V];
-        Coefficients k[V];
+        float m[V], s[V], scale[V], shift[V], mean_dy[V], mean_dy_xhat[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            m[j] = mean[ch + j], s[j] = invstd[ch + j], scale[j] = weight[ch + j] * s[j];
+            const Coefficients k = coefficients(weight[ch + j], M == Mask::from_x ? relu.bias[ch + j] : 0.0f, mean[ch + j], invstd[ch + j]);
+            m[j] = mean[ch + j], s[j] = invstd[ch + j], scale[j] = k.scale, shift[j] = k.shift;
             mean_dy[j] = sums[c + ch + j] * inv_count, mean_dy_xhat[j] = sums[ch + j] * inv_count;
-            if constexpr (M == Mask::from_x) k[j] = coefficients(weight[ch + j], relu.bias[ch + j], m[j], s[j]);
         }
-        return [=, x = x, dy = dy, dx = dx](I at) {
+        return [=, dx = dx](I at, const auto& in) {
             float v[8], d[8];
-            load_v<V>(x + at, v);
-            load_v<V>(dy + at, d);
+            widen_raw(in.x, v);
+            widen_raw(in.dy, d);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
-                if constexpr (M == Mask::from_x) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
+                if constexpr (M == Mask::from_x) d[j] = relu_grad_from_x<T>(v[j], {scale[j], shift[j]}, d[j]);
                 v[j] = normalized_gradient(v[j], d[j], m[j], s[j], scale[j], mean_dy[j], mean_dy_xhat[j]);
             }
             store_v<V>(dx + at, v);
