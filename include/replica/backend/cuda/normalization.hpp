@@ -3,9 +3,10 @@
 // x is (n, c, inner) in the context's layout (layout.hpp: channels-last, (n, inner, c), whose sums and
 // per-channel maps are columns.hpp's). Per-channel sums in two stages of fixed shape, in double: blocks
 // sum fixed parts of each channel (a block tree), then one thread a channel adds the parts in order:
-// the same bits every run (channels-last: columns.hpp's lanes add in float, their totals in double). x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16),
-// read as float, each output rounded once to T; sums, statistics and parameters stay float (the sums
-// in double, as for float).
+// the same bits every run (channels-last: columns.hpp's lanes add in float, their totals in double).
+// x, y, dx, dy (and add_into's a, b, y) are activations of one type T (float, bf16, fp16), read as
+// float, each output rounded once to T; sums, statistics and parameters stay float (the sums in
+// double, as for float).
 
 #include <algorithm>
 #include <concepts>
