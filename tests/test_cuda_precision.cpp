@@ -921,6 +921,34 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                     cuda::batch_norm_sums(*ctx, x_d.data(), n, c, inner, mean_d.data(), sums_d.data(), scratch.data());
                     const auto s = read(2 * c + 1);
                     CHECK(close(ctx, s, want, bound));
+                    {   // the statistics in the sums' last pass: batch_norm_statistics' bits, and the same sums
+                        std::vector<float> running(2 * c);   // [mean | var], the same start both ways
+                        for (std::size_t ch = 0; ch < c; ++ch) running[ch] = mean[ch], running[c + ch] = 0.5f + 0.25f * float(ch);
+                        std::vector<float> got[2];
+                        for (const bool fused : {false, true}) {
+                            auto r_d = ctx->allocate<float>(2 * c), stats_d = ctx->allocate<float>(2 * c);
+                            auto sums2_d = ctx->allocate<float>(2 * c + 1);
+                            ctx->upload(r_d.data(), running.data(), running.size());
+                            const backend::StatisticsUpdate then{.running_mean = r_d.data(), .running_var = r_d.data() + c,
+                                                                 .momentum = 0.1f, .eps = 1e-5f, .mean = stats_d.data(),
+                                                                 .invstd = stats_d.data() + c};
+                            if (fused) {
+                                cuda::batch_norm_sums(*ctx, x_d.data(), n, c, inner, r_d.data(), sums2_d.data(), scratch.data(), then);
+                            } else {
+                                cuda::batch_norm_sums(*ctx, x_d.data(), n, c, inner, r_d.data(), sums2_d.data(), scratch.data());
+                                cuda::batch_norm_statistics(*ctx, sums2_d.data(), then.running_mean, then.running_var,
+                                                            then.momentum, then.eps, then.mean, then.invstd, c);
+                            }
+                            std::vector<float> out(6 * c + 1);
+                            ctx->download(out.data(), sums2_d.data(), 2 * c + 1);
+                            ctx->download(out.data() + 2 * c + 1, r_d.data(), 2 * c);
+                            ctx->download(out.data() + 4 * c + 1, stats_d.data(), 2 * c);
+                            ctx->synchronize();
+                            got[fused] = out;
+                        }
+                        CHECK(differences(got[1], got[0]) == "");
+                        CHECK(got[0][5 * c + 1] > 0.0f);   // an invstd was written (the buffer starts zeroed)
+                    }
                     cuda::batch_norm_backward_sums(*ctx, x_d.data(), dy_d.data(), n, c, inner, mean_d.data(), invstd_d.data(),
                                                    sums_d.data(), scratch.data());
                     const auto bs = read(2 * c);

@@ -3,6 +3,8 @@
 // (backend/cpu/normalization.hpp) and the GPU kernels (backend/cuda/normalization.hpp), so that both
 // compute the same doubles; and how both backends' backward passes are told of a ReLU after it.
 
+#include <cmath>
+
 #include "replica/core/config.hpp"
 
 namespace replica::backend {
@@ -35,5 +37,33 @@ REPLICA_HOST_DEVICE void move_running(float& running_mean, float& running_var, d
     running_mean = float((1.0 - momentum) * running_mean + momentum * m);
     running_var = float((1.0 - momentum) * running_var + momentum * unbiased);
 }
+
+// One channel's batch statistics from its sums (s1: of x - the running mean, s2: of its square, over
+// count values): the batch mean, 1 / sqrt(biased var + eps), and the running estimates moved `momentum`
+// of the way to the mean and the unbiased variance (momentum 0: left as they are).
+REPLICA_HOST_DEVICE void batch_statistics(float s1, float s2, float count, float& running_mean, float& running_var,
+                                          float momentum, float eps, float& mean, float& invstd)
+{
+    const double n = count;
+    const double d = n > 0 ? s1 / n : 0.0;
+    const double s = n > 0 ? s2 / n - d * d : 0.0;
+    const double var = s > 0.0 ? s : 0.0;   // NaN too
+    const double m = double(running_mean) + d;
+    mean = float(m);
+    invstd = float(1.0 / sqrt(var + double(eps)));
+    if (momentum != 0.0f) move_running(running_mean, running_var, m, var, n, momentum);
+}
+
+// The statistics batch_norm_sums may derive as soon as its sums are made (batch_norm_statistics' in
+// the sums' last pass), where no replica's sums are to be added first. Empty: the sums only.
+struct StatisticsUpdate {
+    float* running_mean = nullptr;
+    float* running_var = nullptr;
+    float momentum = 0.0f;
+    float eps = 0.0f;
+    float* mean = nullptr;
+    float* invstd = nullptr;
+    REPLICA_HOST_DEVICE explicit operator bool() const { return mean != nullptr; }
+};
 
 } // namespace replica::backend

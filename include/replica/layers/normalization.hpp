@@ -143,13 +143,18 @@ struct BatchNorm {
                 batch_norm_running(ctx, running, running + C, eps, mean, invstd, C);
             } else {
                 // Sums around the running mean (the same on every replica): less cancellation in the
-                // variance than raw sums of squares.
-                batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch);
-                if (pass.micro_shard > 0) {   // the running estimates stay as they are until update_statistics
-                    batch_norm_statistics(ctx, sums, running, running + C, 0.0f, eps, mean, invstd, C);
-                    batch_norm_shard_sums(ctx, sums, a.shard_sums, 1.0f / float(pass.micro_shard * inner), C);
+                // variance than raw sums of squares. Where no other replica's sums are added to these,
+                // the statistics come with them (the backend's last pass of the sums).
+                constexpr bool synced = Stats == BatchStats::global && core::SyncingHook<Hook>;
+                const bool shard = pass.micro_shard > 0;
+                if (shard || !synced) {   // a micro-shard's running estimates stay as they are until update_statistics
+                    batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch,
+                                    {.running_mean = running, .running_var = running + C, .momentum = shard ? 0.0f : momentum,
+                                     .eps = eps, .mean = mean, .invstd = invstd});
+                    if (shard) batch_norm_shard_sums(ctx, sums, a.shard_sums, 1.0f / float(pass.micro_shard * inner), C);
                 } else {
-                    if constexpr (Stats == BatchStats::global) core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
+                    batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch);
+                    core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
                     batch_norm_statistics(ctx, sums, running, running + C, momentum, eps, mean, invstd, C);
                 }
             }

@@ -27,10 +27,22 @@ std::size_t batch_norm_scratch(const Context&, std::size_t)
     return 0;
 }
 
+// From sums (over the whole batch): the batch mean, 1 / sqrt(biased var + eps), and the running
+// estimates moved `momentum` of the way to the mean and the unbiased variance (momentum 0: left as
+// they are): batch_statistics for each channel.
+inline void batch_norm_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
+                                  float momentum, float eps, float* mean, float* invstd, std::size_t c)
+{
+    for (std::size_t ch = 0; ch < c; ++ch)
+        batch_statistics(sums[ch], sums[c + ch], sums[2 * c], running_mean[ch], running_var[ch], momentum, eps, mean[ch],
+                         invstd[ch]);
+}
+
 // sums = [sum of (x - shift[c]) (c) | sum of its square (c) | n * inner].
+// then (not empty): batch_norm_statistics from these sums too.
 template <core::Storage T>
-void batch_norm_sums(const Context&, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
-                     float* sums, float*)
+void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
+                     float* sums, float*, StatisticsUpdate then = {})
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         double s1 = 0.0, s2 = 0.0;
@@ -46,23 +58,9 @@ void batch_norm_sums(const Context&, const T* x, std::size_t n, std::size_t c, s
         sums[c + ch] = float(s2);
     }
     sums[2 * c] = float(n * inner);
-}
-
-// From sums (over the whole batch): the batch mean, 1 / sqrt(biased var + eps), and the running
-// estimates moved `momentum` of the way to the mean and the unbiased variance (momentum 0: left as
-// they are).
-inline void batch_norm_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
-                                  float momentum, float eps, float* mean, float* invstd, std::size_t c)
-{
-    const double count = sums[2 * c];
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        const double d = count > 0 ? sums[ch] / count : 0.0;
-        const double var = count > 0 ? std::max(0.0, sums[c + ch] / count - d * d) : 0.0;
-        const double m = double(running_mean[ch]) + d;
-        mean[ch] = float(m);
-        invstd[ch] = float(1.0 / std::sqrt(var + double(eps)));
-        if (momentum != 0.0f) move_running(running_mean[ch], running_var[ch], m, var, count, momentum);
-    }
+    if (then)
+        batch_norm_statistics(ctx, sums, then.running_mean, then.running_var, then.momentum, then.eps, then.mean,
+                              then.invstd, c);
 }
 
 // The reproducible mode. A micro-shard's share of the step's sums: out = sums[0, 2c) * scale.

@@ -154,10 +154,23 @@ __global__ void channel_partial_sums(const T* x, const T* dy, I n, I c, I inner,
     }
 }
 
-// Forward: sums = [s1 (c) | s2 (c) | count]. Backward: dparams = [s2 * invstd (c) | s1 (c)].
+// One channel's sums as forward writes them (sums = [s1 (c) | s2 (c) | count]), and with `then` its
+// statistics from those floats (batch_norm_statistics').
+__device__ inline void forward_sums(std::size_t ch, std::size_t c, double s1, double s2, std::size_t count, float* sums,
+                                    const StatisticsUpdate& then)
+{
+    sums[ch] = float(s1);
+    sums[c + ch] = float(s2);
+    if (ch == 0) sums[2 * c] = float(count);
+    if (then)
+        batch_statistics(float(s1), float(s2), float(count), then.running_mean[ch], then.running_var[ch], then.momentum,
+                         then.eps, then.mean[ch], then.invstd[ch]);
+}
+
+// Forward: forward_sums. Backward: dparams = [s2 * invstd (c) | s1 (c)].
 template <bool Backward>
 __global__ void finish_channel_sums(const double* partial, std::size_t parts, std::size_t c, std::size_t count,
-                                    const float* invstd, float* out)
+                                    const float* invstd, float* out, StatisticsUpdate then = {})
 {
     const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
     if (ch >= c) return;
@@ -170,9 +183,7 @@ __global__ void finish_channel_sums(const double* partial, std::size_t parts, st
         out[ch] = float(s2 * invstd[ch]);
         out[c + ch] = float(s1);
     } else {
-        out[ch] = float(s1);
-        out[c + ch] = float(s2);
-        if (ch == 0) out[2 * c] = float(count);
+        forward_sums(ch, c, s1, s2, count, out, then);
     }
 }
 
@@ -180,16 +191,14 @@ __global__ void finish_channel_sums(const double* partial, std::size_t parts, st
 // same outputs, the parts added by a warp a channel.
 template <bool Backward>
 __global__ void finish_column_sums(const double* partial, std::size_t parts, std::size_t c, std::size_t count,
-                                   const float* invstd, float* out)
+                                   const float* invstd, float* out, StatisticsUpdate then = {})
 {
     fold_parts<2>(partial, parts, c, [&](std::size_t ch, const double (&s)[2]) {
         if constexpr (Backward) {
             out[ch] = float(s[1] * invstd[ch]);
             out[c + ch] = float(s[0]);
         } else {
-            out[ch] = float(s[0]);
-            out[c + ch] = float(s[1]);
-            if (ch == 0) out[2 * c] = float(count);
+            forward_sums(ch, c, s[0], s[1], count, out, then);
         }
     });
 }
@@ -199,14 +208,8 @@ __global__ void batch_norm_statistics(const float* sums, float* running_mean, fl
 {
     const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
     if (ch >= c) return;
-    const double count = sums[2 * c];
-    const double d = count > 0 ? sums[ch] / count : 0.0;
-    const double s2 = count > 0 ? sums[c + ch] / count - d * d : 0.0;
-    const double var = s2 > 0.0 ? s2 : 0.0;
-    const double m = double(running_mean[ch]) + d;
-    mean[ch] = float(m);
-    invstd[ch] = float(1.0 / sqrt(var + double(eps)));
-    if (momentum != 0.0f) move_running(running_mean[ch], running_var[ch], m, var, count, momentum);
+    batch_statistics(sums[ch], sums[c + ch], sums[2 * c], running_mean[ch], running_var[ch], momentum, eps, mean[ch],
+                     invstd[ch]);
 }
 
 __global__ void batch_norm_shard_sums(const float* sums, float* out, float scale, std::size_t c)
@@ -544,9 +547,10 @@ void channel_sums(const Context& ctx, const T* x, const T* dy, std::size_t n, st
 }
 } // namespace detail
 
+// then (not empty): batch_norm_statistics from these sums too, in the pass that finishes them.
 template <core::Storage T>
 void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
-                     float* sums, float* scratch)
+                     float* sums, float* scratch, StatisticsUpdate then = {})
 {
     const bool last = channels_last<T>(ctx);
     const std::size_t parts = last ? detail::column_parts(n * inner, c) : detail::channel_parts(n * inner);
@@ -555,11 +559,11 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
         if constexpr (decltype(l)::value) {
             detail::column_sums<2>(ctx, n * inner, c, parts, partial, [&](auto) { return kernels::ColumnMoments<T>{x, shift}; }, x);
             kernels::finish_column_sums<false><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
-                partial, parts, c, n * inner, nullptr, sums);
+                partial, parts, c, n * inner, nullptr, sums, then);
         } else {
             detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
             kernels::finish_channel_sums<false><<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
-                partial, parts, c, n * inner, nullptr, sums);
+                partial, parts, c, n * inner, nullptr, sums, then);
         }
     });
     detail::check_launch("batch_norm_sums");
