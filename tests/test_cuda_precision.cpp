@@ -160,7 +160,8 @@ double beyond(const std::vector<float>& got, const std::vector<float>& want, con
     REQUIRE(got.size() == bound.size());
     double worst = 0.0;
     for (std::size_t i = 0; i < got.size(); ++i) {
-        const double ulp = std::ldexp(1.0, std::max(int(std::floor(std::log2(std::max(double(std::abs(want[i])), 0x1p-126)))), -126) - 23);
+        const double magnitude = std::max(double(std::abs(want[i])), 0x1p-126);
+        const double ulp = std::ldexp(1.0, int(std::floor(std::log2(magnitude))) - 23);
         worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / (bound[i] + ulp));
     }
     return worst;
@@ -923,7 +924,8 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channels-last kernels equal chann
                     CHECK(close(ctx, s, want, bound));
                     {   // the statistics in the sums' last pass: batch_norm_statistics' bits, and the same sums
                         std::vector<float> running(2 * c);   // [mean | var], the same start both ways
-                        for (std::size_t ch = 0; ch < c; ++ch) running[ch] = mean[ch], running[c + ch] = 0.5f + 0.25f * float(ch);
+                        for (std::size_t ch = 0; ch < c; ++ch)
+                            running[ch] = mean[ch], running[c + ch] = 0.5f + 0.25f * float(ch);
                         std::vector<float> got[2];
                         for (const bool fused : {false, true}) {
                             auto r_d = ctx->allocate<float>(2 * c), stats_d = ctx->allocate<float>(2 * c);

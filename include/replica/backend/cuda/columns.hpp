@@ -46,12 +46,12 @@ inline std::size_t column_parts(std::size_t rows, std::size_t c)
 } // namespace detail
 
 namespace kernels {
-// Op::group<V>(first channel) gives, once a thread (so each channel's constants are read once), an
-// object f with f.load(offset) reading one row's inputs of that group of V channels (offset: of the
-// row's first value in the group; raw, not yet used, so that several rows' loads are in flight) and
-// f.add(offset, what load read, sums[S][V]) adding them to the lane's float sums (and writing what
-// the Op writes). Grid (groups / Gb rounded up, parts); block Gb * kLanes threads; dynamic shared
-// memory kLanes * Gb * S * V floats.
+// Op::load<V>(offset) reads one row's inputs of a group of V channels (offset: of the row's first
+// value in the group), raw, not yet used, so that several rows' loads are in flight; Op::group<V>(first
+// channel) gives, once a thread (so each channel's constants are read once), a callable add(offset,
+// what load read, sums[S][V]) that adds them to the lane's float sums (and writes what the Op writes).
+// column_map's Ops take the same two. Grid (groups / Gb rounded up, parts); block Gb * kLanes threads;
+// dynamic shared memory kLanes * Gb * S * V floats.
 template <int S, int V, class Acc, class Op>
 __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::size_t per_part, unsigned gb, Acc* partial)
 {
@@ -67,17 +67,17 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
 #pragma unroll
         for (int j = 0; j < V; ++j) s[k][j] = 0.0f;
     if (group < groups) {
-        const auto f = op.template group<V>(group * V);
+        const auto add = op.template group<V>(group * V);
         const std::size_t column = std::size_t(group) * V;
         std::size_t r = first + lane;
         for (; r + (U - 1) * L < last; r += U * L) {
-            decltype(f.load(column)) in[U];
+            decltype(op.template load<V>(column)) in[U];
 #pragma unroll
-            for (std::size_t u = 0; u < U; ++u) in[u] = f.load((r + u * L) * c + column);
+            for (std::size_t u = 0; u < U; ++u) in[u] = op.template load<V>((r + u * L) * c + column);
 #pragma unroll
-            for (std::size_t u = 0; u < U; ++u) f.add((r + u * L) * c + column, in[u], s);
+            for (std::size_t u = 0; u < U; ++u) add((r + u * L) * c + column, in[u], s);
         }
-        for (; r < last; r += L) f.add(r * c + column, f.load(r * c + column), s);
+        for (; r < last; r += L) add(r * c + column, op.template load<V>(r * c + column), s);
     }
     float* mine = lanes + (std::size_t(lane) * gb + local) * (S * V);
 #pragma unroll
@@ -93,17 +93,6 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
         const unsigned ch = g * V + kj % V, k = kj / V;
         partial[(std::size_t(ch) * gridDim.y + blockIdx.y) * S + k] = total;
     }
-}
-// column_partial_sums' f from a load and an add callable.
-template <class Load, class Add>
-struct RowSums {
-    Load load;
-    Add add;
-};
-template <class Load, class Add>
-__device__ RowSums<Load, Add> row_sums(Load load, Add add)
-{
-    return {load, add};
 }
 // Stage two: a warp a channel adds the channel's parts partial[(ch * parts + p) * S + k]; lane l takes
 // the parts p = l, l + 32, ... in order, then the lanes are added in a fixed tree (shuffles), so the

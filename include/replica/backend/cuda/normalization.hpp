@@ -399,22 +399,26 @@ struct ColumnMoments {
     const T* x;
     const float* centre;
     template <int V>
+    __device__ Raw<V, T> load(std::size_t at) const
+    {
+        return load_raw<V>(x + at);
+    }
+    template <int V>
     __device__ auto group(unsigned ch) const
     {
         float k[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) k[j] = centre[ch + j];
-        return row_sums([x = x](std::size_t at) { return load_raw<V>(x + at); },
-                        [=](std::size_t, const Raw<V, T>& in, float (&s)[2][V]) {
-                            float v[8];
-                            widen_raw(in, v);
+        return [=](std::size_t, const Raw<V, T>& in, float (&s)[2][V]) {
+            float v[8];
+            widen_raw(in, v);
 #pragma unroll
-                            for (int j = 0; j < V; ++j) {
-                                const float d = __fsub_rn(v[j], k[j]);
-                                s[0][j] = __fadd_rn(s[0][j], d);
-                                s[1][j] = __fmaf_rn(d, d, s[1][j]);
-                            }
-                        });
+            for (int j = 0; j < V; ++j) {
+                const float d = __fsub_rn(v[j], k[j]);
+                s[0][j] = __fadd_rn(s[0][j], d);
+                s[1][j] = __fmaf_rn(d, d, s[1][j]);
+            }
+        };
     }
 };
 // dy read as M says (read_gradient's rules; invstd with mean and relu's weight and bias: the
@@ -427,6 +431,17 @@ struct ColumnGradientMoments {
     const float* invstd = nullptr;
     ReluAfter<T> relu = {};
     template <int V>
+    __device__ auto load(std::size_t at) const
+    {
+        struct {
+            Raw<V, T> x, dy, y;
+        } in;
+        in.x = load_raw<V>(x + at);
+        in.dy = load_raw<V>(dy + at);
+        if constexpr (M == Mask::from_y) in.y = load_raw<V>(relu.y + at);
+        return in;
+    }
+    template <int V>
     __device__ auto group(unsigned ch) const
     {
         float m[V];
@@ -436,33 +451,22 @@ struct ColumnGradientMoments {
             m[j] = mean[ch + j];
             if constexpr (M == Mask::from_x) k[j] = coefficients(relu.weight[ch + j], relu.bias[ch + j], m[j], invstd[ch + j]);
         }
-        struct In {
-            Raw<V, T> x, dy, y;
+        return [=, dz = relu.dz](std::size_t at, const auto& in, float (&s)[2][V]) {
+            float v[8], d[8];
+            widen_raw(in.x, v);
+            widen_raw(in.dy, d);
+            if constexpr (M == Mask::from_x) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
+            } else if constexpr (M == Mask::from_y) {
+                relu_grad_store(in.y, d, dz + at);
+            }
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                s[0][j] = __fadd_rn(s[0][j], d[j]);
+                s[1][j] = __fmaf_rn(d[j], __fsub_rn(v[j], m[j]), s[1][j]);
+            }
         };
-        return row_sums(
-            [x = x, dy = dy, y = relu.y](std::size_t at) {
-                In in;
-                in.x = load_raw<V>(x + at);
-                in.dy = load_raw<V>(dy + at);
-                if constexpr (M == Mask::from_y) in.y = load_raw<V>(y + at);
-                return in;
-            },
-            [=, dz = relu.dz](std::size_t at, const In& in, float (&s)[2][V]) {
-                float v[8], d[8];
-                widen_raw(in.x, v);
-                widen_raw(in.dy, d);
-                if constexpr (M == Mask::from_x) {
-#pragma unroll
-                    for (int j = 0; j < V; ++j) d[j] = relu_grad_from_x<T>(v[j], k[j], d[j]);
-                } else if constexpr (M == Mask::from_y) {
-                    relu_grad_store(in.y, d, dz + at);
-                }
-#pragma unroll
-                for (int j = 0; j < V; ++j) {
-                    s[0][j] = __fadd_rn(s[0][j], d[j]);
-                    s[1][j] = __fmaf_rn(d[j], __fsub_rn(v[j], m[j]), s[1][j]);
-                }
-            });
     }
 };
 } // namespace kernels

@@ -86,25 +86,25 @@ struct ColumnBias {
     const T* y;
     T* dz;
     template <int V>
+    __device__ auto load(std::size_t at) const
+    {
+        struct {
+            Raw<V, T> dy, y;
+        } in;
+        in.dy = load_raw<V>(dy + at);
+        if constexpr (Relu) in.y = load_raw<V>(y + at);
+        return in;
+    }
+    template <int V>
     __device__ auto group(unsigned) const
     {
-        struct In {
-            Raw<V, T> dy, y;
-        };
-        return row_sums(
-            [dy = dy, y = y](std::size_t at) {
-                In in;
-                in.dy = load_raw<V>(dy + at);
-                if constexpr (Relu) in.y = load_raw<V>(y + at);
-                return in;
-            },
-            [dz = dz](std::size_t at, const In& in, float (&s)[1][V]) {
-                float d[8];
-                widen_raw(in.dy, d);
-                if constexpr (Relu) relu_grad_store(in.y, d, dz + at);
+        return [dz = dz](std::size_t at, const auto& in, float (&s)[1][V]) {
+            float d[8];
+            widen_raw(in.dy, d);
+            if constexpr (Relu) relu_grad_store(in.y, d, dz + at);
 #pragma unroll
-                for (int j = 0; j < V; ++j) s[0][j] = __fadd_rn(s[0][j], d[j]);
-            });
+            for (int j = 0; j < V; ++j) s[0][j] = __fadd_rn(s[0][j], d[j]);
+        };
     }
 };
 
