@@ -219,6 +219,18 @@ struct BatchNormValues {
     }
 };
 
+// For each v[i]: out[2 i] = the BatchNorm + ReLU mask recomputed from x (kernels::relu_grad_from_x, with
+// the coefficients of the identity, so the normalised value is v[i]), out[2 i + 1] = the rule it
+// stands for, relu_grad of the ReLU's output rounded to T; the gradient is 1.
+template <class T>
+__global__ void mask_from_x(const float* v, float* out, unsigned n)
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[2 * i] = cuda::kernels::relu_grad_from_x<T>(v[i], {1.0f, 0.0f}, 1.0f);
+    out[2 * i + 1] = cuda::kernels::relu_grad(cuda::kernels::widen(cuda::kernels::narrow<T>(cuda::kernels::relu(v[i]))), 1.0f);
+}
+
 } // namespace
 
 // On the host (no GPU needed): the 16-byte moves of the vector kernels keep the values in order.
@@ -489,6 +501,32 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: softmax cross-entropy and the arg
         CHECK(cuda::count_correct(ctx, classes, pixels, logits_d.data(), labels_d.data(), n) ==
               cpu::count_correct(host, classes, pixels, logits.data(), labels.data(), n));
     }
+}
+
+PRECISION_TEST_CASE("bf16 and fp16 on the GPU: the ReLU's mask from x is the rounded output's, at the edges of zero")
+{
+    using T = TestType;
+    CPU_AND_GPU(host, ctx);
+    // Around the largest floats that round to zero in bf16 (2^-134) and fp16 (2^-25), T's smallest
+    // subnormals, zeros, infinities, NaN, fp16's overflow.
+    std::vector<float> v{0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-135f, 0x1p-134f, std::nextafter(0x1p-134f, 1.0f),
+                         0x1p-133f, 0x1p-26f, 0x1p-25f, std::nextafter(0x1p-25f, 1.0f), 0x1p-24f, 1.0f, -1.0f, 65504.0f,
+                         65520.0f, 1e30f, INFINITY, -INFINITY, NAN};
+    auto v_d = ctx.allocate<float>(v.size()), out_d = ctx.allocate<float>(2 * v.size());
+    ctx.upload(v_d.data(), v.data(), v.size());
+    mask_from_x<T><<<1, 32, 0, ctx.stream()>>>(v_d.data(), out_d.data(), unsigned(v.size()));
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    std::vector<float> out(2 * v.size());
+    ctx.download(out.data(), out_d.data(), out.size());
+    ctx.synchronize();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        INFO("v = " << v[i]);
+        CHECK(std::bit_cast<std::uint32_t>(out[2 * i]) == std::bit_cast<std::uint32_t>(out[2 * i + 1]));
+    }
+    // The values that T rounds to zero are there: the mask is off at the bound and on just above it.
+    const std::size_t bound = std::is_same_v<T, core::bf16> ? 5 : 9;
+    CHECK(out[2 * bound + 1] == 0.0f);
+    CHECK(out[2 * bound + 3] == 1.0f);
 }
 
 PRECISION_TEST_CASE("bf16 and fp16 on the GPU: BatchNorm's sums, apply and backward read and write T, statistics float")

@@ -24,6 +24,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 
 namespace replica::backend::cuda {
 
@@ -42,6 +43,14 @@ inline std::size_t column_parts(std::size_t rows, std::size_t c)
     const std::size_t across = std::max<std::size_t>((c / 8 + kGroupsPerBlock - 1) / kGroupsPerBlock, 1);
     const std::size_t fill = std::min((kFillBlocks + across - 1) / across, (rows + 63) / 64);
     return std::clamp<std::size_t>(std::max((rows + 1023) / 1024, fill), 1, kColumnParts);
+}
+// Warps that add one channel's parts in fold_parts: about four parts a lane, up to a block's eight
+// warps (a power of two, so that it divides them). It depends on the parts only.
+REPLICA_HOST_DEVICE unsigned fold_warps(std::size_t parts)
+{
+    unsigned w = 1;
+    while (w < kThreads / 32 && parts > 128 * std::size_t(w)) w *= 2;
+    return w;
 }
 } // namespace detail
 
@@ -94,26 +103,40 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
         partial[(std::size_t(ch) * gridDim.y + blockIdx.y) * S + k] = total;
     }
 }
-// Stage two: a warp a channel adds the channel's parts partial[(ch * parts + p) * S + k]; lane l takes
-// the parts p = l, l + 32, ... in order, then the lanes are added in a fixed tree (shuffles), so the
-// order depends on the shape only. done(ch, sums) receives the S totals (in lane 0). Block: 256
-// threads, 8 channels.
+// Stage two: a channel's parts partial[(ch * parts + p) * S + k] are added by W = fold_warps(parts)
+// warps of one block; lane l of the channel's warp v takes the parts p = 32 v + l, 32 v + l + 32 W, ...
+// in order, the lanes are added in a fixed tree (shuffles), then the warps in order, so the order
+// depends on the shape only. done(ch, sums) receives the S totals (in one thread). Block: kThreads threads,
+// kThreads / 32 / fold_warps(parts) channels (fold_blocks).
 template <int S, class Acc, class Done>
 __device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::size_t c, Done&& done)
 {
-    const std::size_t ch = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;
-    const unsigned lane = threadIdx.x % 32;
-    if (ch >= c) return;   // a whole warp leaves together
+    constexpr unsigned kWarps = detail::kThreads / 32;
+    __shared__ Acc warps[kWarps][S];
+    const unsigned w = detail::fold_warps(parts), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const std::size_t ch = (std::size_t(blockIdx.x) * kWarps + warp) / w;
+    const unsigned mine = warp % w;   // the channel's warps are neighbours in one block (w divides kWarps)
     Acc s[S];
 #pragma unroll
     for (int k = 0; k < S; ++k) s[k] = Acc(0);
-    for (std::size_t p = lane; p < parts; p += 32)
+    if (ch < c)
+        for (std::size_t p = 32 * mine + lane; p < parts; p += 32 * w)
 #pragma unroll
-        for (int k = 0; k < S; ++k) s[k] += partial[(ch * parts + p) * S + k];
+            for (int k = 0; k < S; ++k) s[k] += partial[(ch * parts + p) * S + k];
 #pragma unroll
     for (int k = 0; k < S; ++k)
         for (int d = 16; d > 0; d /= 2) s[k] += __shfl_down_sync(0xffffffffu, s[k], d);
-    if (lane == 0) done(ch, s);
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < S; ++k) warps[warp][k] = s[k];
+    __syncthreads();
+    if (ch >= c || mine != 0 || lane != 0) return;
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+        s[k] = warps[warp][k];
+        for (unsigned v = 1; v < w; ++v) s[k] += warps[warp + v][k];
+    }
+    done(ch, s);
 }
 
 // Op::load<V>(offset) reads the V values of one row's inputs at offset (of the row's first value in
@@ -150,10 +173,11 @@ void by_column_width(std::size_t c, F&& f, const P*... aligned)
     else f(std::integral_constant<int, 1>{});
 }
 
-// Warps of fold_parts for c channels.
-inline unsigned fold_blocks(std::size_t c)
+// Blocks of fold_parts for c channels of `parts` parts.
+inline unsigned fold_blocks(std::size_t c, std::size_t parts)
 {
-    return unsigned((c * 32 + kThreads - 1) / kThreads);
+    const std::size_t per_block = kThreads / 32 / fold_warps(parts);
+    return unsigned((c + per_block - 1) / per_block);
 }
 
 // Queues column_partial_sums over rows x c values with `parts` parts, V channels a move

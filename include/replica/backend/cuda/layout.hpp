@@ -62,20 +62,19 @@ __global__ void transpose_planes(const S* src, D* dst, unsigned a, unsigned b)
 // transpose_planes where one side is short (a or b at most kThinSide: an image's 3 channels, a 3x3
 // window): a tile would be mostly idle, so a thread takes one index of the long side and loops over the
 // short one; across a warp the long side's neighbours are read (ShortA) or written (!ShortA) together,
-// and the short side's values lie next to each other. Grid-stride over planes x long side.
+// and the short side's values lie next to each other. Grid (long side, planes): blockIdx.y is the
+// plane, so no thread divides by a size known only at run time.
 template <core::Storage S, core::Storage D, bool ShortA>
-__global__ void transpose_thin(const S* src, D* dst, unsigned a, unsigned b, std::size_t count)
+__global__ void transpose_thin(const S* src, D* dst, unsigned a, unsigned b)
 {
     const unsigned along = ShortA ? b : a, across = ShortA ? a : b;
-    REPLICA_GRID_LOOP(t, count)
-    {
-        const std::size_t plane = t / along * a * b;
-        const unsigned l = unsigned(t % along);
+    const std::size_t plane = std::size_t(blockIdx.y) * a * b;
+    src += plane, dst += plane;
+    for (unsigned l = blockIdx.x * blockDim.x + threadIdx.x; l < along; l += blockDim.x * gridDim.x)
         for (unsigned s = 0; s < across; ++s) {
             const unsigned i = ShortA ? s : l, j = ShortA ? l : s;
-            dst[plane + std::size_t(j) * a + i] = narrow<D>(widen(src[plane + std::size_t(i) * b + j]));
+            dst[std::size_t(j) * a + i] = narrow<D>(widen(src[std::size_t(i) * b + j]));
         }
-    }
 }
 } // namespace kernels
 
@@ -89,9 +88,9 @@ void transpose_planes(const Context& ctx, const S* src, D* dst, std::size_t n, s
     if (n == 0 || a == 0 || b == 0) return;
     core::require(n < 65536 && a * b < (std::size_t(1) << 32), "a layout transpose of 65536 samples or more: use a smaller batch");
     if (std::min(a, b) <= kThinSide) {
-        const std::size_t count = n * std::max(a, b);
-        if (a <= b) kernels::transpose_thin<S, D, true><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b), count);
-        else kernels::transpose_thin<S, D, false><<<blocks_for(count), kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b), count);
+        const dim3 grid(std::min(blocks_for(std::max(a, b)), 65535u), unsigned(n));
+        if (a <= b) kernels::transpose_thin<S, D, true><<<grid, kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b));
+        else kernels::transpose_thin<S, D, false><<<grid, kThreads, 0, ctx.stream()>>>(src, dst, unsigned(a), unsigned(b));
         check_launch("transpose_planes");
         return;
     }

@@ -21,6 +21,7 @@
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/number.hpp"
 
 namespace replica::backend::cuda {
 
@@ -45,12 +46,18 @@ __device__ inline float normalized(float v, float scale, float shift, float adde
     if constexpr (Add) u = __fadd_rn(u, addend);
     return Relu && u < 0.0f ? 0.0f : u;
 }
+// The largest float that rounds to zero in T: half T's smallest subnormal (the tie goes to the even
+// zero), 0 for float. A float rounds to a T above zero exactly when it is above this.
+template <core::Storage T>
+inline constexpr float kRoundsToZero = std::same_as<T, core::bf16> ? 0x1p-134f : std::same_as<T, core::fp16> ? 0x1p-25f : 0.0f;
 // dy through the mask of a ReLU that followed a normalisation without an addend: relu_grad(y, dy) with
 // y the ReLU's output as batch_norm_apply rounds it to T, recomputed from x (y itself is not read).
+// The sign of the rounded value is read off the float (kRoundsToZero), which spares a conversion
+// a value: the same result, NaN's included (it passes no gradient).
 template <core::Storage T>
 __device__ inline float relu_grad_from_x(float v, Coefficients k, float dy)
 {
-    return relu_grad(widen(narrow<T>(normalized<true, false>(v, k.scale, k.shift, 0.0f))), dy);
+    return normalized<false, false>(v, k.scale, k.shift, 0.0f) > kRoundsToZero<T> ? dy : 0.0f;
 }
 __device__ inline float normalized_gradient(float v, float d, float mean, float invstd, float scale, float mean_dy,
                                             float mean_dy_xhat)
@@ -562,7 +569,7 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
     detail::by_layout<T>(ctx, [&](auto l) {
         if constexpr (decltype(l)::value) {
             detail::column_sums<2>(ctx, n * inner, c, parts, partial, [&](auto) { return kernels::ColumnMoments<T>{x, shift}; }, x);
-            kernels::finish_column_sums<false><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
+            kernels::finish_column_sums<false><<<detail::fold_blocks(c, parts), detail::kThreads, 0, ctx.stream()>>>(
                 partial, parts, c, n * inner, nullptr, sums, then);
         } else {
             detail::channel_sums<false>(ctx, x, static_cast<const T*>(nullptr), n, c, inner, shift, partial, parts);
@@ -657,7 +664,7 @@ void batch_norm_backward_sums(const Context& ctx, const T* x, const T* dy, std::
                     [&](auto) { return kernels::ColumnGradientMoments<T, decltype(mask)::value>{x, dy, mean, invstd, relu}; }, x, dy,
                     relu.y, static_cast<const T*>(relu.dz));
             });
-            kernels::finish_column_sums<true><<<detail::fold_blocks(c), detail::kThreads, 0, ctx.stream()>>>(
+            kernels::finish_column_sums<true><<<detail::fold_blocks(c, parts), detail::kThreads, 0, ctx.stream()>>>(
                 partial, parts, c, n * inner, invstd, dparams);
         }
     });

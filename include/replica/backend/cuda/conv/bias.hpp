@@ -157,7 +157,7 @@ void channel_sums_last(const Context& ctx, const T* dy, float* db, std::size_t c
     else
         column_sums<1>(ctx, rows, channels, parts, partial, [&](auto) { return kernels::ColumnBias<T, false>{dy, nullptr, nullptr}; },
                        dy);
-    kernels::column_totals<<<fold_blocks(channels), kThreads, 0, ctx.stream()>>>(partial, db, channels, parts);
+    kernels::column_totals<<<fold_blocks(channels, parts), kThreads, 0, ctx.stream()>>>(partial, db, channels, parts);
     check_launch("column_totals");
 }
 
