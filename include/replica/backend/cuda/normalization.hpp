@@ -49,7 +49,9 @@ __device__ inline float normalized(float v, float scale, float shift, float adde
 // The largest float that rounds to zero in T: half T's smallest subnormal (the tie goes to the even
 // zero), 0 for float. A float rounds to a T above zero exactly when it is above this.
 template <core::Storage T>
-inline constexpr float kRoundsToZero = std::same_as<T, core::bf16> ? 0x1p-134f : std::same_as<T, core::fp16> ? 0x1p-25f : 0.0f;
+inline constexpr float kRoundsToZero = std::same_as<T, core::bf16>   ? 0x1p-134f
+                                       : std::same_as<T, core::fp16> ? 0x1p-25f
+                                                                     : 0.0f;
 // dy through the mask of a ReLU that followed a normalisation without an addend: relu_grad(y, dy) with
 // y the ReLU's output as batch_norm_apply rounds it to T, recomputed from x (y itself is not read).
 // The sign of the rounded value is read off the float (kRoundsToZero), which spares a conversion
