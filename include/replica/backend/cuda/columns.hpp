@@ -106,8 +106,8 @@ __global__ void column_partial_sums(Op op, std::size_t rows, unsigned c, std::si
 // Stage two: a channel's parts partial[(ch * parts + p) * S + k] are added by W = fold_warps(parts)
 // warps of one block; lane l of the channel's warp v takes the parts p = 32 v + l, 32 v + l + 32 W, ...
 // in order, the lanes are added in a fixed tree (shuffles), then the warps in order, so the order
-// depends on the shape only. done(ch, sums) receives the S totals (in one thread). Block: kThreads threads,
-// kThreads / 32 / fold_warps(parts) channels (fold_blocks).
+// depends on the shape only. done(ch, sums) receives the S totals (in one thread). Block: kThreads
+// threads, kThreads / 32 / fold_warps(parts) channels (fold_blocks).
 template <int S, class Acc, class Done>
 __device__ inline void fold_parts(const Acc* partial, std::size_t parts, std::size_t c, Done&& done)
 {
