@@ -16,7 +16,7 @@
 #include "replica/backend/cuda/graph_executor.hpp"
 #endif
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 #if defined(REPLICA_CUDA)
 using AnyContext = std::variant<cpu::Context, cuda::Context>;
@@ -114,7 +114,7 @@ inline std::vector<Device> all_devices()
 
 } // namespace replica::backend
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using backend::all_devices;
 using backend::cuda_devices;
 using backend::default_devices;

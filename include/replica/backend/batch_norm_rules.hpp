@@ -7,7 +7,7 @@
 
 #include "replica/core/config.hpp"
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 // A ReLU that followed the normalisation in forward (batch_norm_apply's relu), for the backward passes,
 // whose dy is then the ReLU's output gradient, read through its mask, one of two ways:

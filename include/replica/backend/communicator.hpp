@@ -27,11 +27,12 @@
 #include <string>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 // How the all-reduce carries gradient buckets (DataParallelOptions::gradient_reduction).
 //   fp32: summed as floats.

@@ -16,9 +16,10 @@
 #if defined(REPLICA_CUDA)
 #include "replica/backend/cuda/nccl.hpp"
 #include "replica/backend/cuda/shared_gpu.hpp"
+#include "replica/core/config.hpp"
 #endif
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 namespace detail {
 inline std::string device_list(std::span<const Device> devices)

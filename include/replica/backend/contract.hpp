@@ -12,11 +12,12 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 template <class C>
 concept Context = std::copy_constructible<C> &&

@@ -5,9 +5,10 @@
 
 #include <cstddef>
 
+#include "replica/core/config.hpp"
 #include "replica/core/window.hpp"
 
-namespace replica::backend {
+namespace REPLICA_NAMESPACE::backend {
 
 // Whether a convolution runs channels-first, between transposes, although its neighbours are
 // channels-last: its input channels are not a multiple of 8, where cuDNN's channels-last kernels are

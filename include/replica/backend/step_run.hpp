@@ -15,7 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace replica::backend {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::backend {
 
 struct StepRun {
     std::uint64_t seed = 0;           // the step's seed and global first sample (dropout)

@@ -14,9 +14,10 @@
 #include <string>
 #include <system_error>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // Writes `bytes` to `path` atomically. Errors begin with `failure` (what could not be written, e.g.
 // "cannot write checkpoint <path>"), name the step and the OS error, and end with `kept` (what the

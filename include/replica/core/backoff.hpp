@@ -6,7 +6,9 @@
 #include <chrono>
 #include <thread>
 
-namespace replica::core {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::core {
 
 class Backoff {
 public:

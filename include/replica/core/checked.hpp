@@ -6,9 +6,10 @@
 #include <limits>
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // a * b, or Error "<what>: a x b does not fit in 64 bits ..." when it overflows.
 inline std::size_t checked_mul(std::size_t a, std::size_t b, const std::string& what)

@@ -7,3 +7,15 @@
 #else
 #define REPLICA_HOST_DEVICE inline
 #endif
+
+// Where the library's names live: replica::X is replica::with_cuda::X in a translation unit compiled
+// by nvcc and replica::host_only::X in one compiled by a plain compiler. The two see different
+// definitions of the same names (a model's context may be a GPU's only under nvcc), and the inline
+// namespace keeps the linker from merging them into one: a program may hold both kinds of translation
+// unit, and a replica type passed between the two kinds is a link error, not a silent mismatch.
+// Code names replica::X either way; headers open `namespace REPLICA_NAMESPACE::folder {`.
+#if defined(REPLICA_CUDA)
+#define REPLICA_NAMESPACE replica::inline with_cuda
+#else
+#define REPLICA_NAMESPACE replica::inline host_only
+#endif

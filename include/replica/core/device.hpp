@@ -9,9 +9,10 @@
 #include <string_view>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 
 class Device {
 public:

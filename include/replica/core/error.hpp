@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace replica {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE {
 
 class Error : public std::runtime_error {
 public:

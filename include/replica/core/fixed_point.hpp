@@ -15,7 +15,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 inline constexpr double kFixedScale = 1099511627776.0;   // 2^40
 inline constexpr double kFixedLimit = 4611686018427387904.0;   // 2^62: room for sums

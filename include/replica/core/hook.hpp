@@ -12,7 +12,9 @@
 #include <concepts>
 #include <cstddef>
 
-namespace replica::core {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::core {
 
 // The hook of a backward whose gradients nobody waits for.
 struct NoHook {

@@ -4,9 +4,10 @@
 
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // The error for a label outside [0, classes) at `element` (the index of the labelled element).
 inline Error bad_label_error(long label, long element, int classes)

@@ -6,7 +6,9 @@
 #include <tuple>
 #include <utility>
 
-namespace replica::core {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::core {
 
 // f(std::integral_constant<std::size_t, I>{}) for I = 0 .. N-1, in order.
 template <std::size_t N, class F>

@@ -16,7 +16,7 @@
 
 #include "replica/core/config.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 struct bf16 {
     std::uint16_t bits;

@@ -10,7 +10,7 @@
 
 #include "replica/core/config.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // What a random number is for; part of the counter so that streams never overlap.
 enum class Stream : std::uint32_t { init = 1, dropout = 2, shuffle = 3, synthetic = 4, augment = 5, split = 6 };

@@ -8,7 +8,9 @@
 #include <concepts>
 #include <cstddef>
 
-namespace replica {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE {
 
 template <std::size_t... Dims>
 struct Shape {

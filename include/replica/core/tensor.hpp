@@ -10,9 +10,10 @@
 #include <span>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // An owning, move-only array. Host buffers are 64-byte aligned; device buffers come from the backend's
 // allocator, which supplies the release function.

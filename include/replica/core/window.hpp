@@ -7,7 +7,7 @@
 
 #include "replica/core/config.hpp"
 
-namespace replica::core {
+namespace REPLICA_NAMESPACE::core {
 
 // The geometry of a 2-D sliding window (a 1-D one has h = kh = 1, sh = 1, ph = 0).
 struct Window {

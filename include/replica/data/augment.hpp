@@ -17,12 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/source.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // The shape of one image sample: channels x height x width, stored channel by channel (planar).
 struct ImageShape {

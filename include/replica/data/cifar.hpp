@@ -14,12 +14,13 @@
 #include <system_error>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/data/augment.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/fashion_mnist.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 inline constexpr std::size_t cifar10_classes = 10;
 inline constexpr ImageShape cifar10_shape{3, 32, 32};
@@ -85,7 +86,7 @@ inline Dataset load_cifar10(Split split, const std::filesystem::path& dir)
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::load_cifar10;
 using data::read_cifar10;
 } // namespace replica

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "replica/core/checked.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // `count` samples: inputs (count, input_size) as float, labels (count, label_size) as class indices.
 struct Dataset {
@@ -69,7 +70,7 @@ struct Batch {
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::Batch;
 using data::Dataset;
 } // namespace replica

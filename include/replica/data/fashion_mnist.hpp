@@ -10,11 +10,12 @@
 #include <string>
 #include <system_error>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/idx.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 enum class Split { train, test };
 
@@ -130,7 +131,7 @@ inline Dataset load_fashion_mnist(Split split, const std::filesystem::path& dir 
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::default_fashion_mnist_dir;
 using data::load_fashion_mnist;
 using data::make_dataset;

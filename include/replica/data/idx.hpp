@@ -19,9 +19,10 @@
 #include <system_error>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // An array of unsigned bytes: `bytes` holds product(dims) values, row-major.
 struct IdxArray {
@@ -202,7 +203,7 @@ inline void write_idx(const std::filesystem::path& file, const std::vector<std::
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::IdxArray;
 using data::read_idx;
 using data::write_idx;

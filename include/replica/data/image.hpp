@@ -21,10 +21,11 @@
 // jpeglib.h needs FILE and size_t declared first.
 #include <jpeglib.h>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/data/augment.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // 8-bit pixels as decoded: (height, width, channels) interleaved, channels 1 (grey) or 3 (RGB).
 struct Image {

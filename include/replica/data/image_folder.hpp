@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/augment.hpp"
@@ -30,7 +31,7 @@
 #include "replica/data/image.hpp"
 #include "replica/data/source.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // What to do with an image that cannot be read or decoded.
 enum class OnError {
@@ -216,6 +217,6 @@ private:
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::ImageFolder;
 } // namespace replica

@@ -20,13 +20,14 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/core/checked.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/source.hpp"
 #include "replica/parallel/scaling.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // Fills `order` with the permutation of [0, order.size()) that epoch `epoch` visits under `seed`:
 // a Fisher-Yates shuffle whose step i draws random_bits(seed, Stream::shuffle, 0, epoch, i).
@@ -253,7 +254,7 @@ private:
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::epoch_order;
 using data::Loader;
 } // namespace replica

@@ -8,10 +8,11 @@
 #include <functional>
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/data/dataset.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // `count` samples of `input_size` floats and `label_size` class indices. read(index, epoch, input,
 // label) writes sample `index` (in [0, count)) as epoch `epoch` sees it into input[0, input_size) and
@@ -56,6 +57,6 @@ private:
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::SampleSource;
 } // namespace replica

@@ -6,11 +6,12 @@
 #include <string>
 
 #include "replica/core/checked.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/data/dataset.hpp"
 
-namespace replica::data {
+namespace REPLICA_NAMESPACE::data {
 
 // `count` samples: input element e of sample s is 2 * random_uniform(seed, Stream::synthetic, 0, s, e) - 1,
 // in [-1, 1); label j of sample s is random_bits(seed, Stream::synthetic, 1, s, j) % classes.
@@ -31,19 +32,19 @@ inline Dataset synthetic_dataset(std::size_t count, std::size_t input_size, std:
     set.label_size = label_size;
     set.inputs.resize(core::checked_mul(count, input_size, "synthetic_dataset: count x input_size"));
     set.labels.resize(core::checked_mul(count, label_size, "synthetic_dataset: count x label_size"));
+    float* x = set.inputs.data();
+    std::int32_t* y = set.labels.data();
     for (std::size_t s = 0; s < count; ++s) {
-        float* x = set.inputs.data() + s * input_size;
         for (std::size_t e = 0; e < input_size; ++e)
-            x[e] = 2.0f * core::random_uniform(seed, core::Stream::synthetic, 0, s, std::uint32_t(e)) - 1.0f;
-        std::int32_t* y = set.labels.data() + s * label_size;
+            *x++ = 2.0f * core::random_uniform(seed, core::Stream::synthetic, 0, s, std::uint32_t(e)) - 1.0f;
         for (std::size_t j = 0; j < label_size; ++j)
-            y[j] = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 1, s, std::uint32_t(j)) % classes);
+            *y++ = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 1, s, std::uint32_t(j)) % classes);
     }
     return set;
 }
 
 } // namespace replica::data
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using data::synthetic_dataset;
 } // namespace replica

@@ -12,9 +12,10 @@
 #include <concepts>
 #include <cstddef>
 
+#include "replica/core/config.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 struct ReLU {
     template <class In, class T = float>
@@ -181,7 +182,7 @@ struct Flatten {
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::Dropout;
 using layers::Flatten;
 using layers::GELU;

@@ -13,10 +13,11 @@
 #include <cstddef>
 
 #include "replica/backend/layout_rules.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/window.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 using core::Window;
 
@@ -183,7 +184,7 @@ struct ConvTranspose2d {
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::Bias;
 using layers::Conv1d;
 using layers::Conv2d;

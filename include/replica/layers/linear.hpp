@@ -5,9 +5,10 @@
 #include <cmath>
 #include <cstddef>
 
+#include "replica/core/config.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 template <std::size_t Out>
 struct Linear {
@@ -58,6 +59,6 @@ struct Linear {
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::Linear;
 } // namespace replica

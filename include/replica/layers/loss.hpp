@@ -13,10 +13,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/loss_slot.hpp"
 #include "replica/core/shape.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 // What a model asks of its loss: label_size<Out> labels per sample for outputs of shape Out;
 // forward_backward (queues the loss sum of n samples into a LossSlot and writes the logits' gradient),
@@ -76,7 +77,7 @@ struct SoftmaxCrossEntropy {
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::Loss;
 using layers::SoftmaxCrossEntropy;
 } // namespace replica

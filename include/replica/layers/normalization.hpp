@@ -29,11 +29,13 @@
 #include <type_traits>
 
 #include "replica/backend/batch_norm_rules.hpp"
+#include "replica/core/config.hpp"
+#include "replica/core/error.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 enum class BatchStats { global, per_replica };
 
@@ -151,7 +153,11 @@ struct BatchNorm {
                     batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch,
                                     {.running_mean = running, .running_var = running + C, .momentum = shard ? 0.0f : momentum,
                                      .eps = eps, .mean = mean, .invstd = invstd});
-                    if (shard) batch_norm_shard_sums(ctx, sums, a.shard_sums, 1.0f / float(pass.micro_shard * inner), C);
+                    if (shard) {
+                        if (a.shard_sums == nullptr)
+                            throw Error("BatchNorm: a micro-shard's forward needs ForwardArgs::shard_sums (statistics_count floats)");
+                        batch_norm_shard_sums(ctx, sums, a.shard_sums, 1.0f / float(pass.micro_shard * inner), C);
+                    }
                 } else {
                     batch_norm_sums(ctx, a.x, a.n, C, inner, running, sums, a.scratch);
                     core::hook_sync(hook, sums, 2 * C + 1, first_sync_);
@@ -198,7 +204,7 @@ using BatchNorm2d = BatchNorm<2>;
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::BatchNorm;
 using layers::BatchNorm1d;
 using layers::BatchNorm2d;

@@ -74,12 +74,13 @@
 #include <span>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/core/shape.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 // What a forward or backward pass knows beyond its tensors.
 struct Pass {

@@ -10,10 +10,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/window.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::layers {
+namespace REPLICA_NAMESPACE::layers {
 
 enum class Rounding { floor, ceil };
 
@@ -143,7 +144,7 @@ struct GlobalAvgPool {
 
 } // namespace replica::layers
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using layers::AvgPool2d;
 using layers::GlobalAvgPool;
 using layers::MaxPool1d;

@@ -14,10 +14,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/model/concepts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 template <class Chain, std::size_t InputSize>
 class Arena {

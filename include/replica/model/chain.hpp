@@ -17,12 +17,13 @@
 #include <tuple>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/parts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 namespace detail {
 template <class In, class T, class... Ls>

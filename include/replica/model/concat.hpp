@@ -9,11 +9,12 @@
 #include <tuple>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/parts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 namespace detail {
 template <class A, class B>
@@ -147,6 +148,6 @@ struct Concat {
 
 } // namespace replica::model
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using model::Concat;
 } // namespace replica

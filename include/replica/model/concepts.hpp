@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/layers/op.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 // The op contract (layers/op.hpp), as models and their machinery name it.
 using layers::BackwardArgs;

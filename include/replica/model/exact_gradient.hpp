@@ -15,12 +15,13 @@
 #include <utility>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/loss_slot.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/model/concepts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 template <std::size_t InputSize, std::size_t LabelSize>
 class ExactGradient {

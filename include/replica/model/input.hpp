@@ -13,10 +13,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/shape.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 template <std::size_t... Dims>
 struct Input {
@@ -41,7 +42,7 @@ struct is_precision<Precision<T>> : std::true_type {};
 
 } // namespace replica::model
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using core::bf16;
 using core::fp16;
 using model::Input;

@@ -14,11 +14,12 @@
 #include <tuple>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 namespace detail {
 // L's op for input In and activations T. An op template written for float alone (op<In>) serves

@@ -18,12 +18,13 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "replica/core/config.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/parts.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 namespace detail {
 template <class Body, class Shortcut, class In, class T>
@@ -207,6 +208,6 @@ struct Residual {
 
 } // namespace replica::model
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using model::Residual;
 } // namespace replica

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/layers/loss.hpp"
@@ -38,7 +39,7 @@
 #include "replica/model/input.hpp"
 #include "replica/model/step_pipeline.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 namespace detail {
 template <class... Ts>
@@ -696,7 +697,7 @@ using with_precision = typename detail::with_precision<M, T>::type;
 
 } // namespace replica::model
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using model::Sequential;
 using model::with_precision;
 } // namespace replica

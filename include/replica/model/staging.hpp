@@ -18,10 +18,11 @@
 #include <cstdint>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 template <std::size_t InputSize, std::size_t LabelSize>
 class Staging {

@@ -21,12 +21,13 @@
 #include <utility>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/loss_slot.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/staging.hpp"
 
-namespace replica::model {
+namespace REPLICA_NAMESPACE::model {
 
 template <std::size_t InputSize, std::size_t LabelSize>
 class StepSlots {

@@ -7,6 +7,7 @@
 //                       standard AlexNet did it (auto_parallel leaves it as it is)
 //   AlexNetPlain        the same network without the nested DataParallel (auto_parallel wraps it whole)
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -15,7 +16,7 @@
 #include "replica/models/default_batch.hpp"
 #include "replica/parallel/data_parallel.hpp"
 
-namespace replica::models {
+namespace REPLICA_NAMESPACE::models {
 
 using AlexNetFeatures = Sequential<Input<3, 224, 224>,
                                    Conv2d<64, 11, 4, 2>, ReLU, MaxPool2d<3, 2>,
@@ -38,7 +39,7 @@ inline constexpr std::size_t default_batch_size<AlexNetPlain> = 128;
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::AlexNet;
 using models::AlexNetClassifier;
 using models::AlexNetFeatures;

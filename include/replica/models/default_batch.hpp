@@ -4,13 +4,15 @@
 
 #include <cstddef>
 
-namespace replica::models {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::models {
 
 template <class M>
 inline constexpr std::size_t default_batch_size = 0;   // 0: the model names none
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::default_batch_size;
 } // namespace replica

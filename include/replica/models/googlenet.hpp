@@ -2,6 +2,7 @@
 // GoogLeNet (Inception v1, Szegedy et al. 2014) for 3x224x224 images, 1000 classes, without the
 // auxiliary heads and without local response normalisation. Default batch 32.
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -10,7 +11,7 @@
 #include "replica/model/sequential.hpp"
 #include "replica/models/default_batch.hpp"
 
-namespace replica::models {
+namespace REPLICA_NAMESPACE::models {
 
 // 1x1 | 1x1 -> 3x3 | 1x1 -> 5x5 | 3x3 max pool -> 1x1, each with ReLU, concatenated on channels.
 template <std::size_t C1, std::size_t C3Reduce, std::size_t C3, std::size_t C5Reduce, std::size_t C5, std::size_t PoolProj>
@@ -40,7 +41,7 @@ inline constexpr std::size_t default_batch_size<GoogLeNet> = 32;
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::GoogLeNet;
 using models::Inception;
 } // namespace replica

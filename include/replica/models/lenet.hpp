@@ -1,6 +1,7 @@
 #pragma once
 // LeNet for 1x28x28 images, 10 classes (431,080 parameters). Default batch 64.
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -8,7 +9,7 @@
 #include "replica/model/sequential.hpp"
 #include "replica/models/default_batch.hpp"
 
-namespace replica::models {
+namespace REPLICA_NAMESPACE::models {
 
 using LeNet = Sequential<Input<1, 28, 28>,
                          Conv2d<20, 5>, MaxPool2d<2>, Conv2d<50, 5>, MaxPool2d<2>,
@@ -19,6 +20,6 @@ inline constexpr std::size_t default_batch_size<LeNet> = 64;
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::LeNet;
 } // namespace replica

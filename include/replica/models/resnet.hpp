@@ -12,6 +12,7 @@
 
 #include <cstddef>
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -21,7 +22,7 @@
 #include "replica/model/sequential.hpp"
 #include "replica/models/default_batch.hpp"
 
-namespace replica::models {
+namespace REPLICA_NAMESPACE::models {
 
 // A KxK convolution without bias ("same" padding) and the BatchNorm after it.
 template <std::size_t C, std::size_t K, std::size_t Stride = 1>
@@ -95,7 +96,7 @@ inline constexpr std::size_t default_batch_size<ResNet20> = 128;
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::BasicBlock;
 using models::Bottleneck;
 using models::ResNet18;

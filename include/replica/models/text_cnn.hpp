@@ -2,6 +2,7 @@
 // Character-level text CNN (Zhang, Zhao and LeCun 2015, the small model): 69 one-hot characters x
 // 1014 positions, 14 classes (DBpedia). 1-D convolutions, then fully connected layers. Default batch 128.
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -9,7 +10,7 @@
 #include "replica/model/sequential.hpp"
 #include "replica/models/default_batch.hpp"
 
-namespace replica::models {
+namespace REPLICA_NAMESPACE::models {
 
 using TextCNN = Sequential<Input<69, 1014>,
                            Conv1d<256, 7>, ReLU, MaxPool1d<3>,
@@ -24,6 +25,6 @@ inline constexpr std::size_t default_batch_size<TextCNN> = 128;
 
 } // namespace replica::models
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using models::TextCNN;
 } // namespace replica

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "replica/core/atomic_file.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/model/concat.hpp"
@@ -43,7 +44,7 @@
 #include "replica/parallel/data_parallel.hpp"
 #include "replica/version.hpp"
 
-namespace replica::onnx {
+namespace REPLICA_NAMESPACE::onnx {
 
 namespace detail {
 template <class In>
@@ -232,7 +233,7 @@ void write_reference(Model& model, const float* x, std::size_t n, const std::str
 
 // In namespace replica too: after `using namespace replica`, `onnx::` would be ambiguous with
 // protobuf's ::onnx.
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using onnx::export_onnx;
 using onnx::to_onnx;
 using onnx::write_reference;

@@ -24,7 +24,9 @@
 #endif
 #include <onnx/onnx_pb.h>
 
-namespace replica::onnx {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::onnx {
 
 static_assert(std::endian::native == std::endian::little,
               "ONNX stores raw tensor data little-endian; Graph::initializer copies floats as they are in memory");

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
 #include "replica/layers/conv.hpp"
 #include "replica/layers/linear.hpp"
@@ -39,7 +40,7 @@
 #include "replica/layers/pool.hpp"
 #include "replica/onnx/graph.hpp"
 
-namespace replica::onnx {
+namespace REPLICA_NAMESPACE::onnx {
 
 // A layer's parameters and statistics in the model's flat host copies.
 struct Slice {

@@ -22,16 +22,17 @@
 #include <vector>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/parallel/data_parallel.hpp"
 #include "replica/model/concepts.hpp"
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 // Opt-out: specialise to true for a model that must never be wrapped automatically.
 template <class M>
 inline constexpr bool disable_auto_data_parallelism = false;
 } // namespace replica
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 template <class M>
 constexpr bool contains_data_parallel_()
@@ -323,7 +324,7 @@ auto auto_parallel(M&& model, std::vector<Device> devices = backend::default_dev
 
 } // namespace replica::parallel
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using parallel::AutoOptions;
 using parallel::AutoParallel;
 using parallel::auto_parallel;

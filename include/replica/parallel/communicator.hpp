@@ -4,8 +4,9 @@
 // backend's memory.
 
 #include "replica/backend/communicator.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 using backend::BucketPlan;
 using backend::Communicator;

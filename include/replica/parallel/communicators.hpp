@@ -3,9 +3,10 @@
 // communicators exist, and for which contexts, is the backend's (backend/communicators.hpp).
 
 #include "replica/backend/communicators.hpp"
+#include "replica/core/config.hpp"
 #include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 using backend::check_communicator_devices;
 using backend::make_communicator;

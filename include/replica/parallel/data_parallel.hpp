@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/sequential.hpp"
 #include "replica/model/step_pipeline.hpp"
@@ -32,7 +33,7 @@
 #include "replica/parallel/replica_set.hpp"
 #include "replica/parallel/scaling.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 struct DataParallelOptions {
     // Gradients are all-reduced in buckets of about this many floats, from the last layer's back.
@@ -551,7 +552,7 @@ struct is_data_parallel<DataParallel<M, D>> : std::true_type {};
 
 } // namespace replica::parallel
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using parallel::DataParallel;
 using parallel::DataParallelOptions;
 using parallel::GradientReduction;

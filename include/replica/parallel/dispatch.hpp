@@ -26,10 +26,11 @@
 
 #include <concepts>
 
+#include "replica/core/config.hpp"
 #include "replica/parallel/dispatch/single_thread.hpp"
 #include "replica/parallel/dispatch/threaded.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 template <class T>
 concept DispatchPolicy = requires {
@@ -40,7 +41,7 @@ concept DispatchPolicy = requires {
 
 } // namespace replica::parallel
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using parallel::SingleThread;
 using parallel::Threaded;
 } // namespace replica

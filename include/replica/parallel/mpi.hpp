@@ -25,9 +25,10 @@
 #include <vector>
 
 #include "replica/core/backoff.hpp"
+#include "replica/core/config.hpp"
 #include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 namespace detail {
 inline void check_mpi(int code, const char* call)

@@ -20,11 +20,12 @@
 #include <vector>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/parallel/communicators.hpp"
 #include "replica/parallel/dispatch.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 using Bucket = std::pair<std::size_t, std::size_t>;   // [begin, end) of a gradient buffer
 

@@ -10,9 +10,10 @@
 #include <string>
 #include <string_view>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 enum class Scaling { strong, weak };
 
@@ -40,6 +41,6 @@ inline Share share(std::size_t n, std::size_t replicas, std::size_t r)
 
 } // namespace replica::parallel
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using parallel::Scaling;
 } // namespace replica

@@ -18,7 +18,9 @@
 #include <type_traits>
 #include <vector>
 
-namespace replica::parallel {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::parallel {
 
 class WorkerPool {
 public:

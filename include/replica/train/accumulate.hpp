@@ -15,9 +15,10 @@
 #include <string>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 template <class Opt>
 class Accumulate {
@@ -82,6 +83,6 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::Accumulate;
 } // namespace replica

@@ -20,9 +20,10 @@
 #include <cstdint>
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct AdamOptions {
     float lr = 1e-3f;
@@ -99,7 +100,7 @@ using AdamW = detail::AdamRule<AdamWOptions, true>;
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::Adam;
 using train::AdamOptions;
 using train::AdamW;

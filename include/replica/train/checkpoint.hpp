@@ -67,12 +67,13 @@
 #include <vector>
 
 #include "replica/core/atomic_file.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/loss_scale.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 // What a checkpoint holds besides the model.
 struct CheckpointState {
@@ -621,7 +622,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, Opt
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::CheckpointExpectations;
 using train::CheckpointState;
 using train::HasStatistics;

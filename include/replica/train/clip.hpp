@@ -17,9 +17,10 @@
 #include <string>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 template <class Opt>
 class ClipGradNorm {
@@ -80,6 +81,6 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::ClipGradNorm;
 } // namespace replica

@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct EpochRecord {
     std::uint64_t epoch = 0;
@@ -141,7 +142,7 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::EpochRecord;
 using train::History;
 using train::HistoryWriter;

@@ -41,9 +41,10 @@
 #include <type_traits>
 #include <utility>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct LossScaleOptions {
     float init_scale = 65536.0f;            // the first scale, 2^16
@@ -253,7 +254,7 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::LossScale;
 using train::LossScaleOptions;
 using train::LossScaleState;

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <string>
 
-namespace replica::train {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::train {
 
 inline std::string format_duration(double seconds)
 {

@@ -17,9 +17,10 @@
 #include <cmath>
 #include <numbers>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 class Schedule {
 public:
@@ -99,6 +100,6 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::Schedule;
 } // namespace replica

@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct SGDOptions {
     float lr = 0.01f;
@@ -52,7 +53,7 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::SGD;
 using train::SGDOptions;
 } // namespace replica

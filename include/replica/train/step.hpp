@@ -11,11 +11,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/model/concepts.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct StepOptions {
     // Bit-identical results on any number of replicas and across runs: the batch is cut into
@@ -130,7 +131,7 @@ Metrics evaluate(M& model, const data::Dataset& set, std::size_t batch_size = 10
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::evaluate;
 using train::Metrics;
 using train::parameters;

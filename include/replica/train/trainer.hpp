@@ -34,6 +34,7 @@
 #include <utility>
 
 #include "replica/core/checked.hpp"
+#include "replica/core/config.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/data/loader.hpp"
 #include "replica/data/source.hpp"
@@ -46,7 +47,7 @@
 #include "replica/train/schedule.hpp"
 #include "replica/train/step.hpp"
 
-namespace replica::train {
+namespace REPLICA_NAMESPACE::train {
 
 struct TrainOptions {
     std::size_t batch_size = 64;
@@ -354,7 +355,7 @@ private:
 
 } // namespace replica::train
 
-namespace replica {
+namespace REPLICA_NAMESPACE {
 using train::TrainOptions;
 using train::Trainer;
 } // namespace replica

@@ -10,11 +10,12 @@
 #include <string>
 
 #include "replica/backend/contract.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // OpenBLAS picks its kernels by CPU model when it loads; a model newer than the library falls back to
 // generic SSE3 kernels, several times slower. Say so once, with the fix.

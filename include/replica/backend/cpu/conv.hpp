@@ -20,8 +20,9 @@
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 namespace detail {
 inline constexpr std::size_t kChunkFloats = std::size_t{1} << 22;   // 16 MiB of im2col per chunk

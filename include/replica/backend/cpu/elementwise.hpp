@@ -13,11 +13,12 @@
 #include <cstring>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/rng.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 namespace detail {
 // y[i] = f(x[i]) and dx[i] = f(a[i], dy[i]), computed in float.

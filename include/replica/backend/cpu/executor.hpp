@@ -5,8 +5,9 @@
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/step_run.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 template <class Work, class Hook>
 std::size_t execute_step(Context&, const StepRun&, Work& work, Hook& hook)

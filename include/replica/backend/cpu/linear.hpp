@@ -14,8 +14,9 @@
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // relu: the ReLU after the layer is applied too (y is its output).
 template <core::Storage T>

@@ -10,10 +10,11 @@
 #include <type_traits>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/loss_slot.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // Leaves the sum of the per-pixel losses in *slot (or the first bad label); writes
 // dlogits = (softmax - onehot) * scale when dlogits is not null. Computed in double per pixel.

@@ -14,10 +14,11 @@
 
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // The per-channel sums need no scratch here, for any T.
 template <class T = float>

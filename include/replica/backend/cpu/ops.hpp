@@ -12,10 +12,11 @@
 #include <cstddef>
 #include <cstring>
 
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/window.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, row-major, leading dims as stored.
 inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

@@ -5,8 +5,9 @@
 #include <cstddef>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 // SGD as PyTorch defines it (dampening 0):
 //   g = grad + wd * w;  v = momentum * v + g;  w -= lr * (nesterov ? g + momentum * v : v)

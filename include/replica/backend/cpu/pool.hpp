@@ -15,8 +15,9 @@
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cpu {
+namespace REPLICA_NAMESPACE::backend::cpu {
 
 namespace detail {
 template <Window g, class F>

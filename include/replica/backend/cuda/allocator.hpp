@@ -15,9 +15,10 @@
 #include <vector>
 
 #include "replica/backend/cuda/check.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/tensor.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 class CachingAllocator {
 public:

@@ -8,9 +8,10 @@
 
 #include <string>
 
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 
-namespace replica::backend::cuda::detail {
+namespace REPLICA_NAMESPACE::backend::cuda::detail {
 
 inline std::string where(const char* call, const char* file, int line)
 {

@@ -26,7 +26,7 @@
 #include "replica/backend/cuda/packed.hpp"
 #include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace detail {
 inline constexpr unsigned kLanes = 32, kGroupsPerBlock = 8;

@@ -24,12 +24,13 @@
 #include "replica/backend/cuda/options.hpp"
 #include "replica/backend/cuda/state.hpp"
 #include "replica/core/backoff.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/tensor.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // Every visible GPU, honouring CUDA_VISIBLE_DEVICES; empty when there is none (or no driver).
 inline std::vector<Device> visible_devices()

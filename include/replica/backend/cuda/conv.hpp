@@ -29,9 +29,10 @@
 #include "replica/backend/cuda/conv/direct.hpp"
 #include "replica/backend/cuda/conv/products.hpp"
 #include "replica/backend/cuda/layout.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // Scratch (floats): the bias gradient's partial sums (channel_sums), over the output's channels and
 // pixels; for the direct kernels, their filter gradient's partial sums after (the larger of the two);

@@ -13,10 +13,11 @@
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/rng.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // Activations and sums read and write four floats at a time where the pointers allow it (the
@@ -45,10 +46,12 @@ struct Plus {
     __device__ float operator()(float a, float b) const { return a + b; }
 };
 
+template <int = 0>
 __global__ void relu_forward(const float* x, float* y, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) y[i] = relu(x[i]);
 }
+template <int = 0>
 __global__ void relu_forward4(const float4* x, float4* y, std::size_t quads)
 {
     REPLICA_GRID_LOOP(i, quads)
@@ -57,10 +60,12 @@ __global__ void relu_forward4(const float4* x, float4* y, std::size_t quads)
         y[i] = make_float4(relu(v.x), relu(v.y), relu(v.z), relu(v.w));
     }
 }
+template <int = 0>
 __global__ void relu_backward(const float* y, const float* dy, float* dx, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dx[i] = relu_grad(y[i], dy[i]);
 }
+template <int = 0>
 __global__ void relu_backward4(const float4* y, const float4* dy, float4* dx, std::size_t quads)
 {
     REPLICA_GRID_LOOP(i, quads)
@@ -69,6 +74,7 @@ __global__ void relu_backward4(const float4* y, const float4* dy, float4* dx, st
         dx[i] = make_float4(relu_grad(a.x, d.x), relu_grad(a.y, d.y), relu_grad(a.z, d.z), relu_grad(a.w, d.w));
     }
 }
+template <int = 0>
 __global__ void add4(const float4* src, float4* dst, std::size_t quads)
 {
     REPLICA_GRID_LOOP(i, quads)
@@ -168,10 +174,12 @@ __global__ void fill(T* dst, T value, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] = value;
 }
+template <int = 0>
 __global__ void add(const float* src, float* dst, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] += src[i];
 }
+template <int = 0>
 __global__ void add_fixed(const float* g, std::int64_t* acc, std::size_t count, core::FixedStatus* status)
 {
     REPLICA_GRID_LOOP(i, count)
@@ -184,6 +192,7 @@ __global__ void add_fixed(const float* g, std::int64_t* acc, std::size_t count, 
         }
     }
 }
+template <int = 0>
 __global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) g[i] = core::from_fixed(acc[i]);

@@ -16,10 +16,11 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/step_run.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/hook.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace detail {
 // One replayed segment, then the step's hook at its cut.

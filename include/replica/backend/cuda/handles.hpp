@@ -17,8 +17,9 @@
 #include <utility>
 
 #include "replica/backend/cuda/check.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // Owns one handle of type Raw; Release (a function object, it may carry a stream) gives it back.
 // Raw{} is "none".

@@ -1,5 +1,9 @@
 #pragma once
-// Kernel launch helpers.
+// Kernel launch helpers, and the rule that lets any number of translation units include a kernel:
+// every __global__ function is a template, one without parameters of its own `template <int = 0>`.
+// nvcc gives each translation unit's instantiation of a kernel template its own host stub (internal
+// linkage), where a plain kernel's stub and handle are external symbols defined again by every
+// translation unit that includes the header. A kernel no translation unit launches is not compiled.
 
 #include <cuda_runtime.h>
 
@@ -8,12 +12,13 @@
 #include <cstdint>
 
 #include "replica/backend/cuda/check.hpp"
+#include "replica/core/config.hpp"
 
 // A window as the template arguments of a kernel (nvcc cannot pass a class-type template argument
 // from namespace scope to a __global__ function): the kernel rebuilds it as a constant.
 #define REPLICA_WINDOW_INTS(g) g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow
 
-namespace replica::backend::cuda::detail {
+namespace REPLICA_NAMESPACE::backend::cuda::detail {
 
 inline constexpr int kThreads = 256;
 

@@ -16,9 +16,10 @@
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/loss_slot.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 template <core::Storage T>
@@ -110,6 +111,7 @@ __global__ void correct(int classes, int pixels, const T* logits, const std::int
 // threads in a fixed order. One block sums everything; many blocks leave partial sums for a second
 // launch of one block. Given a loss slot (page-locked host memory, which a kernel writes directly),
 // the sum and the two label flags also go there.
+template <int = 0>
 __global__ void sum_fixed_order(const double* v, std::size_t count, double* out, std::size_t per_block,
                                 core::LossSlot* slot = nullptr, const double* flag = nullptr)
 {

@@ -25,9 +25,10 @@
 #include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/reduce.hpp"
 #include "replica/core/backoff.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace detail {
 inline void check_nccl(ncclResult_t r, const char* call)

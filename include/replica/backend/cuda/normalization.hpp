@@ -21,9 +21,10 @@
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // BatchNorm's per-value rules, which every kernel of both layouts applies (so all give the same bits):
@@ -212,6 +213,7 @@ __global__ void finish_column_sums(const double* partial, std::size_t parts, std
     });
 }
 
+template <int = 0>
 __global__ void batch_norm_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
                                       float eps, float* mean, float* invstd, std::size_t c)
 {
@@ -221,12 +223,14 @@ __global__ void batch_norm_statistics(const float* sums, float* running_mean, fl
                      invstd[ch]);
 }
 
+template <int = 0>
 __global__ void batch_norm_shard_sums(const float* sums, float* out, float scale, std::size_t c)
 {
     const std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
     if (i < 2 * c) out[i] = sums[i] * scale;
 }
 
+template <int = 0>
 __global__ void batch_norm_step_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
                                            double ratio, double count, std::size_t c)
 {
@@ -237,6 +241,7 @@ __global__ void batch_norm_step_statistics(const float* sums, float* running_mea
     move_running(running_mean[ch], running_var[ch], double(running_mean[ch]) + d, s2 > 0.0 ? s2 : 0.0, count, momentum);
 }
 
+template <int = 0>
 __global__ void batch_norm_running(const float* running_mean, const float* running_var, float eps, float* mean,
                                    float* invstd, std::size_t c)
 {

@@ -5,10 +5,12 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
+template <int = 0>
 __global__ void sgd(float* w, const float* grad, float* v, std::size_t count, float lr, float momentum,
                     float weight_decay, bool nesterov)
 {
@@ -20,6 +22,7 @@ __global__ void sgd(float* w, const float* grad, float* v, std::size_t count, fl
         w[i] -= lr * (nesterov ? g + momentum * vi : vi);
     }
 }
+template <int = 0>
 __global__ void adam(float* w, const float* grad, float2* mv, std::size_t count, float lr, float beta1,
                      float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
@@ -37,6 +40,7 @@ __global__ void adam(float* w, const float* grad, float2* mv, std::size_t count,
         w[i] = wi - step_size * s.x / (sqrtf(s.y) / bias2_sqrt + eps);
     }
 }
+template <int = 0>
 __global__ void accumulate_gradient(const float* g, float* acc, std::size_t count, bool last, float scale)
 {
     REPLICA_GRID_LOOP(i, count) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
@@ -73,6 +77,7 @@ inline void accumulate_gradient(const Context& ctx, const float* g, float* acc, 
 
 namespace kernels {
 // One block: the sum of squares (double, a block tree of fixed shape), then the scale, in place.
+template <int = 0>
 __global__ void clip_by_norm(float* g, std::size_t count, float max_norm)
 {
     __shared__ double lane[detail::kThreads];
@@ -95,6 +100,7 @@ inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float 
 }
 
 namespace kernels {
+template <int = 0>
 __global__ void unscale_gradient(float* g, std::size_t count, float inv_scale, int* non_finite)
 {
     REPLICA_GRID_LOOP(i, count)

@@ -4,7 +4,9 @@
 
 #include <iosfwd>
 
-namespace replica::backend::cuda {
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // How a convolution runs (not a transposed one, nor one that our direct kernels take: conv/direct.hpp).
 enum class ConvPath {

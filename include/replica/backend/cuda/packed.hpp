@@ -14,9 +14,10 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // core::to_float and core::from_float<T>, the same bits (NaNs included), with fp16 through the

@@ -20,9 +20,10 @@
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/window.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // Windows are walked over their full size (kh x kw, or the ceil(k/s) windows that can cover an

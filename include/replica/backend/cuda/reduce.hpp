@@ -14,10 +14,11 @@
 
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // How many buffers one sum takes: their pointers travel as a kernel argument.
 inline constexpr std::size_t max_summed_buffers = 32;
@@ -42,6 +43,7 @@ __global__ void sum_into_each(SummedBuffers<T> b, unsigned k, std::size_t count)
 
 // The bf16 rule (backend::sum_rounded_to_bf16): s = bf16(b0[i]) + bf16(b1[i]) + ... in float, in rank
 // order, then bf16(s) written to every buffer.
+template <int = 0>
 __global__ void sum_into_each_bf16(SummedBuffers<float> b, unsigned k, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count)
@@ -53,11 +55,13 @@ __global__ void sum_into_each_bf16(SummedBuffers<float> b, unsigned k, std::size
     }
 }
 
+template <int = 0>
 __global__ void round_to_bf16(const float* src, core::bf16* dst, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] = core::from_float<core::bf16>(src[i]);
 }
 
+template <int = 0>
 __global__ void widen_bf16(const core::bf16* src, float* dst, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) dst[i] = core::to_float(src[i]);

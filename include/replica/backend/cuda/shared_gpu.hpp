@@ -36,8 +36,9 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/reduce.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 class SharedGpuCommunicator final : public Communicator {
 public:

@@ -27,13 +27,14 @@
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/handles.hpp"
 #include "replica/backend/cuda/options.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/tensor.hpp"
 #include "replica/core/window.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // ---- streams ----
 

@@ -20,8 +20,9 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda::detail {
+namespace REPLICA_NAMESPACE::backend::cuda::detail {
 
 // Zero-filled device memory for timing, stream-ordered (cudaMallocAsync, so that no call waits for
 // the whole device, a peer's all-reduce included) and given back when the scratch goes (the caching

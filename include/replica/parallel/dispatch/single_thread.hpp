@@ -10,10 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/parallel/communicator.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 struct SingleThread {
     static constexpr bool syncs_in_step = false;

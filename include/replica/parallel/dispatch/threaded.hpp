@@ -9,11 +9,12 @@
 #include <utility>
 
 #include "replica/backend/backend.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/parallel/communicator.hpp"
 #include "replica/parallel/worker_pool.hpp"
 
-namespace replica::parallel {
+namespace REPLICA_NAMESPACE::parallel {
 
 struct Threaded {
     static constexpr bool syncs_in_step = true;

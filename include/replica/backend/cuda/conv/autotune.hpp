@@ -30,8 +30,9 @@
 #include "replica/backend/cuda/conv/direct.hpp"
 #include "replica/backend/cuda/conv/products.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda::detail {
+namespace REPLICA_NAMESPACE::backend::cuda::detail {
 
 // Timed choices (Options::benchmark), process-wide: by kind of GPU, shape and the options that
 // change what is timed.

@@ -18,8 +18,9 @@
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/layout.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // One unit of W consecutive values (W = 1 or 4) of the bias-gradient pass: their sum in float, in an
@@ -109,12 +110,14 @@ struct ColumnBias {
 };
 
 // Pass 2 over channels-last parts (columns.hpp): db[c] = the sum of channel c's parts, a warp a channel.
+template <int = 0>
 __global__ void column_totals(const float* partial, float* db, std::size_t channels, std::size_t parts)
 {
     fold_parts<1>(partial, parts, channels, [&](std::size_t ch, const float (&s)[1]) { db[ch] = s[0]; });
 }
 
 // Pass 2: db[c] = the sum of channel c's parts, in order.
+template <int = 0>
 __global__ void channel_totals(const float* partial, float* db, unsigned channels, unsigned parts)
 {
     REPLICA_GRID_LOOP(c, channels)

@@ -23,9 +23,10 @@
 #include <cstddef>
 
 #include "replica/backend/cuda/context.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 // Seconds per call of a convolution's forward pass and of its backward (both gradients).
 struct PassSeconds {

@@ -23,8 +23,9 @@
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace detail {
 template <class Perf>

@@ -15,8 +15,9 @@
 #include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/storage.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // The filter gradient of a convolution with few weights per filter (direct_conv<g>), pass 1:
@@ -110,6 +111,7 @@ __global__ void conv_forward_direct(const T* w, const float* b, const T* x, T* y
 }
 
 // Pass 2: dw[fc * K + k] = the sum over parts, in order.
+template <int = 0>
 __global__ void filter_grad_totals(const float* partial, float* dw, unsigned weights_per_fc, unsigned fcs, unsigned parts)
 {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -32,8 +32,9 @@
 #include "replica/backend/cuda/layout.hpp"
 #include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/core/config.hpp"
 
-namespace replica::backend::cuda {
+namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
 // im2row: row (s, p) of `rows` holds what output pixel p of

@@ -17,9 +17,10 @@
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/backend/cuda/packed.hpp"
+#include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
-namespace replica::backend::cuda::detail {
+namespace REPLICA_NAMESPACE::backend::cuda::detail {
 
 static_assert(sizeof(core::bf16) == sizeof(__nv_bfloat16) && sizeof(core::fp16) == sizeof(__half));
 
