@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fp32 against bf16 on one GPU, and PyTorch's bf16 (autocast, channels_last) on the same machine: the
-# table of docs/benchmarks.md ("bf16"). Builds train_bench_cuda as three programs compiled side by side
+# table of docs/benchmarks.md ("One GPU, bf16"). Builds train_bench_cuda as three programs compiled side by side
 # (TRAIN_BENCH_PART: a third of the networks each; the whole program in both precisions is one long
 # nvcc compile), then runs every network in fp32 and bf16, ROUNDS times interleaved.
 #   bench/precision.sh BUILD OUT        # BUILD: a build folder configured with -Dcuda=enabled

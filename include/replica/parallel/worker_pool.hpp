@@ -6,7 +6,7 @@
 // A training step is a few phases in a row (queue every replica's work, wait for it, update), so the
 // threads poll for the next phase (or for its end) for a short while before they sleep: a wake-up
 // through a condition variable costs a sizeable part of a small network's step (bench/pool_bench
-// measures it; docs/benchmarks.md). The counters are C++20 atomics, slept on with atomic::wait.
+// measures it; docs/results/). The counters are C++20 atomics, slept on with atomic::wait.
 
 #include <atomic>
 #include <chrono>

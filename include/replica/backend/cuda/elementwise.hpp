@@ -428,7 +428,7 @@ namespace detail {
 // rows x `row` values from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), in 16-byte
 // moves (float4s: the bits are moved, not converted) where every row start is 16-byte aligned. A
 // kernel, not cudaMemcpy2DAsync, which is slow for rows of a few kB (GoogLeNet's channel slices;
-// docs/benchmarks.md).
+// docs/results/).
 template <core::Storage T>
 void copy_rows(const Context& ctx, const T* src, std::size_t src_pitch, T* dst, std::size_t dst_pitch, std::size_t row,
                std::size_t rows)

@@ -2,7 +2,7 @@
 // A convolution's bias gradient, db (channels) = dy (n, channels, pixels) summed over samples and
 // pixels (dy of type T: float, bf16 or fp16, in the context's layout; the sums and db in float), by
 // our own two-pass channel sums (channels-last: columns.hpp's; cuDNN's cudnnConvolutionBackwardBias
-// was slower, docs/benchmarks.md), in an order fixed by the shape: the same bits every run and on
+// was slower, docs/results/), in an order fixed by the shape: the same bits every run and on
 // every GPU.
 // Every way of running a convolution (conv/) uses it. A null bias b (and then a null db) is a
 // convolution without bias (Bias::none): nothing is added or summed for it, and a fused ReLU, or its
@@ -131,7 +131,7 @@ __global__ void channel_totals(const float* partial, float* db, unsigned channel
 
 namespace detail {
 // Parts per channel for the bias gradient: about 2048 blocks in all, none with fewer than 1024 values
-// (fewer, larger parts leave the pass waiting on memory; docs/benchmarks.md). It depends on the shape
+// (fewer, larger parts leave the pass waiting on memory; docs/results/). It depends on the shape
 // only (never on the GPU), so every device sums in the same order.
 inline unsigned bias_parts(std::size_t channels, std::size_t per_channel)
 {

@@ -40,7 +40,7 @@ int pick(const Perf* perf, int found, bool deterministic)
 
 // Options::benchmark: cuDNN's candidates timed as a step runs them (timing.hpp), with scratch
 // tensors of the layer's sizes. cudnnFind* is not used: its times, taken outside a replayed step,
-// rank the candidates differently from a step's (docs/benchmarks.md).
+// rank the candidates differently from a step's (docs/results/).
 class AlgorithmTimer {
 public:
     // Scratch for tensors x, y, w of these sizes (as floats: enough for any element type) and for the

@@ -129,7 +129,7 @@ namespace detail {
 // gradient by our kernels (conv_forward_direct, filter_grad_parts) rather than cuDNN's: a window stays
 // in registers. Over large images (FCN's first layer, 3 x 3 x 3) a block per filter, channel and part
 // of the batch is too little parallelism for the filter gradient, so those stay with cuDNN
-// (docs/benchmarks.md has the measurements behind the limits).
+// (docs/results/ has the measurements behind the limits).
 template <core::Window g>
 inline constexpr bool direct_conv = g.kh * g.kw <= 25 && g.c * g.kh * g.kw <= 32 && g.oh * g.ow <= 1024;
 
