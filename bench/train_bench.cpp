@@ -5,7 +5,9 @@
 //   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
 //   mpirun -np 2 train_bench --model alexnet-plain --json      # two processes, each with its share of the GPUs
 //
-// Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it).
+// Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it). On GPUs
+// both say how many candidates the autotuner timed and how many choices it took from the tuning
+// cache (cuda::tuning_counts), beside the first step's time.
 
 #include <algorithm>
 #include <chrono>
@@ -113,20 +115,37 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
     const bool graphs = false;
 #endif
     const double activation_mib = double(activation_bytes(model)) / double(1 << 20);
+    struct {
+        std::size_t candidates_timed = 0, choices_cached = 0, records_refused = 0;
+    } tuning;
+    bool tuning_cache = false;
+#if defined(REPLICA_CUDA)
+    const backend::cuda::TuningCounts counts = backend::cuda::tuning_counts();
+    tuning = {counts.candidates_timed, counts.choices_cached, counts.records_refused};
+    tuning_cache = backend::cuda::default_options().tuning_cache && backend::cuda::default_options().benchmark &&
+                   !s.devices.front().is_cpu();
+#endif
     if (s.json)
         std::printf("{\"library\": \"replica\", \"precision\": \"%s\", \"activation_mib\": %.2f, \"model\": \"%s\", \"devices\": %zu, \"processes\": %d, \"device\": \"%s\", "
                     "\"dispatch\": \"%s\", \"chosen\": \"%s\", \"graphs\": %s, "
                     "\"scaling\": \"%s\", \"reproducible\": %s, \"batch\": %zu, \"global_batch\": %zu, \"steps\": %zu, \"median_ms\": %.4f, "
-                    "\"min_ms\": %.4f, \"first_ms\": %.1f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
+                    "\"min_ms\": %.4f, \"first_ms\": %.1f, \"samples_per_s\": %.1f, \"loss\": %.5f, "
+                    "\"tuning_cache\": %s, \"candidates_timed\": %zu, \"choices_cached\": %zu, \"records_refused\": %zu}\n",
                     s.precision.c_str(), activation_mib, s.model.c_str(), replicas, processes, s.devices.front().name().c_str(), dispatch, chosen.c_str(), graphs ? "true" : "false",
                     s.scaling == Scaling::weak ? "weak" : "strong", s.step.reproducible ? "true" : "false", batch, global,
-                    s.steps, median, times.front(), first, rate, loss);
+                    s.steps, median, times.front(), first, rate, loss, tuning_cache ? "true" : "false",
+                    tuning.candidates_timed, tuning.choices_cached, tuning.records_refused);
     else
         std::printf("%s (%s) on %s%s: batch %zu (global %zu), median step %.3f ms (min %.3f, first %.1f), %.0f samples/s, "
-                    "loss %.4f, activations %.1f MiB\n",
+                    "loss %.4f, activations %.1f MiB%s\n",
                     s.model.c_str(), s.precision.c_str(), description.c_str(),
                     processes > 1 ? (" in each of " + std::to_string(processes) + " processes").c_str() : "", batch,
-                    global, median, times.front(), first, rate, loss, activation_mib);
+                    global, median, times.front(), first, rate, loss, activation_mib,
+                    s.devices.front().is_cpu() ? ""
+                    : (", " + std::to_string(tuning.candidates_timed) + " candidates timed, " +
+                       std::to_string(tuning.choices_cached) + " choices from the tuning cache" +
+                       (tuning.records_refused ? ", " + std::to_string(tuning.records_refused) + " records refused" : ""))
+                          .c_str());
     return 0;
 }
 
@@ -181,7 +200,8 @@ try {
     std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0;
     int blas_threads = 0;
     bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false,
-         channels_first = false;
+         channels_first = false, no_tuning_cache = false;
+    std::string tuning_cache_dir;
     examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
     examples::ReproducibleFlags repro;
     app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
@@ -220,7 +240,14 @@ try {
     app.add_flag("--channels-first", channels_first,
                  "GPUs: keep bf16 activations (channels, pixels) as float ones, not channels-last (the default)");
     app.add_flag("--log-choices", log_choices,
-                 "GPUs: print each timed convolution and product (cuBLASLt) choice to stderr as it is made");
+                 "GPUs: print each timed convolution and product (cuBLASLt) choice to stderr as it is made, or "
+                 "taken from the tuning cache");
+    app.add_flag("--no-tuning-cache", no_tuning_cache,
+                 "GPUs: neither read nor write the tuning cache: time every choice afresh and keep it for this "
+                 "process only");
+    app.add_option("--tuning-cache-dir", tuning_cache_dir,
+                   "GPUs: the tuning cache's folder (default: $REPLICA_CACHE_DIR, else $XDG_CACHE_HOME/replica, "
+                   "else $HOME/.cache/replica)");
     app.add_option("--precision", precision, "the activations' type: fp32 or bf16 (fp32 master parameters in "
                                              "both; bf16 in train_bench_cuda)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
@@ -234,6 +261,8 @@ try {
     backend::cuda::default_options().conv_path = backend::cuda::ConvPath(path - conv_paths.begin());
     if (log_choices) backend::cuda::default_options().log = &std::cerr;
     backend::cuda::default_options().channels_last = !channels_first;
+    backend::cuda::default_options().tuning_cache = !no_tuning_cache;
+    backend::cuda::default_options().tuning_cache_dir = tuning_cache_dir;
 #endif
     auto devices = dev.device_list(backend::default_devices());
     if (processes) devices = parallel::process_devices(*processes, devices);

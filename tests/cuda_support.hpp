@@ -74,11 +74,13 @@ inline backend::cuda::Context gpu_context(bool channels_last)
 }
 
 // Whether this machine has a GPU; the first call turns TF32 off for the contexts made after it (the
-// backends are compared in FP32).
+// backends are compared in FP32), and the tuning cache (each test times what it checks, and writes
+// nothing to the user's cache folder; the tuning cache's own test turns it on).
 inline bool have_gpu()
 {
     static const bool yes = [] {
         backend::cuda::default_options().allow_tf32 = false;
+        backend::cuda::default_options().tuning_cache = false;
         return !cuda_devices().empty();
     }();
     return yes;

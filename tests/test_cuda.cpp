@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -199,6 +201,75 @@ TEST_CASE("Convolution algorithms are timed once per shape and kind of GPU; dete
     cudnnConvolutionBwdFilterAlgoPerf_t bf[16];
     REQUIRE(cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.cudnn(), p.x, p.y, p.conv, p.w, 16, &found, bf) == CUDNN_STATUS_SUCCESS);
     CHECK(p.bwd_filter == bf[cuda::detail::pick(bf, found, true)].algo);
+}
+
+TEST_CASE("Timed choices are kept in the tuning cache: a new process takes the same ones from it and times nothing",
+          "[cuda]")
+{
+    REQUIRE_GPU();
+    using Net = Sequential<Input<3, 18, 18>, Conv2d<16, 3, 1, 1>, ReLU, MaxPool2d<2>, Conv2d<24, 3>, ReLU, Flatten,
+                           Linear<10>>;
+    TempDir dir;
+    LoggedTimedChoices logged;   // benchmark on, ConvPath::timed, every choice logged
+    const OptionScope cache{&cuda::Options::tuning_cache, true};
+    const OptionScope folder{&cuda::Options::tuning_cache_dir, (dir / "cache").string()};
+    const std::size_t batch = 13;
+    const RandomBatches<Net> data(batch, 5);
+    auto one_step = [&] {   // a new model: new contexts, their plans made afresh
+        Net net{Device::cuda(0), 4};
+        SGD opt{{.lr = 0.01f, .momentum = 0.9f}};
+        return train_step(net, opt, data.batch(0, batch, 0));
+    };
+
+    cuda::detail::forget_timed_choices();   // as a new process: nothing timed, no cache read
+    const cuda::TuningCounts before = cuda::tuning_counts();
+    const float cold_loss = one_step();
+    const cuda::TuningCounts cold = cuda::tuning_counts();
+    CHECK(cold.candidates_timed > before.candidates_timed);
+    CHECK(cold.choices_cached == before.choices_cached);
+    REQUIRE(std::filesystem::is_regular_file(dir / "cache" / "tuning.bin"));
+    const auto conv = cuda::detail::measured_conv_choices();   // copies: what the first process chose
+    const auto gemm = cuda::detail::measured_gemm_choices();
+    REQUIRE(conv.size() >= 2);   // the two convolutions
+    REQUIRE(!gemm.empty());      // the classifier's products at least
+    const std::string cold_log = logged.out.str();
+    logged.out.str("");
+
+    cuda::detail::forget_timed_choices();   // the second process
+    const float warm_loss = one_step();
+    const cuda::TuningCounts warm = cuda::tuning_counts();
+    CHECK(warm.candidates_timed == cold.candidates_timed);   // nothing timed
+    CHECK(warm.records_refused == cold.records_refused);
+    const auto& conv_now = cuda::detail::measured_conv_choices();
+    const auto& gemm_now = cuda::detail::measured_gemm_choices();
+    CHECK(warm.choices_cached - cold.choices_cached == conv_now.size() + gemm_now.size());
+    // The same choices: every convolution's, and each product's that the step ran (the first process
+    // also timed the products of the product path's candidates).
+    CHECK(conv_now.size() == conv.size());
+    for (const auto& [key, a] : conv_now) {
+        REQUIRE(conv.count(key) == 1);
+        const cuda::detail::ConvAlgorithms& b = conv.at(key);
+        CHECK((a.cudnn.fwd == b.cudnn.fwd && a.cudnn.bwd_data == b.cudnn.bwd_data && a.cudnn.bwd_filter == b.cudnn.bwd_filter));
+        CHECK((a.products_timed == b.products_timed && a.gemm_forward == b.gemm_forward && a.gemm_backward == b.gemm_backward));
+    }
+    CHECK(!gemm_now.empty());
+    for (const auto& [key, algo] : gemm_now) {
+        REQUIRE(gemm.count(key) == 1);
+        CHECK(std::memcmp(&algo, &gemm.at(key), sizeof algo) == 0);
+    }
+    CHECK(std::abs(warm_loss - cold_loss) <= 1e-6f * std::abs(cold_loss));
+    // Each choice taken is logged as the line it was timed with, " (from the tuning cache)" after it.
+    const std::string suffix = " (from the tuning cache)";
+    std::istringstream lines(logged.out.str());
+    std::size_t taken = 0;
+    for (std::string line; std::getline(lines, line); ++taken) {
+        CAPTURE(line, cold_log);
+        REQUIRE(line.size() > suffix.size());
+        CHECK(line.substr(line.size() - suffix.size()) == suffix);
+        CHECK(cold_log.find(line.substr(0, line.size() - suffix.size()) + "\n") != std::string::npos);
+    }
+    CHECK(taken == warm.choices_cached - cold.choices_cached);
+    cuda::detail::forget_timed_choices();   // the cases after this one time their own
 }
 
 TEST_CASE("CUDA layers equal CPU layers: pooling", "[cuda]")

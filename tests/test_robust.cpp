@@ -1,5 +1,7 @@
 // Nothing lost, nothing silent: sizes that overflow, training that diverges, checkpoints that never
 // end or whose checksum is right but whose content is not. Each case: a clear Error, nothing changed.
+// The tuning cache (core/tuning_cache.hpp): a file that is not whole is ignored with one log line,
+// never trusted, and a folder that cannot be written costs one line, never an exception.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -7,14 +9,19 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -23,6 +30,7 @@
 #include "catch.hpp"
 #include "support.hpp"
 #include "replica/core/checked.hpp"
+#include "replica/core/tuning_cache.hpp"
 #include "replica/data/synthetic.hpp"
 #include "replica/replica.hpp"
 #include "replica/train/checkpoint.hpp"
@@ -348,4 +356,264 @@ TEST_CASE("a checkpoint with a valid checksum but nonsense content is refused", 
     }
     REQUIRE(model.parameters() == before);
     REQUIRE(model.optimizer_state().empty());
+}
+
+namespace {
+
+core::TuningKey tuning_key(std::uint64_t n)
+{
+    return {"convolution", {"NVIDIA H200 sm90 132", "13000 580.95.05", 13000, 91400, 130100, 200}, {n, 3, 224, 224}};
+}
+core::TuningValue tuning_value(std::uint64_t n) { return {n, n + 1, 0x7ff0000000000000ull}; }
+
+std::size_t lines_of(const std::ostringstream& log)
+{
+    const std::string s = log.str();
+    return std::size_t(std::count(s.begin(), s.end(), '\n'));
+}
+
+} // namespace
+
+TEST_CASE("the tuning cache keeps records for a later run, in a folder it makes, and finds only equal keys",
+          "[cpu][robust][tuning]")
+{
+    TempDir dir;
+    const fs::path folder = dir / "not" / "yet";
+    std::ostringstream log;
+    {
+        core::TuningCache cache(folder);
+        REQUIRE(cache.file() == folder / "tuning.bin");
+        CHECK_FALSE(cache.find(tuning_key(1), log));   // no file yet: nothing to say
+        cache.record(tuning_key(1), tuning_value(1), log);
+        cache.record(tuning_key(2), tuning_value(2), log);
+        CHECK(cache.find(tuning_key(2), log) == tuning_value(2));
+    }
+    REQUIRE(fs::is_regular_file(folder / "tuning.bin"));
+    core::TuningCache later(folder);
+    CHECK(later.find(tuning_key(1), log) == tuning_value(1));
+    CHECK(later.find(tuning_key(2), log) == tuning_value(2));
+    CHECK_FALSE(later.find(tuning_key(3), log));
+    // Each part of the key: another GPU, driver, library version or shape finds nothing.
+    auto changed = [&](auto change) {
+        core::TuningKey k = tuning_key(1);
+        change(k);
+        return later.find(k, log);
+    };
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.kind = "product"; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.device = "NVIDIA H100 80GB HBM3 sm90 132"; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.device = "NVIDIA H200 sm90 66"; }));   // a MIG slice
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.driver = "13000 580.95.06"; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.driver = "13010 580.95.05"; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.runtime = 13010; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.cudnn = 91500; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.cublas = 130200; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.environment.library = 201; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.shape[3] = 225; }));
+    CHECK_FALSE(changed([](core::TuningKey& k) { k.shape.push_back(0); }));
+    CHECK(changed([](core::TuningKey&) {}) == tuning_value(1));
+    CHECK(log.str().empty());
+
+    // The bytes round-trip whole.
+    core::TuningRecords read;
+    REQUIRE(core::decode_tuning_records(read_bytes(folder / "tuning.bin"), read) == "");
+    CHECK(read == core::TuningRecords{{tuning_key(1), tuning_value(1)}, {tuning_key(2), tuning_value(2)}});
+    CHECK(core::encode_tuning_records(read) == read_bytes(folder / "tuning.bin"));
+}
+
+TEST_CASE("the tuning cache's folder: the option, else REPLICA_CACHE_DIR, else XDG_CACHE_HOME, else HOME",
+          "[cpu][robust][tuning]")
+{
+    auto saved = [](const char* name) -> std::optional<std::string> {
+        const char* v = std::getenv(name);
+        return v ? std::optional<std::string>(v) : std::nullopt;
+    };
+    const auto replica_dir = saved("REPLICA_CACHE_DIR"), xdg = saved("XDG_CACHE_HOME"), home = saved("HOME");
+    ::setenv("REPLICA_CACHE_DIR", "/tmp/r", 1);
+    ::setenv("XDG_CACHE_HOME", "/tmp/x", 1);
+    ::setenv("HOME", "/tmp/h", 1);
+    CHECK(core::tuning_cache_folder("/opt/mine") == fs::path("/opt/mine"));
+    CHECK(core::tuning_cache_folder() == fs::path("/tmp/r"));
+    ::unsetenv("REPLICA_CACHE_DIR");
+    CHECK(core::tuning_cache_folder() == fs::path("/tmp/x/replica"));
+    ::setenv("XDG_CACHE_HOME", "relative", 1);   // not absolute: ignored, as the XDG specification says
+    CHECK(core::tuning_cache_folder() == fs::path("/tmp/h/.cache/replica"));
+    ::unsetenv("XDG_CACHE_HOME");
+    CHECK(core::tuning_cache_folder() == fs::path("/tmp/h/.cache/replica"));
+    ::unsetenv("HOME");
+    CHECK(core::tuning_cache_folder().empty());
+    auto restore = [](const char* name, const std::optional<std::string>& v) {
+        if (v) ::setenv(name, v->c_str(), 1);
+        else ::unsetenv(name);
+    };
+    restore("REPLICA_CACHE_DIR", replica_dir);
+    restore("XDG_CACHE_HOME", xdg);
+    restore("HOME", home);
+}
+
+TEST_CASE("a tuning cache file that is not whole is ignored with one log line, never trusted, and rewritten",
+          "[cpu][robust][tuning]")
+{
+    TempDir dir;
+    const fs::path file = dir / "tuning.bin";
+    {
+        std::ostringstream quiet;
+        core::TuningCache cache(dir.path());
+        cache.record(tuning_key(1), tuning_value(1), quiet);
+        REQUIRE(quiet.str().empty());
+    }
+    const std::vector<unsigned char> good = read_bytes(file);
+    REQUIRE(good.size() > 100);
+    auto resealed = [](std::vector<unsigned char> b) {   // a valid checksum over what the bytes now say
+        put_u64(b, b.size() - 8, core::detail::fnv1a(std::span(b).first(b.size() - 8)));
+        return b;
+    };
+
+    // The bytes at `file`: ignored with one line that names why; the next record rewrites the file
+    // whole, without a second line, and only what was recorded since is in it.
+    auto ignored = [&](const std::vector<unsigned char>& bytes, std::string_view why) {
+        write_bytes(file, bytes);
+        std::ostringstream log;
+        core::TuningCache cache(dir.path());
+        CHECK_FALSE(cache.find(tuning_key(1), log));
+        CHECK(lines_of(log) == 1);
+        CHECK(log.str().rfind("replica: tuning cache " + file.string() + " ignored (", 0) == 0);
+        CHECK(log.str().find(why) != std::string::npos);
+        cache.record(tuning_key(2), tuning_value(2), log);
+        CHECK(lines_of(log) == 1);
+        std::ostringstream again;
+        core::TuningCache later(dir.path());
+        CHECK(later.find(tuning_key(2), again) == tuning_value(2));
+        CHECK_FALSE(later.find(tuning_key(1), again));
+        CHECK(again.str().empty());
+    };
+    SECTION("cut short") {
+        for (std::size_t size : {std::size_t{0}, std::size_t{5}, std::size_t{19}, good.size() / 2, good.size() - 1}) {
+            CAPTURE(size);
+            ignored(std::vector<unsigned char>(good.begin(), good.begin() + std::ptrdiff_t(size)), "cut short");
+        }
+    }
+    SECTION("any byte changed") {
+        for (std::size_t at = 0; at < good.size(); ++at) {
+            CAPTURE(at);
+            auto b = good;
+            b[at] ^= 0x10;
+            ignored(b, "");
+        }
+    }
+    SECTION("the wrong magic") {
+        auto b = good;
+        b[0] = 'X';
+        ignored(b, "it is not a tuning cache");
+    }
+    SECTION("another format version") {
+        auto b = good;
+        b[8] = 2;
+        ignored(resealed(b), "its format is version 2, this library reads version 1");
+    }
+    SECTION("garbage") {
+        std::vector<unsigned char> b(4096);
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+        ignored(b, "it is not a tuning cache");
+        b.assign(good.begin(), good.begin() + 8);   // the magic, then garbage
+        b.resize(4096, 0xa5);
+        ignored(b, "");
+    }
+    SECTION("a valid checksum over records that are not there, or bytes after them") {
+        auto more = good;
+        more[12] = 2;   // two records claimed, one there
+        ignored(resealed(more), "record 1 of 2 runs past the end");
+        auto huge = good;
+        huge[15] = 0x7f;
+        ignored(resealed(huge), "records");
+        auto longer = good;
+        longer.insert(longer.end() - 8, {1, 2, 3});
+        ignored(resealed(longer), "3 bytes follow the last record");
+        auto length = good;
+        length[16] = 0xff;   // the first string's length
+        length[17] = 0xff;
+        ignored(resealed(length), "record 0 of 1 runs past the end");
+    }
+    SECTION("a folder where the file should be") {
+        fs::remove(file);
+        fs::create_directory(file);
+        std::ostringstream log;
+        core::TuningCache cache(dir.path());
+        CHECK_FALSE(cache.find(tuning_key(1), log));
+        CHECK(lines_of(log) == 1);
+        CHECK(log.str().find("it is not a regular file") != std::string::npos);
+        cache.record(tuning_key(2), tuning_value(2), log);   // cannot replace a folder: one more line, no throw
+        CHECK(lines_of(log) == 2);
+        CHECK(log.str().find(" not written (") != std::string::npos);
+        CHECK(cache.find(tuning_key(2), log) == tuning_value(2));
+    }
+}
+
+TEST_CASE("a tuning cache folder that cannot be written costs one log line, never an exception", "[cpu][robust][tuning]")
+{
+    TempDir dir;
+    write_bytes(dir / "a-file", {1, 2, 3});
+    auto unwritable = [](const fs::path& folder) {
+        std::ostringstream log;
+        core::TuningCache cache(folder);
+        for (std::uint64_t i = 0; i < 3; ++i) REQUIRE_NOTHROW(cache.record(tuning_key(i), tuning_value(i), log));
+        CHECK(lines_of(log) == 1);
+        CHECK(log.str().rfind("replica: tuning cache " + (folder / "tuning.bin").string() + " not written (", 0) == 0);
+        CHECK(log.str().find("kept for this process only") != std::string::npos);
+        for (std::uint64_t i = 0; i < 3; ++i) CHECK(cache.find(tuning_key(i), log) == tuning_value(i));   // in memory
+        CHECK(lines_of(log) == 1);
+    };
+    unwritable(dir / "a-file" / "cache");   // a file in the way of the folder: root cannot write there either
+    if (::geteuid() != 0) {                  // permissions bind everyone but root
+        fs::create_directory(dir / "read-only");
+        fs::permissions(dir / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+        unwritable(dir / "read-only");
+        fs::permissions(dir / "read-only", fs::perms::owner_all);
+    }
+}
+
+TEST_CASE("two writers of one tuning cache: a reader sees a whole file, each write keeps what it read",
+          "[cpu][robust][tuning]")
+{
+    TempDir dir;
+    std::ostringstream log;
+    {
+        core::TuningCache a(dir.path()), b(dir.path());
+        CHECK_FALSE(a.find(tuning_key(1), log));
+        CHECK_FALSE(b.find(tuning_key(1), log));   // both read the empty folder first
+        a.record(tuning_key(1), tuning_value(1), log);
+        b.record(tuning_key(2), tuning_value(2), log);   // reads a's record before it writes
+        a.record(tuning_key(3), tuning_value(3), log);
+        core::TuningCache c(dir.path());
+        for (std::uint64_t i = 1; i <= 3; ++i) CHECK(c.find(tuning_key(i), log) == tuning_value(i));
+        CHECK(log.str().empty());
+    }
+
+    // Writers at once (as MPI ranks would be), each its own object, and a reader meanwhile: every
+    // file a reader opens is whole; the last rename's records stay.
+    TempDir shared;
+    constexpr std::uint64_t kWriters = 4, kEach = 40;
+    std::vector<std::ostringstream> logs(kWriters + 1);
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+        while (!done) {
+            core::TuningCache r(shared.path());
+            r.find(tuning_key(0), logs[kWriters]);
+        }
+    });
+    std::vector<std::thread> writers;
+    for (std::uint64_t w = 0; w < kWriters; ++w)
+        writers.emplace_back([&, w] {
+            core::TuningCache cache(shared.path());
+            for (std::uint64_t i = 0; i < kEach; ++i) cache.record(tuning_key(w * 1000 + i), tuning_value(w * 1000 + i), logs[w]);
+        });
+    for (auto& t : writers) t.join();
+    done = true;
+    reader.join();
+    for (const auto& l : logs) CHECK(l.str().empty());
+    core::TuningRecords records;
+    REQUIRE(core::decode_tuning_records(read_bytes(shared / "tuning.bin"), records) == "");
+    CHECK(records.size() >= kEach);   // at least the last writer's, every one of them
+    for (const auto& [key, value] : records) CHECK(value == tuning_value(key.shape[0]));
+    for (const auto& entry : fs::directory_iterator(shared.path()))   // no temporary file left behind
+        CHECK(entry.path().filename() == "tuning.bin");
 }

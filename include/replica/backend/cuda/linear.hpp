@@ -9,7 +9,8 @@
 // only algorithms that can use them), and a bias that is not 16-byte aligned is copied to an aligned
 // buffer first (PyTorch, too, uses the bias epilogue only on aligned biases). Plans are made once per
 // product, shape and alignment and kept in the context's plan cache. Algorithms: cuBLASLt's heuristic
-// choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in deterministic mode).
+// choice, or timed as a step runs them (Options::benchmark, timing.hpp; never in deterministic mode),
+// or taken from the tuning cache (tuning.hpp) where cuBLASLt offers the same candidates now.
 //
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, dx, dy, relu_y and dz are
 // T, b, dw and db float. For bf16 and fp16 the products read T (CUDA_R_16BF, CUDA_R_16F) and compute
@@ -23,11 +24,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -36,6 +39,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/backend/cuda/tuning.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 
@@ -71,8 +75,9 @@ inline std::map<MeasuredGemmKey, cublasLtMatmulAlgo_t>& measured_gemm_choices()
 // One line of Options::log: a timed choice among cuBLASLt's heuristic candidates for a product
 // (MeasuredGemmKey's shape), each candidate named by its algorithm id and tile, with its seconds per
 // call as CallTimer::fastest took them (a far slower one's: its first call's; "-": it could not run).
+// `cached`: taken from the tuning cache (the times are those it was chosen by).
 inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const cublasLtMatmulHeuristicResult_t* found,
-                            const std::vector<double>& took, int chosen)
+                            const std::vector<double>& took, int chosen, bool cached = false)
 {
     auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t what) {
         std::uint32_t v = 0;
@@ -92,7 +97,48 @@ inline void log_gemm_choice(std::ostream& out, const MeasuredGemmKey& key, const
             << (timed ? std::to_string(int(took[i] * 1e7 + 0.5) / 10) + "." + std::to_string(int(took[i] * 1e7 + 0.5) % 10) + " us"
                       : std::string("-"));
     }
-    out << std::endl;
+    out << (cached ? " (from the tuning cache)" : "") << std::endl;
+}
+
+// A product's record in the tuning cache. Key: MeasuredGemmKey's shape. Value: the chosen candidate's
+// place among cuBLASLt's usable candidates, their count, the chosen algorithm's bytes (8 words), and
+// each candidate's seconds (as doubles' bits).
+inline core::TuningKey gemm_tuning_key(const Context& ctx, const MeasuredGemmKey& m)
+{
+    return {"product", tuning_environment(ctx), std::vector<std::uint64_t>(m.shape.begin(), m.shape.end())};
+}
+inline core::TuningValue gemm_tuning_value(const cublasLtMatmulAlgo_t& algo, int chosen, const std::vector<double>& took)
+{
+    static_assert(sizeof(cublasLtMatmulAlgo_t) == 8 * sizeof(std::uint64_t));
+    core::TuningValue v{std::uint64_t(chosen), took.size(), 0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(v.data() + 2, &algo, sizeof algo);
+    for (double s : took) v.push_back(std::bit_cast<std::uint64_t>(s));
+    return v;
+}
+
+// The place among found[0, usable) of the choice that the tuning cache holds for this product, if
+// cuBLASLt offers the same candidates now: as many as then, and at the recorded place an algorithm
+// identical byte for byte; its candidates' seconds into `took`. -1 where there is none; a record that
+// is there but fails is refused (refuse_record).
+inline int cached_gemm_choice(const Context& ctx, core::TuningCache& cache, const MeasuredGemmKey& measured,
+                              const cublasLtMatmulHeuristicResult_t* found, int usable, std::vector<double>& took)
+{
+    const std::optional<core::TuningValue> record = cache.find(gemm_tuning_key(ctx, measured), tuning_log(ctx));
+    if (!record) return -1;
+    const core::TuningValue& v = *record;
+    bool same = v.size() == 10 + std::size_t(usable) && v[1] == std::uint64_t(usable) && v[0] < v[1] &&
+                std::memcmp(v.data() + 2, &found[v[0]].algo, sizeof(cublasLtMatmulAlgo_t)) == 0;
+    took.clear();
+    for (std::size_t i = 10; same && i < v.size(); ++i) {
+        took.push_back(std::bit_cast<double>(v[i]));
+        same = took.back() >= 0.0 && took.back() <= CallTimer::never;   // NaN fails too
+    }
+    if (!same) {
+        refuse_record(ctx, cache, "product");
+        return -1;
+    }
+    ++tuning_counters().cached;
+    return int(v[0]);
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
@@ -155,19 +201,26 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     auto& choices = measured_gemm_choices();
     auto it = choices.find(measured);
     if (it == choices.end()) {
-        const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
-                                          d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
-        CallTimer timer(ctx);
-        std::vector<double> took(std::size_t(usable), CallTimer::never);
-        const int k = CallTimer::fastest(usable, [&](int i, double give_up) {
-            return took[std::size_t(i)] = timer.seconds([&] {
-                return run_gemm(ctx, g, scratch.floats(0), scratch.floats(1), scratch.floats(2),
-                                bias_length ? scratch.floats(3) : nullptr, found[i].algo,
-                                found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
-            }, give_up);
-        });
+        core::TuningCache* disk = tuning_cache(ctx);
+        std::vector<double> took;
+        int k = disk ? cached_gemm_choice(ctx, *disk, measured, found, usable, took) : -1;
+        const bool cached = k >= 0;
+        if (!cached) {
+            const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
+                                              d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
+            CallTimer timer(ctx);
+            took.assign(std::size_t(usable), CallTimer::never);
+            k = CallTimer::fastest(usable, [&](int i, double give_up) {
+                return took[std::size_t(i)] = timer.seconds([&] {
+                    return run_gemm(ctx, g, scratch.floats(0), scratch.floats(1), scratch.floats(2),
+                                    bias_length ? scratch.floats(3) : nullptr, found[i].algo,
+                                    found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
+                }, give_up);
+            });
+            if (disk) disk->record(gemm_tuning_key(ctx, measured), gemm_tuning_value(found[k].algo, k, took), tuning_log(ctx));
+        }
         it = choices.emplace(measured, found[k].algo).first;
-        if (ctx.options().log) log_gemm_choice(*ctx.options().log, measured, found, took, k);
+        if (ctx.options().log) log_gemm_choice(*ctx.options().log, measured, found, took, k, cached);
     }
     for (int i = 0; i < usable; ++i)   // the chosen one's workspace
         if (std::memcmp(&found[i].algo, &it->second, sizeof(cublasLtMatmulAlgo_t)) == 0) {

@@ -3,6 +3,7 @@
 // made (default_options()). docs/guide.md lists them with their measured effect. Only under nvcc.
 
 #include <iosfwd>
+#include <string>
 
 #include "replica/core/config.hpp"
 
@@ -28,8 +29,17 @@ struct Options {
     // Choose each convolution's algorithms and each fully connected layer's products by timing the
     // candidates of cuDNN's and cuBLASLt's heuristics as a step runs them (timing.hpp), once per shape
     // and kind of GPU in the process. A new shape's first step takes longer (every candidate is
-    // timed, and with ConvPath::timed the product path too).
+    // timed, and with ConvPath::timed the product path too), unless the tuning cache has them.
     bool benchmark = true;
+    // Keep the timed choices (benchmark) on disk as well, and take them from there in a later run
+    // instead of timing again (tuning.hpp; the file: core/tuning_cache.hpp). A record is taken only
+    // where the GPU's kind, the driver, the CUDA runtime, cuDNN, cuBLASLt and replica are those it was
+    // timed with, and its algorithms are among the libraries' candidates now; a file that is not whole
+    // is ignored with one line to `log` (std::cerr where that is null). Not read in deterministic mode.
+    bool tuning_cache = true;
+    // The tuning cache's folder. Empty: $REPLICA_CACHE_DIR, else $XDG_CACHE_HOME/replica, else
+    // $HOME/.cache/replica (none of them set: no cache).
+    std::string tuning_cache_dir;
     // Capture a model's training step (forward, loss and backward) in CUDA graphs once per batch
     // size and staging buffer and replay them, so that a step costs a few launches on the host. A
     // DataParallel replica's step is captured in segments, cut where a gradient bucket is complete:
@@ -51,7 +61,8 @@ struct Options {
     // convolution, the layer, cuDNN's chosen algorithms and their times, the product path's times and
     // which passes take it (conv/autotune.hpp); for a cuBLASLt product (a fully connected layer's, or a
     // convolution's on the product path), every candidate's algorithm, tile and time and the one chosen
-    // (linear.hpp). nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
+    // (linear.hpp). A choice taken from the tuning cache gets the line it got when it was timed, with
+    // " (from the tuning cache)" at its end. nullptr: nowhere. `train_bench --log-choices` sets std::cerr.
     std::ostream* log = nullptr;
 };
 

@@ -7,7 +7,8 @@
 // do not change from run to run. A candidate that cannot be captured is never chosen (the step's
 // capture would fail), nor one whose first timed call takes over four times the best so far (not
 // timed further). Choices are kept process-wide per kind of GPU and shape (measured_mutex guards
-// them), so a model's replicas on identical GPUs run the same algorithms. Only under nvcc.
+// them), so a model's replicas on identical GPUs run the same algorithms, and on disk for later runs
+// (tuning.hpp). Only under nvcc.
 
 #include <cuda_runtime.h>
 
@@ -20,6 +21,7 @@
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/handles.hpp"
+#include "replica/backend/cuda/tuning.hpp"
 #include "replica/core/config.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cuda::detail {
@@ -84,10 +86,11 @@ public:
 
     // Seconds per call of run() (which queues one call on the context's stream and says whether it
     // could) as a step runs it; `never` if it cannot run or be captured; the first timed call's
-    // seconds if they exceed give_up.
+    // seconds if they exceed give_up. Counted in tuning_counts().candidates_timed.
     template <class Run>
     double seconds(Run&& run, double give_up)
     {
+        ++tuning_counters().timed;
         cudaStream_t s = ctx_.stream();
         if (!run()) return never;   // loads its kernels
         REPLICA_CHECK(cudaEventRecord(start_, s));

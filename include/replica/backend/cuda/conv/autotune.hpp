@@ -13,23 +13,31 @@
 // never chosen. Deterministic mode keeps cuDNN's heuristic choice (deterministic algorithms) and
 // never the products' timed choice. Timed choices are kept process-wide per kind of GPU and shape
 // (measured_mutex guards them): a model's replicas on identical GPUs run the same algorithms, and a
-// second model reuses the times. Options::log receives a line per choice as it is made. Only under nvcc.
+// second model reuses the times. They are kept in the tuning cache too (Options::tuning_cache,
+// tuning.hpp), from which a later run takes a layer's choice where cuDNN still lists its algorithms,
+// instead of timing. Options::log receives a line per choice as it is made or taken. Only under nvcc.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv/candidate.hpp"
 #include "replica/backend/cuda/conv/cudnn.hpp"
 #include "replica/backend/cuda/conv/direct.hpp"
 #include "replica/backend/cuda/conv/products.hpp"
+#include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/backend/cuda/tuning.hpp"
 #include "replica/core/config.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cuda::detail {
@@ -68,7 +76,8 @@ inline double products_rival(const CudnnAlgorithms& cudnn, bool channels_last)
 // One line of Options::log: a timed choice, the layer named input -> output (a transposed
 // convolution's window maps its output to its input: CudnnConvTranspose). The algorithms are
 // those of the cuDNN convolution; a transposed layer runs its forward pass by backward data.
-inline void log_choice(std::ostream& out, const MeasuredConvKey& measured, const ConvAlgorithms& a)
+// `cached`: taken from the tuning cache (the times are those it was chosen by).
+inline void log_choice(std::ostream& out, const MeasuredConvKey& measured, const ConvAlgorithms& a, bool cached = false)
 {
     const ConvKey& key = measured.conv;
     const std::string& device = measured.device;
@@ -90,12 +99,88 @@ inline void log_choice(std::ostream& out, const MeasuredConvKey& measured, const
     else if (a.products_timed)
         out << "; products forward " << us(a.products.forward) << ", gradients " << us(a.products.backward) << ": forward by "
             << (a.gemm_forward ? "products" : "cuDNN") << ", gradients by " << (a.gemm_backward ? "products" : "cuDNN");
-    out << std::endl;
+    out << (cached ? " (from the tuning cache)" : "") << std::endl;
 }
 inline std::map<MeasuredConvKey, ConvAlgorithms>& measured_conv_choices()
 {
     static std::map<MeasuredConvKey, ConvAlgorithms> choices;
     return choices;
+}
+
+// Forgets every timed choice of the process, convolutions' and products' (linear.hpp), and the tuning
+// caches read, as a new process would start: for tests. Plans already made keep their algorithms.
+// Not while a context chooses.
+inline void forget_timed_choices()
+{
+    std::lock_guard lock(measured_mutex());
+    measured_conv_choices().clear();
+    measured_gemm_choices().clear();
+    forget_tuning_caches();
+}
+
+// A convolution's record in the tuning cache. Key: the ConvKey (what the plan is for, element type,
+// window, filters, batch) and the options that change what is timed. Value: cuDNN's three algorithms,
+// whether the products were timed and which passes they take, then the seconds of cuDNN's forward,
+// its two gradients and its input gradient alone, and the products' two passes (as doubles' bits).
+inline core::TuningKey conv_tuning_key(const Context& ctx, const MeasuredConvKey& m)
+{
+    const ConvKey& k = m.conv;
+    const core::Window& g = k.g;
+    std::vector<std::uint64_t> shape{std::uint64_t(k.use), std::uint64_t(k.storage), m.tf32, m.graphs, m.channels_last, k.n};
+    for (int v : {g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, k.cout}) shape.push_back(std::uint64_t(v));
+    return {"convolution", tuning_environment(ctx), std::move(shape)};
+}
+inline core::TuningValue conv_tuning_value(const ConvAlgorithms& a)
+{
+    core::TuningValue v{std::uint64_t(a.cudnn.fwd), std::uint64_t(a.cudnn.bwd_data), std::uint64_t(a.cudnn.bwd_filter),
+                        a.products_timed, a.gemm_forward, a.gemm_backward};
+    for (double s : {a.cudnn.seconds.forward, a.cudnn.seconds.backward, a.cudnn.data_seconds, a.products.forward,
+                     a.products.backward})
+        v.push_back(std::bit_cast<std::uint64_t>(s));
+    return v;
+}
+
+// Whether cuDNN lists `algo` among the candidates that can run (its status says so).
+template <class Perf>
+bool listed(const Perf* perf, int count, std::uint64_t algo)
+{
+    for (int i = 0; i < count; ++i)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && std::uint64_t(perf[i].algo) == algo) return true;
+    return false;
+}
+
+// The choice the tuning cache holds for this convolution, if it has one that cuDNN can run now: each
+// algorithm among the candidates it lists (`candidates`), every flag 0 or 1, every time a number of
+// seconds from 0 to CallTimer::never. A record that is there but fails is refused (refuse_record).
+inline std::optional<ConvAlgorithms> cached_conv_choice(const Context& ctx, core::TuningCache& cache,
+                                                        const MeasuredConvKey& measured, const CudnnCandidates& candidates)
+{
+    const std::optional<core::TuningValue> found = cache.find(conv_tuning_key(ctx, measured), tuning_log(ctx));
+    if (!found) return std::nullopt;
+    const core::TuningValue& v = *found;
+    bool usable = v.size() == 11 && v[3] <= 1 && v[4] <= 1 && v[5] <= 1 && listed(candidates.forward, candidates.forward_count, v[0]) &&
+                  listed(candidates.data, candidates.data_count, v[1]) && listed(candidates.filter, candidates.filter_count, v[2]);
+    double seconds[5] = {};
+    for (std::size_t i = 0; usable && i < 5; ++i) {
+        seconds[i] = std::bit_cast<double>(v[6 + i]);
+        usable = seconds[i] >= 0.0 && seconds[i] <= CallTimer::never;   // NaN fails too
+    }
+    if (!usable) {
+        refuse_record(ctx, cache, "convolution");
+        return std::nullopt;
+    }
+    ConvAlgorithms a;
+    a.cudnn.fwd = cudnnConvolutionFwdAlgo_t(v[0]);
+    a.cudnn.bwd_data = cudnnConvolutionBwdDataAlgo_t(v[1]);
+    a.cudnn.bwd_filter = cudnnConvolutionBwdFilterAlgo_t(v[2]);
+    a.products_timed = v[3] != 0;
+    a.gemm_forward = v[4] != 0;
+    a.gemm_backward = v[5] != 0;
+    a.cudnn.seconds = {seconds[0], seconds[1]};
+    a.cudnn.data_seconds = seconds[2];
+    a.products = {seconds[3], seconds[4]};
+    ++tuning_counters().cached;
+    return a;
 }
 
 
@@ -177,7 +262,9 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
     const bool timed = ctx.options().benchmark && !det;
     const MeasuredConvKey measured{device_kind(ctx), key, ctx.options().allow_tf32, ctx.options().graphs,
                                    channels_last<T>(ctx)};
-    bool fresh = false;   // this call timed something (Options::log)
+    core::TuningCache* disk = timed ? tuning_cache(ctx) : nullptr;
+    bool fresh = false;    // this call timed something (Options::log, the tuning cache)
+    bool cached = false;   // this call took the choice from the tuning cache
     CudnnAlgorithms chosen;
     if (!timed) {
         chosen = cudnn_heuristic(candidates, det);
@@ -186,10 +273,14 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
         auto& choices = measured_conv_choices();
         auto it = choices.find(measured);
         if (it == choices.end()) {
-            ConvAlgorithms a;
-            a.cudnn = cudnn_timed(ctx, p, candidates, g, cout, n);
-            it = choices.emplace(measured, a).first;
-            fresh = true;
+            std::optional<ConvAlgorithms> a = disk ? cached_conv_choice(ctx, *disk, measured, candidates) : std::nullopt;
+            cached = a.has_value();
+            if (!cached) {
+                a.emplace();
+                a->cudnn = cudnn_timed(ctx, p, candidates, g, cout, n);
+                fresh = true;
+            }
+            it = choices.emplace(measured, *a).first;
         }
         chosen = it->second.cudnn;
     }
@@ -200,9 +291,13 @@ const ConvPlan& conv_plan(const Context& ctx, const core::Window& g, int cout, s
         fresh = choose_products(ctx, p, measured, timed, cout, n, products_seconds) || fresh;
     p.workspace = std::max(cudnn_workspace(ctx, p),
                            p.gemm_forward || p.gemm_backward ? gemm_workspace<T>(g, cout, n, channels_last<T>(ctx)) : 0);
-    if (fresh && ctx.options().log) {
+    if (fresh && disk) {
         std::lock_guard lock(measured_mutex());
-        log_choice(*ctx.options().log, measured, measured_conv_choices().at(measured));
+        disk->record(conv_tuning_key(ctx, measured), conv_tuning_value(measured_conv_choices().at(measured)), tuning_log(ctx));
+    }
+    if ((fresh || cached) && ctx.options().log) {
+        std::lock_guard lock(measured_mutex());
+        log_choice(*ctx.options().log, measured, measured_conv_choices().at(measured), !fresh);
     }
     ctx.workspace(p.workspace);   // grow now, not inside a step
     return plans.emplace(key, std::move(p)).first->second;
