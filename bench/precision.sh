@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # fp32 against bf16 on one GPU, and PyTorch's bf16 (autocast, channels_last) on the same machine: the
-# table of docs/benchmarks.md ("One GPU, bf16"). Builds train_bench_cuda as three programs compiled side by side
-# (TRAIN_BENCH_PART: a third of the networks each; the whole program in both precisions is one long
-# nvcc compile), then runs every network in fp32 and bf16, ROUNDS times interleaved.
+# table of docs/benchmarks.md ("One GPU, bf16"). Builds train_bench_cuda (its network families are
+# translation units of their own, compiled side by side) while PyTorch runs, then runs every network
+# in fp32 and bf16, ROUNDS times interleaved.
 #   bench/precision.sh BUILD OUT        # BUILD: a build folder configured with -Dcuda=enabled
-# PARTS=dir: use the programs dir/tb1, dir/tb2, dir/tb3 (built elsewhere with TRAIN_BENCH_PART=1, 2, 3
-# and optimisation on) instead of compiling them here.
+# PROGRAM=path: use this train_bench_cuda (built elsewhere, optimisation on) instead of building it.
 # TORCH_MODES (default eager,graph): pytorch_bench's modes (compile takes minutes per network).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,21 +12,9 @@ build=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export NCCL_NVLS_ENABLE=0
 runs=(lenet:64 alexnet:128 googlenet:32 googlenet:128 textcnn:128 fcn:16 resnet18:256 resnet50:256)
-part() { case $1 in lenet|alexnet|alexnet-plain) echo 1 ;; googlenet|textcnn|fcn) echo 2 ;; *) echo 3 ;; esac; }
 
-bin=$out
-if [ -n "${PARTS:-}" ]; then
-    bin=$(cd "$PARTS" && pwd)
-else
-    ninja -C "$build" bench/train_bench_cuda.cu > /dev/null
-    cc=$(ninja -C "$build" -t commands bench/train_bench_cuda | grep -E "nvcc .* -c .*train_bench_cuda" | tail -1)
-    link=$(ninja -C "$build" -t commands bench/train_bench_cuda | tail -1)
-    obj=$(python3 -c 'import sys, shlex; a = shlex.split(sys.argv[1]); print(a[a.index("-o") + 1])' "$cc")
-    for k in 1 2 3; do
-        (cd "$build" && eval "${cc//$obj/$out/tb$k.o} -DTRAIN_BENCH_PART=$k" &&
-         eval "$(echo "$link" | sed "s|$obj|$out/tb$k.o|; s|-o bench/train_bench_cuda|-o $out/tb$k|")") > "$out/build$k.log" 2>&1 &
-    done
-fi
+bin=${PROGRAM:-$build/bench/train_bench_cuda}
+[ -n "${PROGRAM:-}" ] || ninja -C "$build" bench/train_bench_cuda > "$out/build.log" 2>&1 &
 # The GPU is idle while nvcc compiles: PyTorch first.
 for m in "${runs[@]}"; do
     timeout 300 python3 "$root/bench/pytorch_bench.py" --model "${m%%:*}" --batch "${m##*:}" --precision bf16 \
@@ -37,7 +24,7 @@ wait
 for r in $(seq "${ROUNDS:-2}"); do
     for m in "${runs[@]}"; do
         for p in fp32 bf16; do
-            timeout 120 "$bin/tb$(part "${m%%:*}")" --model "${m%%:*}" --batch "${m##*:}" --devices cuda:0 --precision $p \
+            timeout 120 "$bin" --model "${m%%:*}" --batch "${m##*:}" --devices cuda:0 --precision $p \
                 --steps 30 --json >> "$out/replica.jsonl" 2>> "$out/replica.err"
         done
     done
