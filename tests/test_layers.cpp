@@ -2,8 +2,8 @@
 // written from each layer's definition, dropout masks, parameter initialisation, and shapes (at
 // compile time).
 //
-// Random tests draw a fresh seed each run from std::random_device and print it on failure; set
-// REPLICA_TEST_SEED=<seed> to rerun one.
+// Random tests draw from a fixed seed a test case (tests/seeds.hpp) and print it on failure with the
+// command that reruns it; REPLICA_TEST_SEED=<seed> runs them on another, scripts/soak on many.
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +23,7 @@
 #include "replica/replica.hpp"
 
 #include "catch.hpp"
+#include "seeds.hpp"
 
 namespace {
 
@@ -111,13 +112,6 @@ static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::kep
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
-
-std::uint64_t run_seed()
-{
-    if (const char* s = std::getenv("REPLICA_TEST_SEED")) return std::strtoull(s, nullptr, 0);
-    std::random_device rd;
-    return (std::uint64_t(rd()) << 32) ^ rd();
-}
 
 // "Conv2d<4, 3, 2, 1>" from the compiler's name of T.
 template <class T>
@@ -269,9 +263,8 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
     using Out = typename B::Out;
     constexpr std::size_t P = B::O::param_count;
 
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<L>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed
-                        << " (REPLICA_TEST_SEED=" << seed << " reruns it)");
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << ", n = " << n << "; " << testing::rerun(seed));
     std::mt19937_64 rng(seed);
 
     B b(n);
@@ -519,8 +512,7 @@ TEST_CASE("ReLU, Flatten and Dropout gradients match finite differences", "[cpu]
     check_gradients<ReLU, Shape<17>>(3);
     check_gradients<Flatten, Shape<2, 3, 4>>(2);
     // Training mode; the same pass for every evaluation, so the mask is fixed.
-    const model::Pass pass{.seed = run_seed(), .first_sample = 11, .training = true};
-    INFO("dropout pass seed " << pass.seed);
+    const model::Pass pass{.seed = testing::test_seed(), .first_sample = 11, .training = true};
     check_gradients<Dropout<0.3>, Shape<4, 5, 6>>(3, pass);
 }
 
@@ -650,8 +642,8 @@ TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient
 
 TEST_CASE("Conv2d forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<Conv2d<5, 3, 2, 1>, Shape<3, 9, 8>> f(2, rng);
@@ -669,8 +661,8 @@ TEST_CASE("Conv2d forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("Conv1d forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     ForwardCase<Conv1d<4, 5, 2, 2>, Shape<3, 17>> f(2, rng);
     const ConvGeometry g{2, 3, 1, 17, 4, 5, 2, 2, 1, 9};
@@ -680,8 +672,8 @@ TEST_CASE("Conv1d forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("ConvTranspose2d forward matches the scatter definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 5, 4>> f(2, rng);
@@ -701,8 +693,8 @@ TEST_CASE("ConvTranspose2d forward matches the scatter definition", "[cpu][layer
 
 TEST_CASE("Linear forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     constexpr std::size_t n = 3, in = 13, out = 6;
     ForwardCase<Linear<out>, Shape<in>> f(n, rng);
@@ -718,8 +710,8 @@ TEST_CASE("Linear forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("Pooling forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<MaxPool2dCeil<3, 2>, Shape<2, 8, 7>> f(2, rng);   // last window of each row/column partial
@@ -814,8 +806,8 @@ TEST_CASE("Small layers computed by hand", "[cpu][layers][forward]")
 
 TEST_CASE("Dropout zeroes about P of the elements and scales the survivors", "[cpu][layers][dropout]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     constexpr std::size_t n = 8, size = 5000;
     constexpr float p = 0.3f, scale = 1.0f / (1.0f - p);
@@ -848,7 +840,9 @@ TEST_CASE("Dropout zeroes about P of the elements and scales the survivors", "[c
 
 TEST_CASE("Dropout is the identity in evaluation", "[cpu][layers][dropout]")
 {
-    std::mt19937_64 rng(run_seed());
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    std::mt19937_64 rng(seed);
     constexpr std::size_t n = 4;
     Bound<Dropout<0.3>, Shape<3, 50>> b(n);
     const std::vector<float> x = uniform(n * 150, -1.0f, 1.0f, rng);
@@ -863,8 +857,8 @@ TEST_CASE("Dropout is the identity in evaluation", "[cpu][layers][dropout]")
 
 TEST_CASE("Dropout's mask depends on (seed, layer id, global sample) only", "[cpu][layers][dropout]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     using D = Dropout<0.3>;
     using In = Shape<4, 16>;
@@ -904,8 +898,8 @@ void check_init(std::size_t fan_in)
 {
     using O = op_of<L, In>;
     static constexpr std::size_t P = O::param_count;   // static: a lambda below binds it to a reference uncaptured
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<L>() << " on " << type_name<In>() << ", seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << "; " << testing::rerun(seed));
     auto init = [](std::uint32_t layer_id, std::uint64_t s) {
         std::vector<float> p(P, kNaN);
         O{build(layer_id)}.init(p.data(), s);
@@ -953,8 +947,8 @@ TEST_CASE("A nested Sequential initialises each layer under its own id", "[cpu][
     static_assert(NetOp::param_count == ConvOp::param_count + LinearOp::param_count);
     static_assert(NetOp::layer_count == 4);
 
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::vector<float> net(NetOp::param_count), conv(ConvOp::param_count), linear(LinearOp::param_count);
     NetOp{build(3)}.init(net.data(), seed);
     ConvOp{build(3)}.init(conv.data(), seed);
@@ -991,8 +985,8 @@ void same_as_zero_bias(std::size_t n)
     using B = Bound<Without, In>;
     constexpr std::size_t P = B::O::param_count, extra = A::O::param_count - P;
     static_assert(extra > 0 && std::is_same_v<typename A::Out, typename B::Out>);
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<Without>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<Without>() << " on " << type_name<In>() << ", n = " << n << "; " << testing::rerun(seed));
     std::mt19937_64 rng(seed);
 
     A a(n);
