@@ -2,8 +2,8 @@
 // written from each layer's definition, dropout masks, parameter initialisation, and shapes (at
 // compile time).
 //
-// Random tests draw a fresh seed each run from std::random_device and print it on failure; set
-// REPLICA_TEST_SEED=<seed> to rerun one.
+// Random tests draw from a fixed seed a test case (tests/seeds.hpp) and print it on failure with the
+// command that reruns it; REPLICA_TEST_SEED=<seed> runs them on another, scripts/soak on many.
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +23,8 @@
 #include "replica/replica.hpp"
 
 #include "catch.hpp"
+#include "reference.hpp"
+#include "seeds.hpp"
 
 namespace {
 
@@ -111,13 +113,6 @@ static_assert(op_of<Sequential<Conv2d<2, 3>, MaxPool2d<3>>, Shape<1, 5, 5>>::kep
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
-
-std::uint64_t run_seed()
-{
-    if (const char* s = std::getenv("REPLICA_TEST_SEED")) return std::strtoull(s, nullptr, 0);
-    std::random_device rd;
-    return (std::uint64_t(rd()) << 32) ^ rd();
-}
 
 // "Conv2d<4, 3, 2, 1>" from the compiler's name of T.
 template <class T>
@@ -208,14 +203,16 @@ struct Bound {
     }
 };
 
-// |got - want| <= rel * max(|want|, 1): relative, with an absolute floor of `rel`.
-void check_close(const std::vector<float>& got, const std::vector<double>& want, double rel, const char* what)
+// |got - want| <= rel * max(|want|, 1) + allowance[i] (none when empty): relative, with an absolute
+// floor of `rel`.
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double rel, const char* what,
+                 const std::vector<double>& allowance = {})
 {
     REQUIRE(got.size() == want.size());
     std::size_t bad = 0, first = 0;
     for (std::size_t i = 0; i < got.size(); ++i) {
         const double err = std::abs(double(got[i]) - want[i]);
-        if (!(err <= rel * std::max(std::abs(want[i]), 1.0))) {
+        if (!(err <= rel * std::max(std::abs(want[i]), 1.0) + (allowance.empty() ? 0.0 : allowance[i]))) {
             if (bad++ == 0) first = i;
         }
     }
@@ -229,33 +226,44 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
 // ---------------------------------------------------------------------------------------------
 // Numerical gradient check.
 //
-// L = sum_i y_i r_i with random r (so dy = r), accumulated in double. Central differences with step
-// eps = 1e-3 on up to 40 random input elements and 40 random parameters (all when fewer); the step is the
-// difference of the two float values actually fed in.
+// L = sum_i y_i r_i with random r (so dy = r). The analytic gradients are the layer's backward on the
+// CPU backend, in float. The numerical ones are central differences of L with step h = 1e-6 on the
+// layer's float64 reference (tests/reference.hpp) at the same point, on up to 40 random input elements
+// and 40 random parameters (all when fewer). In double, L's rounding moves a difference by about 1e-9
+// and the step's truncation (h^2 / 6 times L's third derivative) by less, even for BatchNorm over four
+// values: the numerical side is exact to far within the tolerance.
 //
-// Tolerance: |num - ana| <= 1e-2 * max(|num|, |ana|) + 2e-3 + noise. The absolute term covers float
-// rounding of y (about 1e-7 relative on O(1) outputs) divided by the step. noise is what the loss's own
-// rounding can move the central difference by: BatchNorm over a few values with a small variance
-// amplifies float rounding a hundredfold, and the loss is then jagged at 1e-4 (its slopes over 1e-5
-// steps can differ by several units). It is measured at each element from second differences over
-// steps of eps / 64 and eps / 16, which a smooth loss keeps near 0; an element where it would allow
-// more than a tenth of the gradient is skipped and another drawn.
+// The float side has rounding of its own, which an ill-conditioned point amplifies: BatchNorm over
+// values whose variance is far below eps scales its input's rounding by up to 1 / sqrt(eps) ~ 316 (a
+// bias before it, whose gradient is 0, then gets one of 1e-3), and a ReLU whose input lies within
+// rounding of 0 may take the other branch than the reference. It is measured at each value: the
+// largest change of the output and of the gradients over three runs on x and parameters each scaled
+// by a random factor within 1 +- 2^-19. A correct result moves about as much as its rounding error
+// there, provided each run rounds anew: with its inputs moved by one ulp, a BatchNorm's mean over tens
+// of values moves by a fraction of its own ulp and keeps its rounding error; moved by 16 ulps or more,
+// it moves by one or more.
+//
+// Tolerance: |num - ana| <= 1e-3 * max(|num|, |ana|) + 1e-4 + 4 * (ana's measured rounding). First the
+// backend's output must be the reference's within 1e-4 * max(|y|, 1) + 4 * (y's measured rounding): a
+// reference that computes another function fails there, not in the comparison. (What the check
+// catches, and how often it fails on correct gradients: docs/design.md, "Tests: fixed seeds, a soak,
+// float64 references".)
 //
 // `kinks`: set for composites where a ReLU or max pool acts on computed values (which no input grid
-// keeps away from a kink). The loss is piecewise linear in any single input or parameter, so the
-// slopes over the four half-steps in [-eps, eps] all equal the central difference unless a kink lies
-// within the step (or the loss curves on the step's scale, as BatchNorm's does over a few values);
-// such an element is skipped and another drawn, up to 120 skipped. The slopes must agree within half
-// the gradients' relative tolerance: a kink shifts the central difference by up to half its change of
-// slope, so one that passed a test as loose as the comparison could take the whole tolerance. Without
-// `kinks`, only noisy elements are skipped. (How often the check fails on correct gradients, and what
-// it catches: docs/design.md, "What is not done yet".)
+// keeps away from a kink). A kink within the step shifts the central difference by up to half its
+// change of slope, and the slopes over the four half-steps in [-h, h] then disagree by up to that
+// change: an element whose slopes do not all equal the central difference within a tenth of the
+// tolerance is skipped and another drawn, up to 120 skipped.
 
-constexpr double kEps = 1e-3;
+constexpr double kStep = 1e-6;
+constexpr int kRoundingRuns = 3;
+constexpr double kRoundingFactor = 4.0;
+constexpr float kNudge = 0x1p-19f;   // relative: 16 to 32 ulps
 
-bool gradient_close(double num, double ana, double rel = 1e-2, double noise = 0.0)
+// Within the comparison's tolerance (allowing `rounding` more), or `fraction` of it.
+bool gradient_close(double num, double ana, double rounding = 0.0, double fraction = 1.0)
 {
-    return std::abs(num - ana) <= rel * std::max(std::abs(num), std::abs(ana)) + 2e-3 + noise;
+    return std::abs(num - ana) <= fraction * (1e-3 * std::max(std::abs(num), std::abs(ana)) + 1e-4) + rounding;
 }
 
 struct GradOptions {
@@ -267,199 +275,139 @@ void check_gradients(std::size_t n, model::Pass pass = {}, GradOptions options =
 {
     using B = Bound<L, In>;
     using Out = typename B::Out;
+    static_assert(testing::HasReference<L, In>,
+                  "check_gradients takes its differences on the layer's float64 reference: add a Reference "
+                  "specialisation for this layer kind to tests/reference.hpp");
+    using Ref = testing::Reference<L, In>;
     constexpr std::size_t P = B::O::param_count;
+    constexpr std::uint32_t layer_id = 3;
 
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<L>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed
-                        << " (REPLICA_TEST_SEED=" << seed << " reruns it)");
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << ", n = " << n << "; " << testing::rerun(seed));
     std::mt19937_64 rng(seed);
 
-    B b(n);
-    std::vector<float> x = grid_input(n * In::size, rng);
+    B b(n, layer_id);
+    const std::vector<float> x = grid_input(n * In::size, rng);
     const std::vector<float> r = uniform(n * Out::size, -1.0f, 1.0f, rng);
     b.op.init(b.params.data(), seed);
     for (float& p : b.params) p += std::uniform_real_distribution<float>(-0.05f, 0.05f)(rng);
+    const std::vector<float> params = b.params;
 
+    // The backend's output and analytic gradients at (xs, ps).
+    struct Run {
+        std::vector<float> y, dx, dparams;
+    };
+    auto run = [&](const std::vector<float>& xs, const std::vector<float>& ps) {
+        Run out{{}, std::vector<float>(n * In::size), std::vector<float>(P)};
+        b.params = ps;
+        b.forward(pass, xs.data());
+        out.y = b.y;
+        b.backward(pass, xs.data(), r.data(), out.dx.data(), out.dparams.data());
+        b.params = params;
+        return out;
+    };
+    const Run analytic = run(x, params);
+    REQUIRE(std::all_of(analytic.y.begin(), analytic.y.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(std::all_of(analytic.dx.begin(), analytic.dx.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(std::all_of(analytic.dparams.begin(), analytic.dparams.end(), [](float v) { return std::isfinite(v); }));
+
+    // Their rounding, measured: kRoundingFactor times the largest change over runs on x and the
+    // parameters each scaled by a random factor in [1 - kNudge, 1 + kNudge].
+    Run rounding{std::vector<float>(analytic.y.size()), std::vector<float>(n * In::size), std::vector<float>(P)};
+    std::mt19937_64 nudges(seed + 1);
+    auto nudged = [&](std::vector<float> v) {
+        std::uniform_real_distribution<float> factor(1.0f - kNudge, 1.0f + kNudge);
+        for (float& e : v) e *= factor(nudges);
+        return v;
+    };
+    auto widen = [](std::vector<float>& allowed, const std::vector<float>& moved, const std::vector<float>& at) {
+        for (std::size_t i = 0; i < allowed.size(); ++i)
+            allowed[i] = std::max(allowed[i], float(kRoundingFactor) * std::abs(moved[i] - at[i]));
+    };
+    for (int k = 0; k < kRoundingRuns; ++k) {
+        const Run moved = run(nudged(x), nudged(params));
+        widen(rounding.y, moved.y, analytic.y);
+        widen(rounding.dx, moved.dx, analytic.dx);
+        widen(rounding.dparams, moved.dparams, analytic.dparams);
+    }
+
+    // The same loss on the float64 reference, at the same point.
+    std::vector<double> xd(x.begin(), x.end()), pd(params.begin(), params.end());
+    const testing::At at{pass, layer_id};
+    check_close(analytic.y, Ref::forward(xd.data(), pd.data(), n, at), 1e-4, "the output against the float64 reference",
+                std::vector<double>(rounding.y.begin(), rounding.y.end()));
     auto loss = [&] {
-        b.forward(pass, x.data());
+        const std::vector<double> y = Ref::forward(xd.data(), pd.data(), n, at);
         double l = 0.0;
-        for (std::size_t i = 0; i < b.y.size(); ++i) l += double(b.y[i]) * double(r[i]);
+        for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * double(r[i]);
         return l;
     };
-
-    // Analytic gradients.
-    std::vector<float> dx(n * In::size), dparams(P);
     const double l0 = loss();
-    REQUIRE(std::isfinite(l0));
-    b.backward(pass, x.data(), r.data(), dx.data(), dparams.data());
-    CHECK(std::all_of(dx.begin(), dx.end(), [](float v) { return std::isfinite(v); }));
-    CHECK(std::all_of(dparams.begin(), dparams.end(), [](float v) { return std::isfinite(v); }));
 
-    // Numerical gradients of the same loss at v[i].
-    auto compare = [&](std::vector<float>& v, const std::vector<float>& analytic, const char* what) {
+    // Numerical gradients at v[i] (an element of xd or pd).
+    auto compare = [&](std::vector<double>& v, const std::vector<float>& ana, const std::vector<float>& allowed,
+                       const char* what) {
         std::size_t checked = 0, skipped = 0, bad = 0;
         std::ostringstream failures;
         for (std::size_t i : shuffled_indices(v.size(), rng)) {
             if (checked == 40 || skipped == 120) break;
-            const float v0 = v[i];
+            const double v0 = v[i];
             auto loss_at = [&](double step) {
-                v[i] = float(double(v0) + step);
-                const double l = loss();
-                return std::pair{double(v[i]), l};
+                v[i] = v0 + step;
+                const std::pair at_step{v[i], loss()};
+                v[i] = v0;
+                return at_step;
             };
-            const auto [vm, lm] = loss_at(-kEps);
-            const auto [vp, lp] = loss_at(kEps);
-            // The loss's own rounding near v0: half its second differences over steps far below eps,
-            // which a smooth loss keeps near 0; twice it over the step is what it can move num by.
-            double rounding = 0.0;
-            for (const double d : {kEps / 64, kEps / 16}) {
-                const auto [a, la] = loss_at(-d);
-                const auto [b, lb] = loss_at(d);
-                rounding = std::max(rounding, std::abs(la + lb - 2.0 * l0) / 2.0);
-            }
-            v[i] = v0;
-            const double num = (lp - lm) / (vp - vm), noise = 2.0 * rounding / (vp - vm);
-            if (noise > 0.1 * std::abs(num)) {   // rounding would decide the comparison: draw another
-                ++skipped;
-                continue;
-            }
+            const auto [vm, lm] = loss_at(-kStep);
+            const auto [vp, lp] = loss_at(kStep);
+            const double num = (lp - lm) / (vp - vm);
             if (options.kinks) {
                 // The slopes over each half of each side all equal the central difference unless a kink
                 // lies within the step.
-                const auto [vmh, lmh] = loss_at(-kEps / 2);
-                const auto [vph, lph] = loss_at(kEps / 2);
-                v[i] = v0;
-                const double slopes[] = {(lmh - lm) / (vmh - vm), (l0 - lmh) / (double(v0) - vmh),
-                                         (lph - l0) / (vph - double(v0)), (lp - lph) / (vp - vph)};
-                if (!std::all_of(std::begin(slopes), std::end(slopes), [&](double s) { return gradient_close(s, num, 5e-3); })) {
+                const auto [vmh, lmh] = loss_at(-kStep / 2);
+                const auto [vph, lph] = loss_at(kStep / 2);
+                const double slopes[] = {(lmh - lm) / (vmh - vm), (l0 - lmh) / (v0 - vmh), (lph - l0) / (vph - v0),
+                                         (lp - lph) / (vp - vph)};
+                if (!std::all_of(std::begin(slopes), std::end(slopes), [&](double s) { return gradient_close(s, num, 0.0, 0.1); })) {
                     ++skipped;
                     continue;
                 }
             }
             ++checked;
-            const double ana = analytic[i];
-            if (!gradient_close(num, ana, 1e-2, noise) && bad++ < 8)
-                failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana << " (rounding allows "
-                         << noise << ")";
+            if (!gradient_close(num, ana[i], allowed[i]) && bad++ < 8)
+                failures << "\n  " << what << "[" << i << "]: numerical " << num << ", analytic " << ana[i]
+                         << " (rounding allows " << allowed[i] << ")";
         }
         INFO(what << ": " << bad << " of " << checked << " elements off (" << skipped << " skipped at kinks)"
                   << failures.str());
         CHECK(bad == 0);
         CHECK(skipped < 120);   // else most elements sit at kinks and the check means little
     };
-    compare(x, dx, "dx");
-    if constexpr (P > 0) compare(b.params, dparams, "dparams");
+    compare(xd, analytic.dx, rounding.dx, "dx");
+    if constexpr (P > 0) compare(pd, analytic.dparams, rounding.dparams, "dparams");
 
     // dx == nullptr: the same parameter gradients (to float rounding).
     std::vector<float> dparams_alone(P);
-    loss();
+    b.forward(pass, x.data());
     b.backward(pass, x.data(), r.data(), nullptr, dparams_alone.data());
     std::size_t differ = 0;
     for (std::size_t i = 0; i < P; ++i)
-        if (!(std::abs(dparams_alone[i] - dparams[i]) <= 1e-6f * std::max(std::abs(dparams[i]), 1.0f))) ++differ;
+        if (!(std::abs(dparams_alone[i] - analytic.dparams[i]) <= 1e-6f * std::max(std::abs(analytic.dparams[i]), 1.0f)))
+            ++differ;
     INFO("backward without dx: " << differ << " of " << P << " parameter gradients differ");
     CHECK(differ == 0);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Float64 references, straight from the definitions.
+// Float64 references, straight from the definitions (tests/reference.hpp).
 
-struct ConvGeometry {
-    std::size_t n, c, h, w, out, k, stride, pad, oh, ow;
-};
-
-// y[s][co][oy][ox] = b[co] + sum x[s][ci][oy*S - P + ki][ox*S - P + kj] * w[co][ci][ki][kj] (zero outside).
-std::vector<double> ref_conv2d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
-{
-    std::vector<double> y(g.n * g.out * g.oh * g.ow);
-    for (std::size_t s = 0; s < g.n; ++s)
-        for (std::size_t co = 0; co < g.out; ++co)
-            for (std::size_t oy = 0; oy < g.oh; ++oy)
-                for (std::size_t ox = 0; ox < g.ow; ++ox) {
-                    double acc = bias[co];
-                    for (std::size_t ci = 0; ci < g.c; ++ci)
-                        for (std::size_t ki = 0; ki < g.k; ++ki)
-                            for (std::size_t kj = 0; kj < g.k; ++kj) {
-                                const long iy = long(oy * g.stride + ki) - long(g.pad);
-                                const long ix = long(ox * g.stride + kj) - long(g.pad);
-                                if (iy < 0 || ix < 0 || iy >= long(g.h) || ix >= long(g.w)) continue;
-                                acc += double(x[((s * g.c + ci) * g.h + std::size_t(iy)) * g.w + std::size_t(ix)]) *
-                                       double(w[((co * g.c + ci) * g.k + ki) * g.k + kj]);
-                            }
-                    y[((s * g.out + co) * g.oh + oy) * g.ow + ox] = acc;
-                }
-    return y;
-}
-
-// y[s][co][l] = b[co] + sum x[s][ci][l*S - P + k] * w[co][ci][k].
-std::vector<double> ref_conv1d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
-{
-    std::vector<double> y(g.n * g.out * g.ow);
-    for (std::size_t s = 0; s < g.n; ++s)
-        for (std::size_t co = 0; co < g.out; ++co)
-            for (std::size_t ol = 0; ol < g.ow; ++ol) {
-                double acc = bias[co];
-                for (std::size_t ci = 0; ci < g.c; ++ci)
-                    for (std::size_t kk = 0; kk < g.k; ++kk) {
-                        const long il = long(ol * g.stride + kk) - long(g.pad);
-                        if (il < 0 || il >= long(g.w)) continue;
-                        acc += double(x[(s * g.c + ci) * g.w + std::size_t(il)]) * double(w[(co * g.c + ci) * g.k + kk]);
-                    }
-                y[(s * g.out + co) * g.ow + ol] = acc;
-            }
-    return y;
-}
-
-// Scatter: y[co][i*S - P + ki][j*S - P + kj] += x[ci][i][j] * w[ci][co][ki][kj], plus b[co].
-std::vector<double> ref_conv_transpose2d(const ConvGeometry& g, const float* x, const float* w, const float* bias)
-{
-    std::vector<double> y(g.n * g.out * g.oh * g.ow);
-    for (std::size_t s = 0; s < g.n; ++s) {
-        for (std::size_t co = 0; co < g.out; ++co)
-            for (std::size_t p = 0; p < g.oh * g.ow; ++p) y[(s * g.out + co) * g.oh * g.ow + p] = bias[co];
-        for (std::size_t ci = 0; ci < g.c; ++ci)
-            for (std::size_t i = 0; i < g.h; ++i)
-                for (std::size_t j = 0; j < g.w; ++j)
-                    for (std::size_t co = 0; co < g.out; ++co)
-                        for (std::size_t ki = 0; ki < g.k; ++ki)
-                            for (std::size_t kj = 0; kj < g.k; ++kj) {
-                                const long oy = long(i * g.stride + ki) - long(g.pad);
-                                const long ox = long(j * g.stride + kj) - long(g.pad);
-                                if (oy < 0 || ox < 0 || oy >= long(g.oh) || ox >= long(g.ow)) continue;
-                                y[((s * g.out + co) * g.oh + std::size_t(oy)) * g.ow + std::size_t(ox)] +=
-                                    double(x[((s * g.c + ci) * g.h + i) * g.w + j]) *
-                                    double(w[((ci * g.out + co) * g.k + ki) * g.k + kj]);
-                            }
-    }
-    return y;
-}
-
-// Max or mean over each kh x kw window; taps outside the input are skipped (max) or count as zeros
-// (mean, whose divisor is always kh * kw).
-struct PoolGeometry {
-    std::size_t n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
-};
-enum class Pooling { max, mean };
-std::vector<double> ref_pool(Pooling kind, const PoolGeometry& g, const float* x)
-{
-    std::vector<double> y(g.n * g.c * g.oh * g.ow);
-    for (std::size_t plane = 0; plane < g.n * g.c; ++plane)
-        for (std::size_t oy = 0; oy < g.oh; ++oy)
-            for (std::size_t ox = 0; ox < g.ow; ++ox) {
-                double best = -std::numeric_limits<double>::infinity(), sum = 0.0;
-                for (std::size_t ki = 0; ki < g.kh; ++ki)
-                    for (std::size_t kj = 0; kj < g.kw; ++kj) {
-                        const long iy = long(oy * g.sh + ki) - long(g.ph);
-                        const long ix = long(ox * g.sw + kj) - long(g.pw);
-                        if (iy < 0 || ix < 0 || iy >= long(g.h) || ix >= long(g.w)) continue;
-                        const double v = x[(plane * g.h + std::size_t(iy)) * g.w + std::size_t(ix)];
-                        best = std::max(best, v);
-                        sum += v;
-                    }
-                y[(plane * g.oh + oy) * g.ow + ox] = kind == Pooling::max ? best : sum / double(g.kh * g.kw);
-            }
-    return y;
-}
+using testing::ConvGeometry;
+using testing::PoolGeometry;
+using testing::Pooling;
+using testing::ref_conv1d;
+using testing::ref_conv2d;
+using testing::ref_conv_transpose2d;
+using testing::ref_pool;
 
 // Runs one forward of layer L on n random samples with perturbed initial parameters.
 template <class L, class In>
@@ -519,8 +467,7 @@ TEST_CASE("ReLU, Flatten and Dropout gradients match finite differences", "[cpu]
     check_gradients<ReLU, Shape<17>>(3);
     check_gradients<Flatten, Shape<2, 3, 4>>(2);
     // Training mode; the same pass for every evaluation, so the mask is fixed.
-    const model::Pass pass{.seed = run_seed(), .first_sample = 11, .training = true};
-    INFO("dropout pass seed " << pass.seed);
+    const model::Pass pass{.seed = testing::test_seed(), .first_sample = 11, .training = true};
     check_gradients<Dropout<0.3>, Shape<4, 5, 6>>(3, pass);
 }
 
@@ -616,10 +563,9 @@ TEST_CASE("A nested Sequential's gradients match finite differences", "[cpu][lay
 TEST_CASE("BatchNorm gradients in training match finite differences", "[cpu][layers][gradient][batchnorm]")
 {
     check_gradients<BatchNorm2d, Shape<3, 4, 5>>(3);
-    // One value a sample and channel: over 4 samples the variance can be small, and the output then
-    // curves within the finite difference's step; points where the one-sided slopes disagree are
-    // skipped, as at kinks.
-    check_gradients<BatchNorm2d, Shape<2, 1, 1>>(4, {}, {.kinks = true});
+    // One value a sample and channel: over 4 samples the variance can be small, and the loss then
+    // curves steeply (its float rounding is jagged; the float64 reference is smooth).
+    check_gradients<BatchNorm2d, Shape<2, 1, 1>>(4);
     check_gradients<BatchNorm1d, Shape<7>>(5);
     check_gradients<BatchNorm1d, Shape<3, 6>>(2);
     // Fused with the ReLU after it (a Chain applies it in the same pass).
@@ -650,8 +596,8 @@ TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient
 
 TEST_CASE("Conv2d forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<Conv2d<5, 3, 2, 1>, Shape<3, 9, 8>> f(2, rng);
@@ -669,8 +615,8 @@ TEST_CASE("Conv2d forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("Conv1d forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     ForwardCase<Conv1d<4, 5, 2, 2>, Shape<3, 17>> f(2, rng);
     const ConvGeometry g{2, 3, 1, 17, 4, 5, 2, 2, 1, 9};
@@ -680,8 +626,8 @@ TEST_CASE("Conv1d forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("ConvTranspose2d forward matches the scatter definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 5, 4>> f(2, rng);
@@ -701,8 +647,8 @@ TEST_CASE("ConvTranspose2d forward matches the scatter definition", "[cpu][layer
 
 TEST_CASE("Linear forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     constexpr std::size_t n = 3, in = 13, out = 6;
     ForwardCase<Linear<out>, Shape<in>> f(n, rng);
@@ -718,8 +664,8 @@ TEST_CASE("Linear forward matches the definition", "[cpu][layers][forward]")
 
 TEST_CASE("Pooling forward matches the definition", "[cpu][layers][forward]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     {
         ForwardCase<MaxPool2dCeil<3, 2>, Shape<2, 8, 7>> f(2, rng);   // last window of each row/column partial
@@ -814,8 +760,8 @@ TEST_CASE("Small layers computed by hand", "[cpu][layers][forward]")
 
 TEST_CASE("Dropout zeroes about P of the elements and scales the survivors", "[cpu][layers][dropout]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     constexpr std::size_t n = 8, size = 5000;
     constexpr float p = 0.3f, scale = 1.0f / (1.0f - p);
@@ -848,7 +794,9 @@ TEST_CASE("Dropout zeroes about P of the elements and scales the survivors", "[c
 
 TEST_CASE("Dropout is the identity in evaluation", "[cpu][layers][dropout]")
 {
-    std::mt19937_64 rng(run_seed());
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    std::mt19937_64 rng(seed);
     constexpr std::size_t n = 4;
     Bound<Dropout<0.3>, Shape<3, 50>> b(n);
     const std::vector<float> x = uniform(n * 150, -1.0f, 1.0f, rng);
@@ -863,8 +811,8 @@ TEST_CASE("Dropout is the identity in evaluation", "[cpu][layers][dropout]")
 
 TEST_CASE("Dropout's mask depends on (seed, layer id, global sample) only", "[cpu][layers][dropout]")
 {
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::mt19937_64 rng(seed);
     using D = Dropout<0.3>;
     using In = Shape<4, 16>;
@@ -904,8 +852,8 @@ void check_init(std::size_t fan_in)
 {
     using O = op_of<L, In>;
     static constexpr std::size_t P = O::param_count;   // static: a lambda below binds it to a reference uncaptured
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<L>() << " on " << type_name<In>() << ", seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<L>() << " on " << type_name<In>() << "; " << testing::rerun(seed));
     auto init = [](std::uint32_t layer_id, std::uint64_t s) {
         std::vector<float> p(P, kNaN);
         O{build(layer_id)}.init(p.data(), s);
@@ -953,8 +901,8 @@ TEST_CASE("A nested Sequential initialises each layer under its own id", "[cpu][
     static_assert(NetOp::param_count == ConvOp::param_count + LinearOp::param_count);
     static_assert(NetOp::layer_count == 4);
 
-    const std::uint64_t seed = run_seed();
-    INFO("seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
     std::vector<float> net(NetOp::param_count), conv(ConvOp::param_count), linear(LinearOp::param_count);
     NetOp{build(3)}.init(net.data(), seed);
     ConvOp{build(3)}.init(conv.data(), seed);
@@ -991,8 +939,8 @@ void same_as_zero_bias(std::size_t n)
     using B = Bound<Without, In>;
     constexpr std::size_t P = B::O::param_count, extra = A::O::param_count - P;
     static_assert(extra > 0 && std::is_same_v<typename A::Out, typename B::Out>);
-    const std::uint64_t seed = run_seed();
-    INFO(type_name<Without>() << " on " << type_name<In>() << ", n = " << n << ", seed " << seed);
+    const std::uint64_t seed = testing::test_seed();
+    INFO(type_name<Without>() << " on " << type_name<In>() << ", n = " << n << "; " << testing::rerun(seed));
     std::mt19937_64 rng(seed);
 
     A a(n);

@@ -10,7 +10,8 @@
 // from_float<T> of the float output bit for bit, and a float output (parameter gradients, statistics,
 // the loss) the float output itself. No tolerance is needed anywhere.
 //
-// Random inputs draw a fresh seed each run and print it on failure; REPLICA_TEST_SEED=<seed> reruns one.
+// Random inputs draw from a fixed seed a test case (tests/seeds.hpp) and print it on failure with the
+// command that reruns it; REPLICA_TEST_SEED=<seed> runs them on another.
 
 #include <bit>
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "catch.hpp"
 #include "fixtures.hpp"
+#include "seeds.hpp"
 #include "support.hpp"
 
 namespace {
@@ -36,18 +38,11 @@ using core::bf16;
 using core::fp16;
 namespace cpu = backend::cpu;
 
-std::uint64_t fresh_seed()
-{
-    if (const char* s = std::getenv("REPLICA_TEST_SEED")) return std::strtoull(s, nullptr, 0);
-    std::random_device rd;
-    return (std::uint64_t(rd()) << 32) ^ rd();
-}
-
-// A generator with a fresh seed, and the line that reruns it.
+// A generator on the test's seed, and the line that reruns it.
 struct Random {
-    std::uint64_t seed = fresh_seed();
+    std::uint64_t seed = testing::test_seed();
     std::mt19937_64 rng{seed};
-    std::string rerun = "REPLICA_TEST_SEED=" + std::to_string(seed) + " reruns it";
+    std::string rerun = testing::rerun(seed);
 };
 
 std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "../support.hpp"
 #include "replica/onnx/export.hpp"
 #include "replica/replica.hpp"
 
@@ -109,8 +110,8 @@ TEST_CASE("every network exports with its predict() outputs beside it", "[onnx][
 TEST_CASE("export_onnx refuses what it cannot write", "[onnx]")
 {
     Vocabulary1d m{Device::cpu()};
-    const auto dir = std::filesystem::temp_directory_path() / ("replica-onnx-" + std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(dir);
+    const testing::TempDir temp;
+    const auto& dir = temp.path();
     SECTION("a folder that does not exist")
     {
         const auto path = (dir / "missing" / "m.onnx").string();
@@ -150,5 +151,4 @@ TEST_CASE("export_onnx refuses what it cannot write", "[onnx]")
         REQUIRE(std::filesystem::exists(dir / "m.onnx"));
         REQUIRE_FALSE(std::filesystem::exists(dir / "m.onnx.tmp"));
     }
-    std::filesystem::remove_all(dir);
 }
