@@ -124,7 +124,7 @@ std::string type_name()
     auto e = f.find(';', b);
     if (e == std::string_view::npos) e = f.rfind(']');
     std::string s(f.substr(b + 4, e - b - 4));
-    for (std::string_view prefix : {"replica::layers::", "replica::model::", "replica::"})
+    for (std::string_view prefix : {"host_only::", "with_cuda::", "replica::layers::", "replica::model::", "replica::"})
         for (auto p = s.find(prefix); p != std::string::npos; p = s.find(prefix)) s.erase(p, prefix.size());
     return s;
 }
