@@ -381,10 +381,6 @@ TEST_CASE("A Residual sums its branches' input gradients where a convolution wri
 
 namespace {
 
-constexpr BatchNormOptions kNonAffine{.eps = 1e-3f, .momentum = 0.01f, .affine = false};
-constexpr BatchNormOptions kCumulative{.cumulative = true};
-constexpr BatchNormOptions kUntracked{.track_running_stats = false};
-
 using In3 = Shape<3, 5, 5>;
 static_assert(std::same_as<BatchNorm2dWith<BatchNormOptions{}>, BatchNorm2d>);
 static_assert(std::same_as<BatchNorm1dWith<BatchNormOptions{}>, BatchNorm1d>);
@@ -464,18 +460,10 @@ void check_against_pytorch(const std::map<std::string, std::vector<double>>& f, 
     CHECK(ee < 3e-6);
 }
 
-// A stem, a residual block whose body ends in BatchNorm (the addend and the ReLU after the sum in
-// BatchNorm's pass), a pooled classifier: BatchNorm with options O everywhere.
-template <BatchNormOptions O>
-using OptionsNet = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2dWith<O>, ReLU,
-                              Residual<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2dWith<O>, ReLU, Conv2d<4, 3, 1, 1>,
-                                                  BatchNorm2dWith<O>>>,
-                              ReLU, GlobalAvgPool, Linear<5>>;
-
 template <BatchNormOptions O>
 void check_data_parallel()
 {
-    using Net = OptionsNet<O>;
+    using Net = BatchNormOptionsNet<O>;
     for (std::size_t batch : {7, 3}) {   // 3 then 2 over 3 replicas: uneven, and a replica with no samples
         const RandomBatches<Net> data(3 * batch, 5);
         Net single{Device::cpu(), 3};
@@ -516,9 +504,9 @@ TEST_CASE("BatchNorm's options against PyTorch: eps, momentum, affine=False, cum
 TEST_CASE("BatchNorm's options: DataParallel on 2-3 replicas equals the single model, and the reproducible mode",
           "[cpu][batchnorm][parallel][reproducible]")
 {
-    static_assert(OptionsNet<kNonAffine>::param_count == OptionsNet<BatchNormOptions{}>::param_count - 3 * 2 * 4);
-    static_assert(OptionsNet<kCumulative>::statistics_count == 3 * (2 * 4 + 1));
-    static_assert(OptionsNet<kUntracked>::statistics_count == 0);
+    static_assert(BatchNormOptionsNet<kNonAffine>::param_count == BatchNormOptionsNet<BatchNormOptions{}>::param_count - 3 * 2 * 4);
+    static_assert(BatchNormOptionsNet<kCumulative>::statistics_count == 3 * (2 * 4 + 1));
+    static_assert(BatchNormOptionsNet<kUntracked>::statistics_count == 0);
     check_data_parallel<kNonAffine>();
     check_data_parallel<kCumulative>();
     check_data_parallel<kUntracked>();
@@ -526,7 +514,7 @@ TEST_CASE("BatchNorm's options: DataParallel on 2-3 replicas equals the single m
 
 TEST_CASE("BatchNorm without running statistics evaluates with the batch's", "[cpu][batchnorm]")
 {
-    using Net = OptionsNet<kUntracked>;
+    using Net = BatchNormOptionsNet<kUntracked>;
     const RandomBatches<Net> data(16, 8);
     Net net{Device::cpu(), 2};
     three_steps(net, data, 5);

@@ -29,8 +29,8 @@
 // (around the running mean, as averages over a full shard) to ForwardArgs::shard_sums, the model sums
 // them exactly with the gradient, and update_statistics applies them.
 
-#include <cstddef>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
