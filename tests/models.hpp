@@ -48,6 +48,17 @@ using ConcatBatchNormNet =
                       Sequential<MaxPool2d<3, 1, 1>, Conv2d<2, 1, 1, 0, Bias::none>, BatchNorm2d>>,
                GlobalAvgPool, Linear<5>>;
 
+// BatchNorm with options O everywhere: a stem, a residual block whose body ends in BatchNorm (the
+// addend and the ReLU after the sum in BatchNorm's pass), a pooled classifier.
+template <BatchNormOptions O>
+using BatchNormOptionsNet =
+    Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2dWith<O>, ReLU,
+               Residual<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2dWith<O>, ReLU, Conv2d<4, 3, 1, 1>, BatchNorm2dWith<O>>>,
+               ReLU, GlobalAvgPool, Linear<5>>;
+inline constexpr BatchNormOptions kNonAffine{.eps = 1e-3f, .momentum = 0.01f, .affine = false};
+inline constexpr BatchNormOptions kCumulative{.cumulative = true};
+inline constexpr BatchNormOptions kUntracked{.track_running_stats = false};
+
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
 struct RandomBatches {

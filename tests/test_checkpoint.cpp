@@ -284,6 +284,47 @@ TEST_CASE("a checkpoint of another model is refused", "[cpu]")
     }
 }
 
+// BatchNorm's options are part of the signature where they are not the defaults, so a checkpoint saved
+// with other eps or momentum is refused, although its layout is the same.
+using WithBatchNorm = Sequential<Input<2, 6, 6>, Conv2d<3, 3>, BatchNorm2d, ReLU, Flatten, Linear<3>>;
+template <BatchNormOptions O>
+using WithBatchNormOptions = Sequential<Input<2, 6, 6>, Conv2d<3, 3>, BatchNorm2dWith<O>, ReLU, Flatten, Linear<3>>;
+static_assert(model_signature<WithBatchNormOptions<BatchNormOptions{}>>() == model_signature<WithBatchNorm>());
+static_assert(model_signature<WithBatchNormOptions<BatchNormOptions{.eps = 1e-3f}>>() != model_signature<WithBatchNorm>());
+static_assert(model_signature<WithBatchNormOptions<BatchNormOptions{.momentum = 0.01f}>>() !=
+              model_signature<WithBatchNormOptions<BatchNormOptions{.eps = 1e-3f}>>());
+
+TEST_CASE("a checkpoint of a model with other BatchNorm options is refused; one with its own loads", "[cpu][batchnorm]")
+{
+    TempDir dir;
+    const fs::path file = dir / "bn.ckpt";
+    WithBatchNorm saved{Device::cpu(), 1};
+    save_checkpoint(file, saved, {});
+    WithBatchNormOptions<BatchNormOptions{.eps = 1e-3f, .momentum = 0.01f}> other{Device::cpu(), 2};
+    const auto before = other.parameters();
+    require_error([&] { load_checkpoint(file, other); }, {file.string(), "different model", "BatchNorm"});
+    REQUIRE(other.parameters() == before);
+    // affine = false: other parameter count; cumulative: another statistics count.
+    WithBatchNormOptions<BatchNormOptions{.affine = false}> no_affine{Device::cpu(), 2};
+    require_error([&] { load_checkpoint(file, no_affine); }, {file.string(), "different model"});
+
+    // Cumulative averaging: the batches tracked travel with the running estimates.
+    using Cumulative = WithBatchNormOptions<BatchNormOptions{.cumulative = true}>;
+    Cumulative trained{Device::cpu(), 3};
+    SGD opt{{.lr = 0.1f}};
+    const auto data = synthetic_dataset(8, Cumulative::input_shape::size, 1, 3, 5);
+    for (std::size_t s = 0; s < 2; ++s)
+        train_step(trained, opt, Batch{data.inputs.data() + s * 4 * Cumulative::input_shape::size,
+                                       data.labels.data() + s * 4, 4, s * 4, 1});
+    REQUIRE(trained.statistics().back() == 2.0f);
+    const fs::path cumulative = dir / "cumulative.ckpt";
+    save_checkpoint(cumulative, trained, {});
+    Cumulative loaded{Device::cpu(), 4};
+    load_checkpoint(cumulative, loaded);
+    CHECK(loaded.statistics() == trained.statistics());
+    require_error([&] { load_checkpoint(cumulative, saved); }, {cumulative.string(), "holds 7 statistics values"});
+}
+
 TEST_CASE("a file that is not a checkpoint is refused", "[cpu]")
 {
     TempDir dir;

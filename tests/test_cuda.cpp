@@ -1334,6 +1334,49 @@ TEST_CASE("BatchNorm and Residual on the GPU against PyTorch: 3 SGD steps, runni
     CHECK(ee < 1e-4);
 }
 
+// BatchNorm's options (test_normalization.cpp on the CPU): eps and momentum without affine, cumulative
+// averaging (the batch count read in the kernels that move the estimates, so a replayed graph reads
+// its own step's), no running statistics.
+template <BatchNormOptions O>
+void batch_norm_options_on_gpu()
+{
+    using Net = BatchNormOptionsNet<O>;
+    const std::size_t batch = 6;
+    const RandomBatches<Net> data(6 * batch, 21);
+    Net cpu{Device::cpu(), 4}, gpu{Device::cuda(0), 4};
+    const auto a = queued_steps(cpu, data, batch), b = queued_steps(gpu, data, batch);
+    CAPTURE(norm_relative(a, b));
+    CHECK(norm_relative(a, b) < 1e-4);
+    CHECK(norm_relative(cpu.statistics(), gpu.statistics()) < 1e-4);
+    std::vector<float> pa(batch * 5), pb(batch * 5);
+    cpu.predict(data.inputs.data(), batch, pa.data());
+    gpu.predict(data.inputs.data(), batch, pb.data());
+    CHECK(norm_relative(pa, pb) < 1e-4);
+    for (const bool graphs : {false, true}) {
+        const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+        CAPTURE(graphs);
+        Net one{Device::cuda(0), 4};
+        DataParallel<Net, Threaded> dp{shared_gpu(3), 4};
+        CHECK(norm_relative(queued_steps(one, data, batch), queued_steps(dp, data, batch)) < 1e-5);
+        CHECK(norm_relative(one.statistics(), dp.statistics()) < 1e-5);
+        CHECK(norm_relative(one.statistics(), gpu.statistics()) < 1e-5);
+    }
+    const RandomBatches<Net> shard_data(100, 4);
+    Net shards{Device::cuda(0), 1};
+    DataParallel<Net, Threaded> three{shared_gpu(3), 1};
+    CHECK(differences(five_steps(shards, shard_data, 7), five_steps(three, shard_data, 7)) == "");
+    CHECK(differences(shards.statistics(), three.statistics()) == "");
+}
+
+TEST_CASE("BatchNorm's options on the GPU: as on the CPU, replicas sharing one GPU, CUDA graphs, the reproducible mode",
+          "[cuda][same-gpu][batchnorm]")
+{
+    REQUIRE_GPU();
+    batch_norm_options_on_gpu<kNonAffine>();
+    batch_norm_options_on_gpu<kCumulative>();
+    batch_norm_options_on_gpu<kUntracked>();
+}
+
 TEST_CASE("ClipGradNorm on the GPU clips as on the CPU", "[cuda][optim][clip]")
 {
     REQUIRE_GPU();

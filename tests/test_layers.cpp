@@ -575,6 +575,21 @@ TEST_CASE("BatchNorm gradients in training match finite differences", "[cpu][lay
     check_gradients<Sequential<Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<2, 1>>, Shape<2, 5, 5>>(3, {}, {.kinks = true});
 }
 
+TEST_CASE("BatchNorm with options: gradients in training match finite differences", "[cpu][layers][gradient][batchnorm]")
+{
+    // Without affine: no parameters, the input gradient alone; alone, fused with a ReLU, and between
+    // convolutions (whose parameter gradients then pass through it).
+    using NonAffine = BatchNorm2dWith<BatchNormOptions{.eps = 1e-3f, .momentum = 0.01f, .affine = false}>;
+    static_assert(NonAffine::op<Shape<3, 4, 5>>::param_count == 0);
+    check_gradients<NonAffine, Shape<3, 4, 5>>(3);
+    check_gradients<BatchNorm1dWith<BatchNormOptions{.affine = false}>, Shape<3, 6>>(2);
+    check_gradients<Sequential<NonAffine, ReLU>, Shape<3, 4, 5>>(3, {}, {.kinks = true});
+    check_gradients<Sequential<Conv2d<4, 3, 1, 1>, NonAffine, ReLU, Conv2d<2, 1>>, Shape<2, 5, 5>>(3, {}, {.kinks = true});
+    // Cumulative averaging and no running statistics change what training normalises with in nothing.
+    check_gradients<BatchNorm2dWith<BatchNormOptions{.cumulative = true}>, Shape<3, 4, 5>>(3);
+    check_gradients<BatchNorm2dWith<BatchNormOptions{.affine = false, .track_running_stats = false}>, Shape<3, 4, 5>>(3);
+}
+
 TEST_CASE("Residual gradients match finite differences", "[cpu][layers][gradient][residual]")
 {
     // Identity shortcut: x + Body(x).

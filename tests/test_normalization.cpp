@@ -3,7 +3,11 @@
 // option (which differs), running estimates against a float64 reference, evaluation with them, and
 // the model-state contract (statistics(), set_statistics()).
 
+#include <algorithm>
 #include <cmath>
+#include <concepts>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "catch.hpp"
@@ -370,4 +374,155 @@ TEST_CASE("A Residual sums its branches' input gradients where a convolution wri
     static_assert(!Residual<PoolFirst>::op<In>::identity_in_place && !PoolFirst::op<In>::accumulates_input_gradient);
     static_assert(Residual<PoolFirst, Shortcut>::op<In>::gradient_apart == false);
     static_assert(Residual<Body, Sequential<MaxPool2d<1, 1>, Conv2d<4, 1, 1, 0, Bias::none>>>::op<In>::gradient_apart);
+}
+
+// =============================================================================================
+// BatchNorm's options (eps, momentum or cumulative averaging, affine, track_running_stats).
+
+namespace {
+
+using In3 = Shape<3, 5, 5>;
+static_assert(std::same_as<BatchNorm2dWith<BatchNormOptions{}>, BatchNorm2d>);
+static_assert(std::same_as<BatchNorm1dWith<BatchNormOptions{}>, BatchNorm1d>);
+static_assert(BatchNorm2dWith<kNonAffine>::op<In3>::param_count == 0);
+static_assert(BatchNorm2dWith<kNonAffine>::op<In3>::statistics_count == 6);
+static_assert(BatchNorm2dWith<kCumulative>::op<In3>::param_count == 6);
+static_assert(BatchNorm2dWith<kCumulative>::op<In3>::statistics_count == 7);   // and the batches tracked
+static_assert(BatchNorm2dWith<kUntracked>::op<In3>::statistics_count == 0);
+static_assert(BatchNorm2dWith<kUntracked>::op<In3>::syncs == 2);   // training still sums over replicas
+static_assert(BatchNorm2d::op<In3>::options_signature == 0);
+static_assert(BatchNorm2dWith<BatchNormOptions{.eps = 1e-3f}>::op<In3>::options_signature != 0);
+static_assert(BatchNorm2dWith<BatchNormOptions{.momentum = 0.01f}>::op<In3>::options_signature !=
+              BatchNorm2dWith<BatchNormOptions{.eps = 1e-3f}>::op<In3>::options_signature);
+
+// The fixture's options as a model of one layer (tests/pytorch/make_fixtures.py, batchnorm()).
+template <BatchNormOptions O>
+using OneBatchNorm = Sequential<Input<3, 5, 5>, BatchNorm2dWith<O>>;
+
+// max |got - want| / max |want|.
+double relative_error(const std::vector<float>& got, const std::vector<double>& want)
+{
+    double most = 0.0;
+    for (double w : want) most = std::max(most, std::abs(w));
+    return max_error(got, want) / most;
+}
+
+// Three training forward and backward passes with the fixture's x and dy, each checked against
+// PyTorch's output, input gradient, parameter gradients and running statistics; then evaluation.
+// Bounds: float sums in another order than PyTorch's give up to 3e-7 relative; each bound is 10 times
+// that, and 100 times smaller than what the default eps (1e-5 for 1e-3) or the default momentum
+// (0.1 for 0.01) would do.
+template <BatchNormOptions O>
+void check_against_pytorch(const std::map<std::string, std::vector<double>>& f, const std::string& name)
+{
+    using Net = OneBatchNorm<O>;
+    constexpr std::size_t n = 4, size = Net::input_shape::size;
+    INFO("variant " << name);
+    Net net{Device::cpu()};
+    if constexpr (O.affine) net.set_parameters(to_float(f.at(name + "_params")));
+    backend::cpu::Context ctx{Device::cpu()};
+    auto& chain = net.layers();
+    const auto xs = to_float(f.at("x")), dys = to_float(f.at("dy"));
+    auto params = net.parameters(), statistics = net.statistics();
+    std::vector<float> y(n * size), dx(n * size), dparams(Net::param_count), scratch(chain.scratch_size(ctx, n));
+    for (std::size_t s = 0; s < 3; ++s) {
+        CAPTURE(s);
+        const float* x = xs.data() + s * n * size;
+        chain.forward(ctx, model::Pass{}, model::ForwardArgs<>{.params = params.data(), .weights = params.data(), .x = x,
+                                                             .y = y.data(), .n = n, .saved = nullptr, .kept = nullptr,
+                                                             .scratch = scratch.data(), .statistics = statistics.data()});
+        chain.backward(ctx, model::Pass{}, model::BackwardArgs<>{.params = params.data(), .weights = params.data(), .x = x,
+                                                               .y = y.data(), .dy = dys.data() + s * n * size,
+                                                               .dx = dx.data(), .dparams = dparams.data(), .n = n,
+                                                               .saved = nullptr, .kept = nullptr, .scratch = scratch.data()});
+        const std::string at = std::to_string(s);
+        const double ey = relative_error(y, f.at(name + "_y" + at)), edx = relative_error(dx, f.at(name + "_dx" + at));
+        CAPTURE(ey, edx);
+        CHECK(ey < 3e-6);
+        CHECK(edx < 3e-6);
+        if constexpr (O.affine) {
+            const double edp = relative_error(dparams, f.at(name + "_dparams" + at));
+            CAPTURE(edp);
+            CHECK(edp < 3e-6);
+        }
+        if constexpr (O.track_running_stats) {
+            const double es = relative_error(statistics, f.at(name + "_statistics" + at));
+            CAPTURE(es);
+            CHECK(es < 3e-6);
+        }
+    }
+    // Evaluation: the running estimates (without them the batch's statistics).
+    net.set_statistics(statistics);
+    std::vector<float> eval(n * size);
+    net.predict(to_float(f.at("x_eval")).data(), n, eval.data());
+    const double ee = relative_error(eval, f.at(name + "_eval_y"));
+    CAPTURE(ee);
+    CHECK(ee < 3e-6);
+}
+
+template <BatchNormOptions O>
+void check_data_parallel()
+{
+    using Net = BatchNormOptionsNet<O>;
+    for (std::size_t batch : {7, 3}) {   // 3 then 2 over 3 replicas: uneven, and a replica with no samples
+        const RandomBatches<Net> data(3 * batch, 5);
+        Net single{Device::cpu(), 3};
+        const Trained want = three_steps(single, data, batch);
+        for (std::size_t replicas : {2, 3}) {
+            CAPTURE(batch, replicas);
+            DataParallel<Net, Threaded> dp{cpus(replicas), 3};
+            const Trained got = three_steps(dp, data, batch);
+            CHECK(max_relative_difference(want.parameters, got.parameters) < 2e-5);
+            CHECK(max_relative_difference(want.statistics, got.statistics) < 2e-5);
+            for (std::size_t r = 1; r < replicas; ++r) CHECK(differences(dp.replica(r).statistics(), got.statistics) == "");
+        }
+    }
+    // The reproducible mode: the same bits on 1 and 3 replicas, statistics included.
+    const RandomBatches<Net> data(100, 4);
+    Net one{Device::cpu(), 1};
+    const auto expected = five_steps(one, data, 7);
+    DataParallel<Net, Threaded> three{cpus(3), 1};
+    CHECK(differences(five_steps(three, data, 7), expected) == "");
+    CHECK(differences(three.statistics(), one.statistics()) == "");
+    if constexpr (O.cumulative) {   // each BatchNorm counted the 5 steps once
+        const auto s = one.statistics();
+        for (std::size_t at : {8, 17, 26}) CHECK(s[at] == 5.0f);
+    }
+}
+
+} // namespace
+
+TEST_CASE("BatchNorm's options against PyTorch: eps, momentum, affine=False, cumulative, untracked",
+          "[cpu][batchnorm][pytorch]")
+{
+    const auto f = read_fixture("batchnorm.txt");
+    check_against_pytorch<kNonAffine>(f, "nonaffine");
+    check_against_pytorch<kCumulative>(f, "cumulative");
+    check_against_pytorch<kUntracked>(f, "untracked");
+}
+
+TEST_CASE("BatchNorm's options: DataParallel on 2-3 replicas equals the single model, and the reproducible mode",
+          "[cpu][batchnorm][parallel][reproducible]")
+{
+    static_assert(BatchNormOptionsNet<kNonAffine>::param_count == BatchNormOptionsNet<BatchNormOptions{}>::param_count - 3 * 2 * 4);
+    static_assert(BatchNormOptionsNet<kCumulative>::statistics_count == 3 * (2 * 4 + 1));
+    static_assert(BatchNormOptionsNet<kUntracked>::statistics_count == 0);
+    check_data_parallel<kNonAffine>();
+    check_data_parallel<kCumulative>();
+    check_data_parallel<kUntracked>();
+}
+
+TEST_CASE("BatchNorm without running statistics evaluates with the batch's", "[cpu][batchnorm]")
+{
+    using Net = BatchNormOptionsNet<kUntracked>;
+    const RandomBatches<Net> data(16, 8);
+    Net net{Device::cpu(), 2};
+    three_steps(net, data, 5);
+    // Each sample's output depends on the batch it is in, and evaluating moves nothing.
+    std::vector<float> a(2 * 5), again(2 * 5), both(4 * 5);
+    net.predict(data.inputs.data(), 2, a.data());
+    net.predict(data.inputs.data(), 4, both.data());
+    net.predict(data.inputs.data(), 2, again.data());
+    CHECK(differences(std::vector<float>(both.begin(), both.begin() + 10), a) != "");
+    CHECK(differences(again, a) == "");
 }

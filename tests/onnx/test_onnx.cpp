@@ -39,6 +39,16 @@ using Vocabulary1d = Sequential<Input<4, 31>,
                                 MaxPool1d<3, 2>,                                     // 6x7
                                 Conv1d<5, 3, 1, 1>, Sigmoid, Flatten, Linear<7>>;
 
+// BatchNorm's options: eps 1e-3 without affine (scale ones, B zeros), the batch's statistics in
+// inference (track_running_stats = false: no BatchNormalization), cumulative averaging (its batch
+// count is a statistic the graph does not need), and both without affine with another eps.
+using VocabularyBatchNormOptions =
+    Sequential<Input<3, 6, 6>,
+               Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2dWith<BatchNormOptions{.eps = 1e-3f, .momentum = 0.01f, .affine = false}>,
+               ReLU, Conv2d<5, 3>, BatchNorm2dWith<BatchNormOptions{.track_running_stats = false}>, Tanh,   // 5x4x4
+               Flatten, Linear<6>, BatchNorm1dWith<BatchNormOptions{.cumulative = true}>, Sigmoid, Linear<4>,
+               BatchNorm1dWith<BatchNormOptions{.eps = 1e-2f, .affine = false, .track_running_stats = false}>>;
+
 // Random BatchNorm running estimates: means in [-0.3, 0.3], variances spread over [1e-4, 2] in the
 // small networks (where the epsilon of 1e-5 then matters) and [0.5, 1.5] in the deep ones.
 template <class M>
@@ -102,6 +112,7 @@ TEST_CASE("every network exports with its predict() outputs beside it", "[onnx][
     { ResNet50 m{cpu, 8}; write(m, dir, "resnet50"); }
     { Vocabulary2d m{cpu, 9}; write(m, dir, "vocabulary2d", true); }
     { Vocabulary1d m{cpu, 10}; write(m, dir, "vocabulary1d", true); }
+    { VocabularyBatchNormOptions m{cpu, 13}; write(m, dir, "batch_norm_options", true); }
     // A DataParallel and an AutoParallel are exported as the model they replicate.
     { DataParallel<Vocabulary1d, Threaded> m{cpus(2), 11}; write(m, dir, "data_parallel", true); }
     { auto m = auto_parallel(Vocabulary2d{cpu, 12}, cpus(2)); write(m, dir, "auto_parallel", true); }

@@ -14,6 +14,11 @@ It rewrites, beside this script:
                     TorchResNet): one training forward and backward with a given output gradient (y,
                     the input gradient, the parameter gradients, the running statistics after it), then
                     3 SGD steps from the same start (parameters, running statistics, evaluation output).
+  batchnorm.txt     BatchNorm2d(3) with options, one record set a variant (prefix "nonaffine_": eps 1e-3,
+                    momentum 0.01, affine=False; "cumulative_": momentum=None; "untracked_":
+                    track_running_stats=False): the weight and bias (affine), then 3 training steps, each
+                    a forward and a backward with a given output gradient (y, the input gradient, the
+                    parameter gradients, the running statistics after it), then an evaluation forward.
 Format: records of two lines, "name count" then count numbers separated by spaces. Parameters are
 in replica's flat layout: each Linear's weight (out, in) row-major, then its bias.
 """
@@ -168,9 +173,54 @@ def resnet():
     write(os.path.join(HERE, "resnet.txt"), records)
 
 
+BATCH_NORM_VARIANTS = {
+    "nonaffine": dict(eps=1e-3, momentum=0.01, affine=False),
+    "cumulative": dict(momentum=None),
+    "untracked": dict(track_running_stats=False),
+}
+
+
+def batchnorm():
+    torch.manual_seed(4)
+    steps = 3
+    xs = torch.randn(steps, 4, 3, 5, 5) * torch.tensor([1.5, 0.5, 2.0]).view(1, 1, 3, 1, 1) + \
+        torch.tensor([0.5, -1.0, 3.0]).view(1, 1, 3, 1, 1)
+    dys = torch.randn(steps, 4, 3, 5, 5)
+    x_eval = torch.randn(4, 3, 5, 5) + 0.25
+    records = [("x", xs), ("dy", dys), ("x_eval", x_eval)]
+    for name, options in BATCH_NORM_VARIANTS.items():
+        bn = torch.nn.BatchNorm2d(3, **options)
+        if bn.affine:
+            with torch.no_grad():
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.5, 0.5)
+            records.append((name + "_params", torch.cat([bn.weight.detach(), bn.bias.detach()])))
+        for s in range(steps):
+            bn.train()
+            if bn.affine:
+                bn.weight.grad = None
+                bn.bias.grad = None
+            x = xs[s].clone().requires_grad_(True)
+            y = bn(x)
+            y.backward(dys[s])
+            records += [(f"{name}_y{s}", y.detach()), (f"{name}_dx{s}", x.grad)]
+            if bn.affine:
+                records.append((f"{name}_dparams{s}", torch.cat([bn.weight.grad, bn.bias.grad])))
+            if bn.track_running_stats:
+                stats = [bn.running_mean, bn.running_var]
+                if options.get("momentum", 0.1) is None:
+                    stats.append(bn.num_batches_tracked.view(1).float())
+                records.append((f"{name}_statistics{s}", torch.cat(stats)))
+        bn.eval()
+        with torch.no_grad():
+            records.append((name + "_eval_y", bn(x_eval)))
+    write(os.path.join(HERE, "batchnorm.txt"), records)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     activations()
     optimizer("adam")
     optimizer("adamw")
     resnet()
+    batchnorm()

@@ -28,21 +28,34 @@ struct ReluAfter {
     explicit operator bool() const { return from_x() || from_y(); }
 };
 
+// How far the running estimates move toward a batch's: `value` of the way (0: not at all), or, with
+// `steps` (context memory: the batches tracked so far, this one included), 1 / *steps of the way, which
+// keeps them the plain average over those batches (PyTorch's momentum=None). Read where the estimates
+// move, so a step replayed from a CUDA graph reads the count of its own replay.
+struct Momentum {
+    float value = 0.0f;
+    const float* steps = nullptr;
+    REPLICA_HOST_DEVICE Momentum(float v = 0.0f, const float* s = nullptr) : value(v), steps(s) {}
+    REPLICA_HOST_DEVICE double factor() const { return steps != nullptr ? 1.0 / double(*steps) : double(value); }
+    REPLICA_HOST_DEVICE explicit operator bool() const { return steps != nullptr || value != 0.0f; }
+};
+
 // Moves the running estimates `momentum` of the way to mean m and to the unbiased form of var, the
 // biased variance over count values.
 REPLICA_HOST_DEVICE void move_running(float& running_mean, float& running_var, double m, double var, double count,
-                                      float momentum)
+                                      Momentum momentum)
 {
     const double unbiased = count > 1 ? var * count / (count - 1) : var;
-    running_mean = float((1.0 - momentum) * running_mean + momentum * m);
-    running_var = float((1.0 - momentum) * running_var + momentum * unbiased);
+    const double f = momentum.factor();
+    running_mean = float((1.0 - f) * running_mean + f * m);
+    running_var = float((1.0 - f) * running_var + f * unbiased);
 }
 
 // One channel's batch statistics from its sums (s1: of x - the running mean, s2: of its square, over
 // count values): the batch mean, 1 / sqrt(biased var + eps), and the running estimates moved `momentum`
-// of the way to the mean and the unbiased variance (momentum 0: left as they are).
+// of the way to the mean and the unbiased variance (momentum 0: left as they are, only read).
 REPLICA_HOST_DEVICE void batch_statistics(float s1, float s2, float count, float& running_mean, float& running_var,
-                                          float momentum, float eps, float& mean, float& invstd)
+                                          Momentum momentum, float eps, float& mean, float& invstd)
 {
     const double n = count;
     const double d = n > 0 ? s1 / n : 0.0;
@@ -51,7 +64,7 @@ REPLICA_HOST_DEVICE void batch_statistics(float s1, float s2, float count, float
     const double m = double(running_mean) + d;
     mean = float(m);
     invstd = float(1.0 / sqrt(var + double(eps)));
-    if (momentum != 0.0f) move_running(running_mean, running_var, m, var, n, momentum);
+    if (momentum) move_running(running_mean, running_var, m, var, n, momentum);
 }
 
 // The statistics batch_norm_sums may derive as soon as its sums are made (batch_norm_statistics' in
@@ -59,7 +72,7 @@ REPLICA_HOST_DEVICE void batch_statistics(float s1, float s2, float count, float
 struct StatisticsUpdate {
     float* running_mean = nullptr;
     float* running_var = nullptr;
-    float momentum = 0.0f;
+    Momentum momentum = {};
     float eps = 0.0f;
     float* mean = nullptr;
     float* invstd = nullptr;

@@ -60,6 +60,11 @@
 //                                             like the statistics) is the exact sum, over every micro-
 //                                             shard of a batch of `batch` samples in shards of `shard`,
 //                                             of what training forward passes wrote to shard_sums.
+//   static constexpr std::uint64_t options_signature
+//                                             Its options that change neither its parameter nor its
+//                                             statistics layout (BatchNorm's eps and momentum), hashed; 0
+//                                             (the default) for none or the defaults. A composite folds
+//                                             its parts'; checkpoints' model signature includes it.
 //   static constexpr std::size_t syncs        Sync points it uses in a training step (core/hook.hpp):
 //                                             it then takes the hook in forward and backward too,
 //                                             forward(ctx, pass, args, hook), backward(ctx, pass, args,
@@ -192,6 +197,11 @@ template <class O>
 inline constexpr bool wants_channels_last_of = [] {
     if constexpr (requires { O::wants_channels_last; }) return bool(O::wants_channels_last);
     else return false;
+}();
+template <class O>
+inline constexpr std::uint64_t options_signature_of = [] {
+    if constexpr (requires { O::options_signature; }) return std::uint64_t(O::options_signature);
+    else return std::uint64_t{0};
 }();
 template <class O>
 inline constexpr std::size_t syncs_of = [] {

@@ -96,6 +96,7 @@ public:
     static constexpr std::size_t param_count = parts::param_count;
     static constexpr std::size_t statistics_count = parts::statistics_count;
     static constexpr std::size_t syncs = parts::syncs;
+    static constexpr std::uint64_t options_signature = parts::options_signature;
     static constexpr std::uint32_t layer_count = parts::layer_count;
     static constexpr std::size_t saved_size = parts::saved_offset[N];
     static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];

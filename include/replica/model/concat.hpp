@@ -66,6 +66,7 @@ struct Concat {
         static constexpr std::size_t param_count = parts::param_count;
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
+        static constexpr std::uint64_t options_signature = parts::options_signature;
         static constexpr std::uint32_t layer_count = parts::layer_count;
         // Kept: each branch's output, then each branch's own kept activations.
         static constexpr std::size_t saved_size = parts::saved_offset[B];

@@ -32,6 +32,7 @@ using layers::Op;
 using layers::Pass;
 using layers::init_statistics_of;
 using layers::update_statistics_of;
+using layers::options_signature_of;
 using layers::statistics_count_of;
 using layers::syncs_of;
 using layers::takes_addend_of;

@@ -75,6 +75,14 @@ public:
     static constexpr std::size_t param_count = param_offset[N];
     static constexpr std::size_t statistics_count = statistics_offset[N];
     static constexpr std::size_t syncs = sync_offset[N];
+    // The parts' options signatures (layers/op.hpp), each with its position: 0 when all are 0.
+    static constexpr std::uint64_t options_signature = [] {
+        const std::uint64_t each[] = {options_signature_of<Ops>..., 0};
+        std::uint64_t h = 0;
+        for (std::size_t i = 0; i < N; ++i)
+            if (each[i] != 0) h = (h ^ each[i] ^ (std::uint64_t(i) << 56)) * 0x100000001b3ull + 1;
+        return h;
+    }();
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);

@@ -80,6 +80,7 @@ struct Residual {
         static constexpr std::size_t param_count = parts::param_count;
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
+        static constexpr std::uint64_t options_signature = parts::options_signature;
         static constexpr std::uint32_t layer_count = parts::layer_count;
         static constexpr std::size_t saved_size = parts::saved_offset.back();
         static constexpr std::size_t kept_size = outputs + parts::kept_offset.back();

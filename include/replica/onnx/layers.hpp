@@ -16,7 +16,9 @@
 //   Conv1d, Conv2d            Conv (weights (Out, C, K[, K]); bias when Bias::yes)
 //   ConvTranspose2d           ConvTranspose (weights (C, Out, K, K))
 //   Linear                    Gemm (transB = 1)
-//   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, epsilon 1e-5)
+//   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, the layer's epsilon; without
+//                             affine, scale ones and B zeros); without track_running_stats the batch's
+//                             statistics: ReduceMean, Sub, Mul, Add, Sqrt, Div
 //   MaxPool1d, MaxPool2d      MaxPool; Rounding::ceil as explicit end padding (no ceil_mode)
 //   AvgPool2d                 AveragePool (count_include_pad = 1)
 //   GlobalAvgPool             GlobalAveragePool, Flatten
@@ -137,20 +139,38 @@ struct Mapping<layers::Linear<Out>> {
     }
 };
 
-template <std::size_t Rank, layers::BatchStats Stats>
-struct Mapping<layers::BatchNorm<Rank, Stats>> {
+template <std::size_t Rank, layers::BatchStats Stats, layers::BatchNormOptions Options>
+struct Mapping<layers::BatchNorm<Rank, Stats, Options>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& x, const Slice& s)
     {
         constexpr std::size_t C = In::dims[0];
         const std::int64_t c = detail::i64(C);
-        // Parameters: weight, bias; statistics: running mean, running variance.
-        const std::string scale = g.initializer("batch_norm_weight", {c}, s.params);
-        const std::string bias = g.initializer("batch_norm_bias", {c}, s.params + C);
-        const std::string mean = g.initializer("batch_norm_running_mean", {c}, s.statistics);
-        const std::string var = g.initializer("batch_norm_running_var", {c}, s.statistics + C);
-        return g.node("BatchNormalization", {x, scale, bias, mean, var},
-                      {real("epsilon", layers::BatchNorm<Rank, Stats>::eps)});
+        // Parameters: weight, bias (without affine: ones and zeros); statistics: running mean, running
+        // variance.
+        const std::vector<float> ones(C, 1.0f), zeros(C, 0.0f);
+        const float* weight = Options.affine ? s.params : ones.data();
+        const float* shift = Options.affine ? s.params + C : zeros.data();
+        if constexpr (Options.track_running_stats) {
+            const std::string scale = g.initializer("batch_norm_weight", {c}, weight);
+            const std::string bias = g.initializer("batch_norm_bias", {c}, shift);
+            const std::string mean = g.initializer("batch_norm_running_mean", {c}, s.statistics);
+            const std::string var = g.initializer("batch_norm_running_var", {c}, s.statistics + C);
+            return g.node("BatchNormalization", {x, scale, bias, mean, var}, {real("epsilon", Options.eps)});
+        } else {
+            // The batch's statistics in inference too: (x - mean) / sqrt(biased var + eps) * weight + bias,
+            // over every axis but the channels', with weight and bias shaped (C, 1[, 1]) to broadcast.
+            std::vector<std::int64_t> axes{0}, per_channel{c};
+            for (std::size_t d = 1; d < In::rank; ++d) axes.push_back(std::int64_t(d + 1)), per_channel.push_back(1);
+            const std::string scale = g.initializer("batch_norm_weight", per_channel, weight);
+            const std::string bias = g.initializer("batch_norm_bias", per_channel, shift);
+            const std::string mean = g.node("ReduceMean", {x}, {ints("axes", axes), integer("keepdims", 1)});
+            const std::string centred = g.node("Sub", {x, mean});
+            const std::string var =
+                g.node("ReduceMean", {g.node("Mul", {centred, centred})}, {ints("axes", axes), integer("keepdims", 1)});
+            const std::string std_dev = g.node("Sqrt", {g.node("Add", {var, g.scalar("batch_norm_eps", Options.eps)})});
+            return g.node("Add", {g.node("Mul", {g.node("Div", {centred, std_dev}), scale}), bias});
+        }
     }
 };
 

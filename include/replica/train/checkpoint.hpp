@@ -135,7 +135,9 @@ concept Checkpointable = requires(M& m, const M& cm, std::span<const float> valu
 };
 
 // FNV-1a 64 over the little-endian u64 bytes of: param_count, the chain's layer_count, every entry
-// of its param_offset, its shapes, and (models with BatchNorm) its statistics layout. The same for M, DataParallel<M> and AutoParallel<M>, on every compiler.
+// of its param_offset, its shapes, (models with BatchNorm) its statistics layout, and its layers'
+// options signature where one is not the default (layers/op.hpp). The same for M, DataParallel<M> and
+// AutoParallel<M>, on every compiler.
 template <class M>
 constexpr std::uint64_t model_signature()
 {
@@ -162,6 +164,9 @@ constexpr std::uint64_t model_signature()
         mix(std::uint64_t(chain::statistics_count));
         for (std::size_t offset : chain::statistics_offset) mix(std::uint64_t(offset));
     }
+    // Layers' options that the layout does not show (BatchNorm's eps and momentum); nothing where every
+    // layer has its defaults.
+    if constexpr (model::options_signature_of<chain> != 0) mix(model::options_signature_of<chain>);
     return h;
 }
 
@@ -466,7 +471,8 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
         throw Error("checkpoint " + name + " was saved from a different model (" + std::to_string(file_params) +
                     " parameters, signature " + hex64(file_signature) + "); this model has " +
                     std::to_string(param_count) + " parameters, signature " + hex64(signature) +
-                    ": load it into the model that saved it");
+                    ": load it into the model that saved it (the same layers, shapes and layer options, BatchNorm's "
+                    "included)");
 
     CheckpointContents out;
     out.state.epoch = read_u64(b.data() + 36);

@@ -32,7 +32,7 @@ std::size_t batch_norm_scratch(const Context&, std::size_t)
 // estimates moved `momentum` of the way to the mean and the unbiased variance (momentum 0: left as
 // they are): batch_statistics for each channel.
 inline void batch_norm_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
-                                  float momentum, float eps, float* mean, float* invstd, std::size_t c)
+                                  Momentum momentum, float eps, float* mean, float* invstd, std::size_t c)
 {
     for (std::size_t ch = 0; ch < c; ++ch)
         batch_statistics(sums[ch], sums[c + ch], sums[2 * c], running_mean[ch], running_var[ch], momentum, eps, mean[ch],
@@ -72,7 +72,7 @@ inline void batch_norm_shard_sums(const Context&, const float* sums, float* out,
 // Once a step, from the shards' summed shares: the batch's mean is running_mean + sums[ch] * ratio,
 // its biased variance sums[c + ch] * ratio - (sums[ch] * ratio)^2, over count values.
 inline void batch_norm_step_statistics(const Context&, const float* sums, float* running_mean, float* running_var,
-                                       float momentum, double ratio, double count, std::size_t c)
+                                       Momentum momentum, double ratio, double count, std::size_t c)
 {
     for (std::size_t ch = 0; ch < c; ++ch) {
         const double d = sums[ch] * ratio;

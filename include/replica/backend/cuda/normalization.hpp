@@ -214,7 +214,7 @@ __global__ void finish_column_sums(const double* partial, std::size_t parts, std
 }
 
 template <int = 0>
-__global__ void batch_norm_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
+__global__ void batch_norm_statistics(const float* sums, float* running_mean, float* running_var, Momentum momentum,
                                       float eps, float* mean, float* invstd, std::size_t c)
 {
     const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
@@ -231,7 +231,7 @@ __global__ void batch_norm_shard_sums(const float* sums, float* out, float scale
 }
 
 template <int = 0>
-__global__ void batch_norm_step_statistics(const float* sums, float* running_mean, float* running_var, float momentum,
+__global__ void batch_norm_step_statistics(const float* sums, float* running_mean, float* running_var, Momentum momentum,
                                            double ratio, double count, std::size_t c)
 {
     const std::size_t ch = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
@@ -588,7 +588,7 @@ void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t 
 }
 
 inline void batch_norm_statistics(const Context& ctx, const float* sums, float* running_mean, float* running_var,
-                                  float momentum, float eps, float* mean, float* invstd, std::size_t c)
+                                  Momentum momentum, float eps, float* mean, float* invstd, std::size_t c)
 {
     kernels::batch_norm_statistics<<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         sums, running_mean, running_var, momentum, eps, mean, invstd, c);
@@ -602,7 +602,7 @@ inline void batch_norm_shard_sums(const Context& ctx, const float* sums, float* 
     detail::check_launch("batch_norm_shard_sums");
 }
 inline void batch_norm_step_statistics(const Context& ctx, const float* sums, float* running_mean, float* running_var,
-                                       float momentum, double ratio, double count, std::size_t c)
+                                       Momentum momentum, double ratio, double count, std::size_t c)
 {
     kernels::batch_norm_step_statistics<<<detail::blocks_for(c), detail::kThreads, 0, ctx.stream()>>>(
         sums, running_mean, running_var, momentum, ratio, count, c);
