@@ -301,19 +301,20 @@ struct Reference<GlobalAvgPool, In> {
     }
 };
 
-// y = weight * (x - mean) / sqrt(var + eps) + bias per channel (the first dimension); in training
-// the mean and biased variance of the channel's n * inner values, in evaluation the initial running
-// estimates (0 and 1).
-template <std::size_t Rank, layers::BatchStats Stats, class In>
-struct Reference<layers::BatchNorm<Rank, Stats>, In> {
+// y = weight * (x - mean) / sqrt(var + eps) + bias per channel (the first dimension), with the
+// options' eps, and weight 1 and bias 0 without affine; in training (and without running statistics
+// always) the mean and biased variance of the channel's n * inner values, in evaluation the initial
+// running estimates (0 and 1).
+template <std::size_t Rank, layers::BatchStats Stats, layers::BatchNormOptions Options, class In>
+struct Reference<layers::BatchNorm<Rank, Stats, Options>, In> {
     static std::vector<double> forward(const double* x, const double* p, std::size_t n, const At& at)
     {
         constexpr std::size_t C = In::dims[0], inner = In::size / C;
-        const double eps = double(layers::BatchNorm<Rank, Stats>::eps);
+        const double eps = double(Options.eps);
         std::vector<double> y(n * In::size);
         for (std::size_t c = 0; c < C; ++c) {
             double mean = 0.0, var = 1.0;
-            if (at.pass.training) {
+            if (at.pass.training || !Options.track_running_stats) {
                 double sum = 0.0, squares = 0.0;
                 for (std::size_t s = 0; s < n; ++s)
                     for (std::size_t j = 0; j < inner; ++j) sum += x[(s * C + c) * inner + j];
@@ -325,11 +326,12 @@ struct Reference<layers::BatchNorm<Rank, Stats>, In> {
                     }
                 var = squares / double(n * inner);
             }
-            const double scale = p[c] / std::sqrt(var + eps);
+            const double weight = Options.affine ? p[c] : 1.0, bias = Options.affine ? p[C + c] : 0.0;
+            const double scale = weight / std::sqrt(var + eps);
             for (std::size_t s = 0; s < n; ++s)
                 for (std::size_t j = 0; j < inner; ++j) {
                     const std::size_t i = (s * C + c) * inner + j;
-                    y[i] = (x[i] - mean) * scale + p[C + c];
+                    y[i] = (x[i] - mean) * scale + bias;
                 }
         }
         return y;
