@@ -613,7 +613,12 @@ TEST_CASE("two writers of one tuning cache: a reader sees a whole file, each wri
     core::TuningRecords records;
     REQUIRE(core::decode_tuning_records(read_bytes(shared / "tuning.bin"), records) == "");
     CHECK(records.size() >= kEach);   // at least the last writer's, every one of them
-    for (const auto& [key, value] : records) CHECK(value == tuning_value(key.shape[0]));
+    // How many records survive depends on the threads' order: one assertion each, whatever the count,
+    // so that every run of the suite counts the same assertions.
+    std::size_t wrong = 0, others = 0;
+    for (const auto& [key, value] : records) wrong += value == tuning_value(key.shape[0]) ? 0 : 1;
+    CHECK(wrong == 0);
     for (const auto& entry : fs::directory_iterator(shared.path()))   // no temporary file left behind
-        CHECK(entry.path().filename() == "tuning.bin");
+        others += entry.path().filename() == "tuning.bin" ? 0 : 1;
+    CHECK(others == 0);
 }
