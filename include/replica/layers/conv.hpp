@@ -9,6 +9,7 @@
 // transposed one. Initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)); a layer's weights are the same
 // with or without its bias.
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 
@@ -49,6 +50,8 @@ struct ConvOp : LeafOp {
     static constexpr std::size_t weight_count = G::weight_count;
     static constexpr std::size_t bias_count = B == Bias::yes ? Out : 0;
     static constexpr std::size_t param_count = weight_count + bias_count;
+    static constexpr std::array param_blocks{core::ParamBlock{weight_count, core::ParamKind::weight},
+                                             core::ParamBlock{bias_count, core::ParamKind::bias}};
     static constexpr Window window = G::window;
     static constexpr bool wants_channels_last = !backend::detours_channels_last(window);
 
@@ -152,6 +155,8 @@ struct ConvTranspose2d {
         static constexpr std::size_t weight_count = C * Out * K * K;
         static constexpr std::size_t bias_count = B == Bias::yes ? Out : 0;
         static constexpr std::size_t param_count = weight_count + bias_count;
+        static constexpr std::array param_blocks{core::ParamBlock{weight_count, core::ParamKind::weight},
+                                                 core::ParamBlock{bias_count, core::ParamKind::bias}};
         // The convolution whose adjoint this is: from the output (Out, OH, OW) to the input (C, H, W).
         static constexpr Window window{int(Out), int(OH), int(OW), int(K), int(K), int(Stride), int(Stride),
                                        int(Pad), int(Pad), int(H), int(W)};

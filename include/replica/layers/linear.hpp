@@ -2,6 +2,7 @@
 // Linear<Out>: (in) -> (Out), y = W x + b with W (Out, in) as PyTorch lays it out, then b (Out).
 // Initialised U(-1/sqrt(in), 1/sqrt(in)).
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 
@@ -23,6 +24,8 @@ struct Linear {
         using output_shape = Shape<Out>;
         static constexpr std::size_t weight_count = Out * N;
         static constexpr std::size_t param_count = weight_count + Out;
+        static constexpr std::array param_blocks{core::ParamBlock{weight_count, core::ParamKind::weight},
+                                                 core::ParamBlock{Out, core::ParamKind::bias}};
 
         using LeafOp::LeafOp;
         void init(float* p, std::uint64_t seed) const

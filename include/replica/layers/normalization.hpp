@@ -29,6 +29,7 @@
 // (around the running mean, as averages over a full shard) to ForwardArgs::shard_sums, the model sums
 // them exactly with the gradient, and update_statistics applies them.
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -93,6 +94,8 @@ struct BatchNorm {
         using output_shape = In;
         static constexpr std::size_t C = In::dims[0], inner = In::size / C;
         static constexpr std::size_t param_count = affine ? 2 * C : 0;   // weight, bias
+        static constexpr std::array param_blocks{core::ParamBlock{affine ? C : 0, core::ParamKind::scale},
+                                                 core::ParamBlock{affine ? C : 0, core::ParamKind::shift}};
         // running mean, running variance[, batches tracked]
         static constexpr std::size_t statistics_count = track_running_stats ? 2 * C + (cumulative ? 1 : 0) : 0;
         static constexpr std::size_t syncs = Stats == BatchStats::global ? 2 : 0;   // forward's sums, backward's

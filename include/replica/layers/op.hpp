@@ -42,6 +42,10 @@
 // same pass (a Residual's sum: model/residual.hpp), and backward reads no y (its output is then the
 // sum's).
 //
+// Optional: `static constexpr std::array<core::ParamBlock, K> param_blocks`: its parameters' kinds
+// (core/param_kind.hpp), block by block in the order of its slice, the counts summing to param_count;
+// the optimizer's rule reads them (default: every parameter a weight). A composite lists its parts'.
+//
 // Optional: `static constexpr bool wants_channels_last` (default false): it has a convolution that
 // runs on channels-last activations where the backend keeps them (backend/layout_rules.hpp); a model
 // none of whose ops wants them keeps its activations channels-first (model/sequential.hpp).
@@ -82,6 +86,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/hook.hpp"
+#include "replica/core/param_kind.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/core/shape.hpp"
 
