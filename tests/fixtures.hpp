@@ -44,11 +44,12 @@ inline double max_error(const std::vector<float>& got, const std::vector<double>
     return most;
 }
 
-// The model of the Adam and AdamW fixtures.
-using TorchNet = Sequential<Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
+// The model of the Adam and AdamW fixtures (PyTorch's optimizers given net.parameters() decay every one).
+using TorchNet = Sequential<ParamRule<DecayAll>, Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
 
 // The model of resnet.txt (make_fixtures.py, resnet_model()).
 using TorchResNet = Sequential<
+    ParamRule<DecayAll>,
     Input<2, 8, 8>, Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d, ReLU,
     Residual<Sequential<Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d, ReLU, Conv2d<4, 3, 1, 1, Bias::none>, BatchNorm2d>>,
     ReLU,
@@ -56,38 +57,61 @@ using TorchResNet = Sequential<
              Sequential<Conv2d<6, 1, 2, 0, Bias::none>, BatchNorm2d>>,
     ReLU, GlobalAvgPool, Linear<5>>;
 
+// param_groups.txt's groups on TorchResNet: layers 0 and 1 (the first Conv2d and its BatchNorm)
+// frozen, the Linear's weight at half the rate, weight decay on filters and weights only. Layer ids
+// run depth first, composites none: the first block's layers are 3-7, the second's body 9-13 and
+// shortcut 14-15, the Linear 18.
+struct GroupRule {
+    static constexpr std::uint32_t head = 18;
+    static constexpr Treatment treat(ParamKind kind, std::uint32_t layer)
+    {
+        if (layer < 2) return {.frozen = true};
+        if (layer == head && kind == ParamKind::weight) return {.lr_scale = 0.5f};
+        return DecayWeights::treat(kind, layer);
+    }
+};
+using GroupNet = with_param_rule<TorchResNet, GroupRule>;
+
+// Sets the fixture's initial parameters and trains `net` on its inputs and labels with `opt`, in
+// `steps` equal batches; returns the losses.
+template <class M, class Opt>
+std::vector<float> train_fixture_steps(M& net, Opt& opt, const std::map<std::string, std::vector<double>>& f,
+                                       std::size_t steps)
+{
+    net.set_parameters(to_float(f.at("initial")));
+    const std::vector<float> inputs = to_float(f.at("inputs"));
+    std::vector<std::int32_t> labels;
+    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
+    const std::size_t batch = labels.size() / steps, size = M::input_shape::size;
+    std::vector<float> losses;
+    for (std::size_t s = 0; s < steps; ++s)
+        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * size, labels.data() + s * batch, batch,
+                                                    s * batch, 1}));
+    return losses;
+}
+
+// Trains `net` param_groups.txt's 5 AdamW steps from its initial parameters; returns the losses.
+template <class M>
+std::vector<float> train_groups(M& net, const std::map<std::string, std::vector<double>>& f)
+{
+    AdamW opt{{.lr = float(f.at("hyper")[0]), .weight_decay = float(f.at("hyper")[1])}};
+    return train_fixture_steps(net, opt, f, 5);
+}
+
 // Trains `net` from the resnet fixture's initial parameters for its 3 SGD steps (lr 0.1, momentum
 // 0.9, weight decay 1e-3); returns the losses.
 template <class M>
 std::vector<float> train_resnet_fixture(M& net, const std::map<std::string, std::vector<double>>& f)
 {
-    net.set_parameters(to_float(f.at("initial")));
     SGD opt{{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f}};
-    const std::vector<float> inputs = to_float(f.at("inputs"));
-    std::vector<std::int32_t> labels;
-    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
-    const std::size_t batch = labels.size() / 3, size = M::input_shape::size;
-    std::vector<float> losses;
-    for (std::size_t s = 0; s < 3; ++s)
-        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * size, labels.data() + s * batch, batch,
-                                                    s * batch, 1}));
-    return losses;
+    return train_fixture_steps(net, opt, f, 3);
 }
 
 // Sets the fixture's initial parameters and trains `net` its 5 steps with `opt`; returns the losses.
 template <class M, class Opt>
 std::vector<float> train_fixture(M& net, Opt& opt, const std::map<std::string, std::vector<double>>& f)
 {
-    net.set_parameters(to_float(f.at("initial")));
-    const std::vector<float> inputs = to_float(f.at("inputs"));
-    std::vector<std::int32_t> labels;
-    for (double l : f.at("labels")) labels.push_back(std::int32_t(l));
-    const std::size_t batch = labels.size() / 5;
-    std::vector<float> losses;
-    for (std::size_t s = 0; s < 5; ++s)
-        losses.push_back(train_step(net, opt, Batch{inputs.data() + s * batch * 8, labels.data() + s * batch, batch,
-                                                    s * batch, 1}));
-    return losses;
+    return train_fixture_steps(net, opt, f, 5);
 }
 
 // The fixture's hyper-parameters: lr, beta1, beta2, eps, weight decay.

@@ -1555,6 +1555,59 @@ TEST_CASE("Adam and AdamW on a GPU equal PyTorch's after 5 steps, and the CPU's"
     }
 }
 
+namespace {
+// A rule that keeps neighbouring layers apart (each layer's rate its own), so that a deep stack of
+// Linear layers has a segment for every weight and bias: more than one launch's batch of segments.
+struct EveryLayerItsRate {
+    static constexpr Treatment treat(ParamKind kind, std::uint32_t layer)
+    {
+        return {.decay = kind == ParamKind::weight ? 1.0f : 0.0f, .lr_scale = 1.0f + 0.25f * float(layer % 3)};
+    }
+};
+template <std::size_t... I>
+auto linear_stack(std::index_sequence<I...>)
+    -> Sequential<ParamRule<EveryLayerItsRate>, Input<4>, std::conditional_t<(I < sizeof...(I)), Linear<4>, void>...>;
+using LinearStack = decltype(linear_stack(std::make_index_sequence<70>{}));
+static_assert(LinearStack::update_plan::segment_count == 140);
+} // namespace
+
+TEST_CASE("Parameter rules on the GPU: PyTorch's param_groups, replicas sharing the GPU, CUDA graphs, many segments",
+          "[cuda][optim][param-rules]")
+{
+    REQUIRE_GPU();
+    const auto f = read_fixture("param_groups.txt");
+    {
+        GroupNet gpu{Device::cuda(0)}, cpu{Device::cpu()};
+        const std::vector<float> losses = train_groups(gpu, f);
+        CHECK(max_error(losses, f.at("losses")) < kTorchTolerance);
+        CHECK(max_error(gpu.parameters(), f.at("final")) < kTorchTolerance);
+        CHECK(max_error(gpu.statistics(), f.at("statistics")) < kTorchTolerance);
+        train_groups(cpu, f);
+        const std::vector<float> c = cpu.parameters(), g = gpu.parameters();
+        CHECK(std::equal(g.begin(), g.begin() + 80, c.begin()));   // frozen: the initial values on both
+        CHECK(gpu.optimizer_state().size() == 2 * GroupNet::trainable_count);
+    }
+    for (bool graphs : {false, true}) {
+        INFO("CUDA graphs " << graphs);
+        const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+        GroupNet one{Device::cuda(0)};
+        DataParallel<GroupNet, Threaded> two{shared_gpu(2)};
+        train_groups(one, f);
+        train_groups(two, f);
+        CHECK(two.reduced_floats() == GroupNet::trainable_count);
+        CHECK(max_relative_difference(one.parameters(), two.parameters()) < 1e-5);
+    }
+    // 140 segments: two launches of the update, each parameter with its own segment's decay and rate.
+    const RandomBatches<LinearStack> data(16, 5);
+    auto run = [&](Device d) {
+        LinearStack net{d};
+        SGD opt{{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.1f}};
+        for (int s = 0; s < 3; ++s) train_step(net, opt, data.batch(0, 16, 0));
+        return net.parameters();
+    };
+    CHECK(max_relative_difference(run(Device::cpu()), run(Device::cuda(0))) < 1e-5);
+}
+
 TEST_CASE("bf16 models on the GPU: close to the CPU's bf16 run, replicas sharing the GPU as one, the reproducible "
           "mode bit for bit, CUDA graphs on and off",
           "[cuda][same-gpu][precision]")

@@ -47,7 +47,7 @@ std::vector<double> adam_reference(std::vector<double> w, const std::vector<floa
 
 // The fixtures' model (fixtures.hpp) with its first two layers in a nested DataParallel (the same
 // parameter layout): the optimizer is then applied slice by slice, on three replicas.
-using TorchNetNested = Sequential<Input<8>, DataParallel<Sequential<Input<8>, Linear<16>, GELU>, Threaded>, Linear<12>,
+using TorchNetNested = Sequential<ParamRule<DecayAll>, Input<8>, DataParallel<Sequential<Input<8>, Linear<16>, GELU>, Threaded>, Linear<12>,
                                   Tanh, Linear<10>, Sigmoid, Linear<4>>;
 static_assert(TorchNet::param_count == 522 && TorchNetNested::param_count == 522);
 
@@ -66,7 +66,8 @@ TEST_CASE("Adam and AdamW follow PyTorch's update rule", "[cpu][optim]")
         auto run = [&](auto opt) {
             for (int t = 0; t < 4; ++t) {
                 opt.begin_update();
-                opt.apply(ctx, w.data(), g.data(), state.data(), w.size());
+                const ParamSegment all = core::whole_slice(w.size());
+                opt.apply(ctx, w.data(), g.data(), state.data(), {&all, 1});
             }
             CHECK(opt.step_count() == 4);
         };
@@ -92,7 +93,8 @@ TEST_CASE("Adam and AdamW refuse bad options and an update without begin_update"
     backend::cpu::Context ctx;
     float w = 1.0f, g = 1.0f, s[2] = {0.0f, 0.0f};
     Adam opt;
-    CHECK_THROWS_WITH(opt.apply(ctx, &w, &g, s, 1), Catch::Contains("before begin_update()"));
+    const ParamSegment one = core::whole_slice(1);
+    CHECK_THROWS_WITH(opt.apply(ctx, &w, &g, s, {&one, 1}), Catch::Contains("before begin_update()"));
 }
 
 TEST_CASE("Activations match PyTorch's forward and input gradient", "[cpu][optim][layers]")
@@ -317,7 +319,7 @@ TEST_CASE("A checkpoint of one optimizer is refused by another, naming both", "[
     b[68] = 2;
     write_sealed(dir / "forged.ckpt", b);
     message = error_of([&] { load_checkpoint(dir / "forged.ckpt", other); });
-    CHECK_THAT(message, Catch::Contains("values of Adam's state, which keeps 2 per parameter"));
+    CHECK_THAT(message, Catch::Contains("values of Adam's state, which keeps 2 per trainable parameter"));
     b[68] = 9;
     write_sealed(dir / "forged.ckpt", b);
     CHECK_THAT(error_of([&] { load_checkpoint(dir / "forged.ckpt", other); }),

@@ -127,11 +127,16 @@ TEST_CASE("DataParallel in bf16 equals one bf16 model, and bit for bit in the re
     using Net = with_precision<SmallResNet, bf16>;
     const RandomBatches<Net> data(100, 9);
     Net one{Device::cpu(), 2};
+    const auto initial = parameters(one);
     const auto fast_one = five_steps(one, data, 3, StepOptions{});
     for (std::size_t replicas : {2, 3}) {
         DataParallel<Net, Threaded> dp{cpus(replicas), 2};
         CAPTURE(replicas);
-        CHECK(max_relative_difference(five_steps(dp, data, 3, StepOptions{}), fast_one) < 2e-2);
+        // The replicas' sums in another order flip a bf16 rounding now and then, and BatchNorm over a few
+        // samples a replica carries the flip into the next steps: the same steps to a few percent of
+        // their size (in float the same to 1e-6, test_parallel.cpp), where replicas that did not sum
+        // their gradients would be off by the whole update.
+        CHECK(update_error(five_steps(dp, data, 3, StepOptions{}), fast_one, initial) < 5e-2);
     }
     Net single{Device::cpu(), 2};
     const auto exact = five_steps(single, data, 3);

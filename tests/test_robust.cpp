@@ -337,7 +337,7 @@ TEST_CASE("a checkpoint with a valid checksum but nonsense content is refused", 
         reseal(b);
         write_bytes(bad, b);
         require_message(resume(3), {"holds " + std::to_string(2 * Small::param_count) + " optimizer values",
-                                    "this optimizer keeps 1 per parameter",
+                                    "this optimizer keeps 1 per trainable parameter",
                                     "resume with the optimizer that saved it"});
     }
     SECTION("a NaN parameter") {

@@ -29,7 +29,8 @@ TEST_CASE("SGD follows PyTorch's update rule", "[cpu]")
         std::vector<double> rw{1.0, -2.0, 0.5}, rv(3, 0.0);
         const std::vector<float> g{0.3f, -0.1f, 2.0f};
         for (int step = 0; step < 3; ++step) {
-            opt.apply(ctx, w.data(), g.data(), v.data(), 3);
+            const ParamSegment all = core::whole_slice(3);
+            opt.apply(ctx, w.data(), g.data(), v.data(), {&all, 1});
             for (int i = 0; i < 3; ++i) {
                 const double gi = g[i] + 0.01 * rw[i];
                 rv[i] = 0.9 * rv[i] + gi;

@@ -19,6 +19,9 @@ It rewrites, beside this script:
                     track_running_stats=False): the weight and bias (affine), then 3 training steps, each
                     a forward and a backward with a given output gradient (y, the input gradient, the
                     parameter gradients, the running statistics after it), then an evaluation forward.
+  param_groups.txt  the resnet model trained 5 steps with AdamW over parameter groups: its first block
+                    frozen, weight decay on filters and weights only, the Linear's weight at half the
+                    rate (the initial parameters, inputs, labels, losses, final parameters, statistics).
 Format: records of two lines, "name count" then count numbers separated by spaces. Parameters are
 in replica's flat layout: each Linear's weight (out, in) row-major, then its bias.
 """
@@ -173,6 +176,41 @@ def resnet():
     write(os.path.join(HERE, "resnet.txt"), records)
 
 
+def param_groups():
+    """AdamW over parameter groups on the resnet model: the first convolution and its BatchNorm frozen
+    (requires_grad off: no gradient, no state, no update; the running statistics still move), weight
+    decay on the other convolutions' filters and the Linear's weight only, the Linear's weight at half
+    the rate (tests/test_optim.cpp, GroupRule)."""
+    torch.manual_seed(5)
+    net = resnet_model()
+    with torch.no_grad():
+        for m in in_order(net, torch.nn.BatchNorm2d):
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.5, 0.5)
+    initial = resnet_parameters(net)
+    for p in list(net[0].parameters()) + list(net[1].parameters()):
+        p.requires_grad_(False)
+    head = net[-1]
+    decayed = [m.weight for m in in_order(net, torch.nn.Conv2d)[1:]]
+    plain = [p for m in in_order(net, torch.nn.BatchNorm2d)[1:] for p in (m.weight, m.bias)] + [head.bias]
+    lr, wd = 0.01, 0.1
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": wd},
+                             {"params": [head.weight], "weight_decay": wd, "lr": lr / 2},
+                             {"params": plain, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    inputs = torch.randn(STEPS, 6, 2, 8, 8)
+    labels = torch.randint(0, 5, (STEPS, 6))
+    losses = []
+    for s in range(STEPS):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(inputs[s]), labels[s])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    write(os.path.join(HERE, "param_groups.txt"),
+          [("hyper", [lr, wd]), ("initial", initial), ("inputs", inputs), ("labels", labels), ("losses", losses),
+           ("final", resnet_parameters(net)), ("statistics", resnet_statistics(net))])
+
+
 BATCH_NORM_VARIANTS = {
     "nonaffine": dict(eps=1e-3, momentum=0.01, affine=False),
     "cumulative": dict(momentum=None),
@@ -224,3 +262,4 @@ if __name__ == "__main__":
     optimizer("adamw")
     resnet()
     batchnorm()
+    param_groups()

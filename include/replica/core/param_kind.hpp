@@ -34,10 +34,32 @@ struct Treatment {
     friend constexpr bool operator==(const Treatment&, const Treatment&) = default;
 };
 
+// A run of parameters that one update treats alike, as the optimizers' kernels read it: parameters
+// [begin, begin + count) of a slice (and their gradients), their optimizer state from parameter index
+// `state` of the slice's state (state index state + j for parameter begin + j: frozen parameters have
+// none), the weight decay multiplied by `decay` and the learning rate by `lr_scale`. Models make these
+// tables at compile time (model/param_layout.hpp).
+struct ParamSegment {
+    std::size_t begin;
+    std::size_t count;
+    std::size_t state;
+    float decay;
+    float lr_scale;
+};
+
+// One segment of `count` parameters from the start of a slice, decayed and at the optimizer's rate:
+// for calling an optimizer's apply() on a plain array.
+constexpr ParamSegment whole_slice(std::size_t count) { return {0, count, 0, 1.0f, 1.0f}; }
+
+// Where an update reads the gradient of parameter begin + j of a segment: at the same index (the
+// model's gradient), or at its state index state + j (a sum kept beside the state, train/accumulate.hpp).
+enum class GradientAt : std::uint8_t { params, state };
+
 } // namespace replica::core
 
 namespace REPLICA_NAMESPACE {
 using core::ParamBlock;
 using core::ParamKind;
+using core::ParamSegment;
 using core::Treatment;
 } // namespace replica

@@ -64,6 +64,7 @@ struct Concat {
         using input_shape = In;
         using output_shape = typename detail::with_channels<channel_offset[B], first_out>::type;
         static constexpr std::size_t param_count = parts::param_count;
+        static constexpr auto param_ranges = parts::param_ranges;
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
         static constexpr std::uint64_t options_signature = parts::options_signature;
@@ -123,13 +124,16 @@ struct Concat {
             });
         }
 
-        template <class Ctx, class Opt>
+        template <ParamRuleType Rule, std::uint32_t First, class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
         {
-            parts_.update(ctx, opt, w, g, state);
+            parts_.template update<Rule, First>(ctx, opt, w, g, state);
         }
-        template <class Ctx>
-        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
+        template <ParamRuleType Rule, std::uint32_t First, class Ctx>
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
+        {
+            parts_.template sync<Rule, First>(ctx, w, state, per);
+        }
 
         // See Chain::idle_forward; the branches run in order both ways.
         template <class Ctx, class Hook>

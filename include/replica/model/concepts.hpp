@@ -62,10 +62,12 @@ struct Evaluation {
     std::size_t correct = 0;
 };
 
-// What a model asks of an optimizer: `state_per_param` floats of state per parameter (zero-filled
-// before the first update), and apply(ctx, w, g, state, count), which queues the update of `count`
-// parameters w from their gradients g on ctx (train/sgd.hpp). Optionally prepare(ctx, g, count): the
-// model's whole gradient, once per update before apply (train/clip.hpp).
+// What a model asks of an optimizer: `state_per_param` floats of state per trainable parameter
+// (zero-filled before the first update), and apply(ctx, w, g, state, segments, at), which queues the
+// update of the parameters of w that the segments name (core/param_kind.hpp: the model's plan under
+// its ParamRule, model/param_layout.hpp) from their gradients g on ctx (train/sgd.hpp); `at` says
+// where g holds a parameter's gradient (GradientAt::params by default). Optionally prepare(ctx, g,
+// count): the model's whole gradient, once per update before apply (train/clip.hpp).
 template <class O>
 concept Optimizer = requires {
     { O::state_per_param } -> std::convertible_to<std::size_t>;
@@ -80,7 +82,8 @@ concept PreparesGradient = requires(const O& o, Ctx& ctx, float* g, std::size_t 
 struct NoUpdate {
     static constexpr std::size_t state_per_param = 0;
     template <class Ctx>
-    void apply(Ctx&, float*, const float*, float*, std::size_t) const {}
+    void apply(Ctx&, float*, const float*, float*, std::span<const core::ParamSegment>,
+               core::GradientAt = core::GradientAt::params) const {}
 };
 
 // A trainable model: a Sequential, a DataParallel, an AutoParallel.

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/param_layout.hpp"
 
 namespace REPLICA_NAMESPACE::model {
 
@@ -36,21 +38,25 @@ struct bind_op<L, In, float> {
     using type = typename L::template op<In>;
 };
 
-// Applies the optimizer to one op's parameters. Ops that hold replicas (DataParallel) or parts that
-// might define update(); a plain layer is one contiguous slice.
-template <class O, class Ctx, class Opt>
+// Applies the optimizer to one op's parameters under Rule, the op's first layer id being First. Ops
+// that hold replicas (DataParallel) or parts that might define update(); a plain layer is one slice,
+// its plan's segments.
+template <ParamRuleType Rule, std::uint32_t First, class O, class Ctx, class Opt>
 void update_op(O& op, Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
 {
-    if constexpr (requires { op.update(ctx, opt, w, g, state); }) op.update(ctx, opt, w, g, state);
-    else opt.apply(ctx, w, g, state, O::param_count);
+    if constexpr (requires { op.template update<Rule, First>(ctx, opt, w, g, state); })
+        op.template update<Rule, First>(ctx, opt, w, g, state);
+    else
+        opt.apply(ctx, w, g, state, std::span<const core::ParamSegment>(UpdatePlan<O, Rule, First>::segments));
 }
 
-// Tells an op its parameters (and optimizer state, when not null: `per` floats a parameter) were set
-// from outside (initialised, loaded): replicas copy them.
-template <class O, class Ctx>
+// Tells an op its parameters (and optimizer state, when not null: `per` floats a trainable parameter
+// under Rule) were set from outside (initialised, loaded): replicas copy them.
+template <ParamRuleType Rule, std::uint32_t First, class O, class Ctx>
 void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t per)
 {
-    if constexpr (requires { op.sync(ctx, w, state, per); }) op.sync(ctx, w, state, per);
+    if constexpr (requires { op.template sync<Rule, First>(ctx, w, state, per); })
+        op.template sync<Rule, First>(ctx, w, state, per);
 }
 } // namespace detail
 
@@ -73,6 +79,7 @@ public:
     static constexpr std::array<std::size_t, N + 1> statistics_offset = core::prefix_sums<statistics_count_of<Ops>...>;
     static constexpr std::array<std::size_t, N + 1> sync_offset = core::prefix_sums<syncs_of<Ops>...>;
     static constexpr std::size_t param_count = param_offset[N];
+    static constexpr auto param_ranges = concat_param_ranges<Ops...>(param_offset, id_offset);
     static constexpr std::size_t statistics_count = statistics_offset[N];
     static constexpr std::size_t syncs = sync_offset[N];
     // The parts' options signatures (layers/op.hpp), each with its position: 0 when all are 0.
@@ -207,30 +214,43 @@ public:
     }
 
     // Without parts that hold replicas, one pass over the whole slice (an optimizer is elementwise:
-    // the same floats as part by part); with them, part by part, so that each applies it its way.
-    template <class Ctx, class Opt>
+    // the same floats as part by part); with them, part by part, so that each applies it its way, the
+    // state of part i after that of the trainable parameters before it.
+    template <ParamRuleType Rule, std::uint32_t First, class Ctx, class Opt>
     void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
     {
         if constexpr (!spans_devices) {
-            opt.apply(ctx, w, g, state, param_count);
+            opt.apply(ctx, w, g, state, std::span<const core::ParamSegment>(UpdatePlan<Parts, Rule, First>::segments));
         } else {
             const std::size_t per = Opt::state_per_param;
             core::static_for<N>([&](auto i) {
                 const std::size_t o = param_offset[i];
-                detail::update_op(std::get<i>(ops_), ctx, opt, w + o, g + o, state + o * per);
+                detail::update_op<Rule, First + std::uint32_t(id_offset[i])>(
+                    std::get<i>(ops_), ctx, opt, w + o, g + o, state + state_offset<Rule, First>[i] * per);
             });
         }
     }
 
-    template <class Ctx>
+    template <ParamRuleType Rule, std::uint32_t First, class Ctx>
     void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
     {
         if constexpr (spans_devices)
             core::static_for<N>([&](auto i) {
                 const std::size_t o = param_offset[i];
-                detail::sync_op(std::get<i>(ops_), ctx, w + o, state ? state + o * per : nullptr, per);
+                detail::sync_op<Rule, First + std::uint32_t(id_offset[i])>(
+                    std::get<i>(ops_), ctx, w + o, state ? state + state_offset<Rule, First>[i] * per : nullptr, per);
             });
     }
+
+    // Trainable parameters under Rule before part i (where part i's optimizer state begins).
+    template <ParamRuleType Rule, std::uint32_t First>
+    static constexpr std::array<std::size_t, N + 1> state_offset = [] {
+        std::array<std::size_t, N + 1> out{};
+        core::static_for<N>([&](auto i) {
+            out[i + 1] = out[i] + UpdatePlan<op<i>, Rule, First + std::uint32_t(id_offset[i])>::trainable;
+        });
+        return out;
+    }();
 
 private:
     template <std::size_t... I>

@@ -78,6 +78,7 @@ struct Residual {
         using input_shape = In;
         using output_shape = Out;
         static constexpr std::size_t param_count = parts::param_count;
+        static constexpr auto param_ranges = parts::param_ranges;
         static constexpr std::size_t statistics_count = parts::statistics_count;
         static constexpr std::size_t syncs = parts::syncs;
         static constexpr std::uint64_t options_signature = parts::options_signature;
@@ -107,10 +108,13 @@ struct Residual {
             parts_.update_statistics(ctx, s, sums, batch, shard);
         }
 
-        template <class Ctx, class Opt>
-        void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state) { parts_.update(ctx, opt, w, g, state); }
-        template <class Ctx>
-        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per) { parts_.sync(ctx, w, state, per); }
+        template <ParamRuleType Rule, std::uint32_t First, class Ctx, class Opt>
+        void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state) { parts_.template update<Rule, First>(ctx, opt, w, g, state); }
+        template <ParamRuleType Rule, std::uint32_t First, class Ctx>
+        void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
+        {
+            parts_.template sync<Rule, First>(ctx, w, state, per);
+        }
 
         // See Chain::idle_forward: the parts in the order forward and backward run them (the shortcut first
         // in forward when the body adds it).

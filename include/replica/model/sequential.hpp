@@ -1,8 +1,9 @@
 #pragma once
-// Sequential<[Precision<T>], Input<...>, Layers..., [Loss]>: a model. Layers run one after the other;
-// shapes, parameter count and the parameter layout are fixed at compile time. The loss ends the list,
-// or is SoftmaxCrossEntropy when none is given; a Precision begins it, or activations are float
-// (model/input.hpp).
+// Sequential<[Precision<T>], [ParamRule<R>], Input<...>, Layers..., [Loss]>: a model. Layers run one
+// after the other; shapes, parameter count and the parameter layout are fixed at compile time. The loss
+// ends the list, or is SoftmaxCrossEntropy when none is given; a Precision begins it, or activations are
+// float (model/input.hpp); a ParamRule says how the optimizer treats each kind of parameter, or
+// DecayWeights does (model/param_rules.hpp).
 //
 //   using LeNet = Sequential<Input<1, 28, 28>, Conv2d<20, 5>, MaxPool2d<2>, ..., Linear<10>>;
 //   LeNet net{Device::cpu()};         // parameters initialised from seed 0
@@ -37,6 +38,8 @@
 #include "replica/model/concepts.hpp"
 #include "replica/model/exact_gradient.hpp"
 #include "replica/model/input.hpp"
+#include "replica/model/param_layout.hpp"
+#include "replica/model/param_rules.hpp"
 #include "replica/model/step_pipeline.hpp"
 
 namespace REPLICA_NAMESPACE::model {
@@ -86,7 +89,8 @@ struct NotAModel {
 
 template <class... Es>
 struct entries : split_loss<type_list<>, Es...> {
-    static constexpr bool has_input = false, has_precision = false;
+    static constexpr bool has_input = false, has_precision = false, has_param_rule = false;
+    using param_rule = DecayWeights;
     using storage = float;
     template <class In, class T>
     using chain_from = typename chain_of<In, T, typename split_loss<type_list<>, Es...>::layers>::type;
@@ -95,7 +99,8 @@ struct entries : split_loss<type_list<>, Es...> {
 template <class I, class... Es>
     requires is_input<I>::value
 struct entries<I, Es...> : split_loss<type_list<>, Es...> {
-    static constexpr bool has_input = true, has_precision = false;
+    static constexpr bool has_input = true, has_precision = false, has_param_rule = false;
+    using param_rule = DecayWeights;
     using storage = float;
     using input_shape = typename I::shape;
     template <class In, class T>
@@ -108,6 +113,15 @@ struct entries<P, Es...> : entries<Es...> {
     static constexpr bool has_precision = true;
     using storage = typename P::storage;
     using chain = typename entries<Es...>::template chain_from<typename entries<Es...>::input_shape, storage>;
+};
+template <class R, class... Es>
+    requires is_param_rule<R>::value
+struct entries<R, Es...> : entries<Es...> {
+    static_assert(!entries<Es...>::has_precision,
+                  "write Precision<T> before ParamRule<R>: Sequential<Precision<T>, ParamRule<R>, Input<...>, ...>");
+    static_assert(!entries<Es...>::has_param_rule, "a model takes one ParamRule<R>: remove the others");
+    static constexpr bool has_param_rule = true;
+    using param_rule = typename R::rule;
 };
 } // namespace detail
 
@@ -132,6 +146,8 @@ public:
         static_assert(!entries::given, "a loss ends the outermost model only: remove it from the nested Sequential");
         static_assert(!entries::has_precision,
                       "a nested Sequential computes in the precision of the model around it: remove its Precision<...>");
+        static_assert(!entries::has_param_rule,
+                      "a nested Sequential's parameters follow the ParamRule of the model around it: remove its ParamRule<...>");
         using entries::template chain_from<In, T>::chain_from;
     };
 
@@ -143,6 +159,12 @@ public:
     using storage = typename entries::storage;   // the activations' element type
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = chain::param_count;
+    // How the optimizer treats each parameter (model/param_rules.hpp): the model's ParamRule, else
+    // DecayWeights; its plan of the flat parameters, and the parameters it trains (the optimizer state
+    // holds state_per_param floats for each of them, frozen parameters none).
+    using param_rule = typename entries::param_rule;
+    using update_plan = UpdatePlan<chain, param_rule, 0>;
+    static constexpr std::size_t trainable_count = update_plan::trainable;
     // BatchNorm's running estimates and any other model state that is not trained.
     static constexpr std::size_t statistics_count = chain::statistics_count;
     // Sync points of a training step under DataParallel (core/hook.hpp).
@@ -217,7 +239,7 @@ public:
         visit([&](auto& ctx) {
             ctx.upload(params_.data(), w.data(), param_count);
             refresh_weights(ctx);
-            chain_.sync(ctx, params_.data(), nullptr, 0);
+            chain_.template sync<param_rule, 0>(ctx, params_.data(), nullptr, 0);
         });
     }
 
@@ -231,17 +253,24 @@ public:
         visit([&](auto& ctx) { ctx.upload(stats_.data(), s.data(), statistics_count); });
     }
 
-    // Optimizer state (momentum...), host copy; empty before the first update.
+    // Optimizer state (momentum...), host copy: state_per_param floats for each trainable parameter,
+    // in the order of the parameters; empty before the first update.
     std::vector<float> optimizer_state() const { return download(state_, state_.size()); }
-    void set_optimizer_state(std::span<const float> s)
+    void set_optimizer_state(std::span<const float> s) { set_optimizer_state_with<param_rule, 0>(s); }
+    // The same for a replica nested in a larger model, whose parameters follow Rule with layer ids from First.
+    template <ParamRuleType Rule, std::uint32_t First>
+    void set_optimizer_state_with(std::span<const float> s)
     {
+        constexpr std::size_t trainable = UpdatePlan<chain, Rule, First>::trainable;
+        core::require(trainable > 0 ? s.size() % trainable == 0 : s.empty(),
+                      "set_optimizer_state: " + std::to_string(s.size()) + " values is not a whole number for each of the " +
+                          std::to_string(trainable) + " trainable parameters");
         visit([&](auto& ctx) {
-            core::require(s.size() % param_count == 0, "set_optimizer_state: " + std::to_string(s.size()) +
-                                                              " values is not a whole number per parameter");
             if (state_.size() != s.size()) state_ = ctx.template allocate<float>(s.size());
             ctx.upload(state_.data(), s.data(), s.size());
-            chain_.sync(ctx, params_.data(), state_.data(), s.size() / param_count);
+            chain_.template sync<Rule, First>(ctx, params_.data(), state_.data(), trainable ? s.size() / trainable : 0);
         });
+        state_given_ = !s.empty();
     }
 
     // ---- the training contract (model/concepts.hpp) ----
@@ -413,15 +442,31 @@ public:
         return total;
     }
 
-    // Applies the optimizer to this model's parameters with its gradients.
+    // Applies the optimizer to this model's parameters with its gradients, as its ParamRule says.
     template <class Opt>
     void update(const Opt& opt)
     {
+        update_with<param_rule, 0>(opt);
+    }
+    // The same for a replica nested in a larger model, whose parameters follow Rule with layer ids from First.
+    template <ParamRuleType Rule, std::uint32_t First, class Opt>
+    void update_with(const Opt& opt)
+    {
+        using plan = UpdatePlan<chain, Rule, First>;
         visit([&](auto& ctx) {
-            const std::size_t need = param_count * Opt::state_per_param;
-            if (state_.size() != need) state_ = ctx.template allocate<float>(need);
-            prepare_gradient(opt, ctx, grads_.data());
-            chain_.update(ctx, opt, params_.data(), grads_.data(), state_.data());
+            const std::size_t need = plan::trainable * Opt::state_per_param;
+            if (state_.size() != need) {
+                core::require(!state_given_,
+                              "the optimizer state set (a checkpoint, set_optimizer_state) holds " +
+                                  std::to_string(state_.size()) + " values, but this optimizer keeps " +
+                                  std::to_string(Opt::state_per_param) + " for each of the " +
+                                  std::to_string(plan::trainable) + " trainable parameters (" + std::to_string(need) +
+                                  "): set the state of this optimizer, or none");
+                state_ = ctx.template allocate<float>(need);
+            }
+            state_given_ = false;
+            prepare_gradient<plan>(opt, ctx, grads_.data());
+            chain_.template update<Rule, First>(ctx, opt, params_.data(), grads_.data(), state_.data());
             refresh_weights(ctx);
         });
     }
@@ -556,15 +601,17 @@ private:
         chain_.backward(ctx, pass, back, on_layer);
     }
 
-    // An optimizer that looks at the whole gradient first (ClipGradNorm). A function of its own, not a
-    // branch in update()'s lambda: nvcc does not discard that branch there.
-    template <class Opt, class Ctx>
+    // An optimizer that looks at the whole gradient first (ClipGradNorm, LossScale) sees frozen
+    // parameters' gradients as zeros, as if they had none. A function of its own, not a branch in
+    // update()'s lambda: nvcc does not discard that branch there.
+    template <class Plan, class Opt, class Ctx>
     static void prepare_gradient(const Opt& opt, Ctx& ctx, float* gradient)
     {
         if constexpr (PreparesGradient<Opt, Ctx>) {
             static_assert(!chain::spans_devices,
                           "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
                           "holding a nested DataParallel: its replicas update slice by slice");
+            for (const auto& [begin, end] : Plan::frozen_runs) fill(ctx, gradient + begin, 0.0f, end - begin);
             opt.prepare(ctx, gradient, param_count);
         }
     }
@@ -650,6 +697,7 @@ private:
     // grads_ holds the gradient, then (the reproducible mode) the statistics' shard sums: one exact
     // accumulator sums both.
     core::Buffer<float> params_, grads_, state_, stats_;
+    bool state_given_ = false;         // state_ was set from outside and no update has used it yet
     core::Buffer<storage> weights_;    // bf16, fp16: the parameters in storage
     Arena<chain, input_shape::size> arena_;
     core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats (made by predict)
@@ -695,9 +743,34 @@ struct with_precision<Sequential<P, E...>, float> {
 template <class M, class T>
 using with_precision = typename detail::with_precision<M, T>::type;
 
+namespace detail {
+// Sequential<[Precision], ParamRule<R>, the rest>, whatever rule the model had.
+template <class M, class R>
+struct with_param_rule;
+template <class... E, class R>
+struct with_param_rule<Sequential<E...>, R> {
+    using type = Sequential<ParamRule<R>, E...>;
+};
+template <class Old, class... E, class R>
+    requires is_param_rule<Old>::value
+struct with_param_rule<Sequential<Old, E...>, R> {
+    using type = Sequential<ParamRule<R>, E...>;
+};
+template <class P, class... E, class R>
+    requires is_precision<P>::value
+struct with_param_rule<Sequential<P, E...>, R> {
+    using type = typename with_precision<typename with_param_rule<Sequential<E...>, R>::type, typename P::storage>::type;
+};
+} // namespace detail
+
+// Model M (a Sequential) whose parameters follow rule R (model/param_rules.hpp).
+template <class M, ParamRuleType R>
+using with_param_rule = typename detail::with_param_rule<M, R>::type;
+
 } // namespace replica::model
 
 namespace REPLICA_NAMESPACE {
 using model::Sequential;
+using model::with_param_rule;
 using model::with_precision;
 } // namespace replica

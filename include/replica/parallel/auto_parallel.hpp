@@ -23,6 +23,7 @@
 
 #include "replica/backend/backend.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/param_kind.hpp"
 #include "replica/parallel/data_parallel.hpp"
 #include "replica/model/concepts.hpp"
 
@@ -101,9 +102,10 @@ namespace detail {
 struct TimingUpdate {
     static constexpr std::size_t state_per_param = 1;
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* g, float* v, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* g, float* v, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
-        sgd_update(ctx, w, g, v, count, 1e-6f, 0.0f, 0.0f, false);
+        sgd_update(ctx, w, g, v, segments, at, 1e-6f, 0.0f, 0.0f, false);
     }
 };
 } // namespace detail
@@ -117,6 +119,9 @@ public:
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = M::param_count;
+    using param_rule = typename M::param_rule;
+    using update_plan = typename M::update_plan;
+    static constexpr std::size_t trainable_count = M::trainable_count;
     static constexpr std::size_t statistics_count = M::statistics_count;
     static constexpr std::size_t label_size = M::label_size;
 

@@ -66,10 +66,12 @@ inline std::vector<Device> check_replica_devices(std::vector<Device> devices)
     return devices;
 }
 
+// M's gradient buckets; its frozen parameters' gradients are not reduced.
 template <class M>
 std::vector<Bucket> buckets_of(const DataParallelOptions& o)
 {
-    return make_buckets(M::chain::param_offset, o.first_bucket_floats, o.bucket_floats);
+    return make_buckets(M::chain::param_offset, o.first_bucket_floats, o.bucket_floats,
+                        std::span<const Bucket>(M::update_plan::frozen_runs));
 }
 
 inline model::Pass shifted(model::Pass p, const Share& s)
@@ -97,6 +99,9 @@ public:
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = M::param_count;
+    using param_rule = typename M::param_rule;
+    using update_plan = typename M::update_plan;
+    static constexpr std::size_t trainable_count = M::trainable_count;
     static constexpr std::size_t statistics_count = M::statistics_count;
     static constexpr std::size_t label_size = M::label_size;
 
@@ -153,6 +158,7 @@ public:
         using input_shape = In;
         using output_shape = typename M::output_shape;
         static constexpr std::size_t param_count = M::param_count;
+        static constexpr auto param_ranges = chain::param_ranges;
         static constexpr std::uint32_t layer_count = chain::layer_count;
         static constexpr std::size_t saved_size = chain::saved_size;
         static constexpr std::size_t kept_size = chain::kept_size;
@@ -288,38 +294,43 @@ public:
 
     public:
 
-        template <class Ctx, class Opt>
+        // Under the parent's Rule, this op's first layer id being First: every replica applies the same
+        // plan to its own copy.
+        template <model::ParamRuleType Rule, std::uint32_t First, class Ctx, class Opt>
         void update(Ctx& ctx, const Opt& opt, float* w, const float* g, float* state)
         {
+            using plan = model::UpdatePlan<chain, Rule, First>;
+            const std::span<const core::ParamSegment> segments(plan::segments);
             if (whole_) {   // only replica 0 has the gradient: update it, then copy it to the others
                 ctx.activate();
-                opt.apply(ctx, w, g, state, param_count);
+                opt.apply(ctx, w, g, state, segments);
                 const core::Event updated = ctx.mark();
-                for (auto& m : others_) m.copy_state_from(w, state, param_count * Opt::state_per_param, updated);
+                for (auto& m : others_) m.copy_state_from(w, state, plan::trainable * Opt::state_per_param, updated);
                 ctx.activate();
                 return;
             }
             set_.each([&](std::size_t r) {
                 if (r == 0) {
                     ctx.activate();
-                    opt.apply(ctx, w, g, state, param_count);
+                    opt.apply(ctx, w, g, state, segments);
                 } else {
-                    others_[r - 1].update(opt);
+                    others_[r - 1].template update_with<Rule, First>(opt);
                 }
             });
             ctx.activate();
         }
 
-        // The parent set its parameters (and optimizer state): copy replica 0's slice to the others.
-        template <class Ctx>
+        // The parent set its parameters (and optimizer state: per floats a trainable parameter under
+        // Rule): copy replica 0's slice to the others.
+        template <model::ParamRuleType Rule, std::uint32_t First, class Ctx>
         void sync(Ctx& ctx, const float* w, const float* state, std::size_t per)
         {
             if (others_.empty()) return;
-            std::vector<float> host(param_count * (state ? per : 1));
+            std::vector<float> host(state ? model::UpdatePlan<chain, Rule, First>::trainable * per : param_count);
             ctx.download(host.data(), state ? state : w, host.size());
             ctx.synchronize();
             for (auto& m : others_) {
-                if (state) m.set_optimizer_state(host);
+                if (state) m.template set_optimizer_state_with<Rule, First>(host);
                 else m.set_parameters(host);
             }
         }
@@ -361,6 +372,9 @@ public:
     const DataParallelOptions& options() const { return options_; }
     GradientReduction gradient_reduction() const { return options_.gradient_reduction; }
     std::size_t bucket_count() const { return set_.bucket_count(); }
+    // Floats of gradient each replica all-reduces a step (the reproducible mode's exact sum aside): the
+    // trainable parameters' (M's ParamRule: frozen parameters' gradients are not summed).
+    std::size_t reduced_floats() const { return set_.gradient_floats(); }
 
     std::vector<float> parameters() const { return replicas_.front().parameters(); }
     std::vector<float> gradients() const { return replicas_.front().gradients(); }

@@ -31,16 +31,30 @@ using Bucket = std::pair<std::size_t, std::size_t>;   // [begin, end) of a gradi
 
 // Buckets of a gradient laid out at `offsets` (the layers' parameter offsets, and the end), last
 // layers first, cut at layer boundaries: the first at least min(first, floats) long, the others at
-// least `floats` (but the one holding the first layers).
+// least `floats` (but the one holding the first layers). Runs in `skipped` ([begin, end), in order: the
+// frozen parameters, whose gradients nobody reads) are cut out: a bucket across one becomes the pieces
+// around it, last first.
 template <std::size_t N>
-std::vector<Bucket> make_buckets(const std::array<std::size_t, N>& offsets, std::size_t first, std::size_t floats)
+std::vector<Bucket> make_buckets(const std::array<std::size_t, N>& offsets, std::size_t first, std::size_t floats,
+                                 std::span<const Bucket> skipped = {})
 {
     std::vector<Bucket> out;
+    auto add = [&](std::size_t begin, std::size_t end) {
+        for (std::size_t k = skipped.size(); k-- > 0;) {   // the pieces of [begin, end) around the skipped runs
+            const auto [sb, se] = skipped[k];
+            if (se <= begin || sb >= end) continue;
+            if (se < end) out.emplace_back(se, end);
+            end = std::max(begin, sb);
+        }
+        if (end > begin) out.emplace_back(begin, end);
+    };
     std::size_t end = offsets.back();
+    bool any = false;
     for (std::size_t i = offsets.size() - 1; i-- > 0;) {
-        const std::size_t wanted = out.empty() ? std::min(first, floats) : floats;
+        const std::size_t wanted = any ? floats : std::min(first, floats);
         if (end - offsets[i] >= wanted || (i == 0 && end > offsets[i])) {
-            out.emplace_back(offsets[i], end);
+            add(offsets[i], end);
+            any = true;
             end = offsets[i];
         }
     }
@@ -67,6 +81,13 @@ public:
     bool connected() const { return comm_ != nullptr; }
     Communicator& comm() { return *comm_; }
     std::size_t bucket_count() const { return buckets_.size(); }
+    // Floats of gradient each replica hands to the all-reduce a step: the buckets' sizes summed.
+    std::size_t gradient_floats() const
+    {
+        std::size_t n = 0;
+        for (const auto& [begin, end] : buckets_) n += end - begin;
+        return n;
+    }
 
     template <class F>
     void each(F&& f)

@@ -12,11 +12,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -55,27 +57,38 @@ public:
     // Whether the current update changes the parameters.
     bool updates_now() const { return calls_ % k_ == 0; }
 
+    // The slice's state: the sum (one float a trainable parameter, at its state index), then the
+    // wrapped optimizer's, which reads the sum as its gradient (GradientAt::state).
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
         core::require(calls_ > 0, "Accumulate: apply() before begin_update(): call opt.begin_update() once before "
                                   "each update of the model (train_step does)");
+        core::require(at == core::GradientAt::params, "Accumulate cannot wrap another Accumulate: give it k * k' instead");
         float* sum = state;
+        const std::size_t trainable = trainable_of(segments);
         const bool last = updates_now();
-        accumulate_gradient(ctx, grad, sum, count, last, 1.0f / float(k_));
+        accumulate_gradient(ctx, grad, sum, segments, last, 1.0f / float(k_));
         if (!last) return;
-        opt_.apply(ctx, w, sum, state + count, count);
-        fill(ctx, sum, 0.0f, count);
+        opt_.apply(ctx, w, sum, state + trainable, segments, core::GradientAt::state);
+        fill(ctx, sum, 0.0f, trainable);
     }
 
     // Drops a slice's sum without an update (LossScale skips a window whose gradient overflowed).
     template <class Ctx>
-    void discard(Ctx& ctx, float* state, std::size_t count) const
+    void discard(Ctx& ctx, float* state, std::span<const core::ParamSegment> segments) const
     {
-        fill(ctx, state, 0.0f, count);
+        fill(ctx, state, 0.0f, trainable_of(segments));
     }
 
 private:
+    // Trainable parameters of a slice: its segments' state indices end there.
+    static std::size_t trainable_of(std::span<const core::ParamSegment> segments)
+    {
+        return segments.empty() ? 0 : segments.back().state + segments.back().count;
+    }
+
     Opt opt_;
     std::size_t k_;
     std::uint64_t calls_ = 0;

@@ -18,10 +18,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -75,15 +77,18 @@ public:
     // Before each update of the model: the update about to be made is number step_count().
     void begin_update() { ++step_; }
 
+    // The parameters the segments name (model/param_layout.hpp), each segment's weight decay and rate
+    // scaled as the model's ParamRule says.
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
         core::require(step_ > 0, std::string(name) + ": apply() before begin_update(): call opt.begin_update() once "
                                                       "before each update of the model (train_step does)");
         const double t = double(step_);
         const float step_size = float(double(lr_) / (1.0 - std::pow(double(options_.beta1), t)));
         const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(options_.beta2), t)));
-        adam_update(ctx, w, grad, state, count, lr_, options_.beta1, options_.beta2, options_.eps,
+        adam_update(ctx, w, grad, state, segments, at, lr_, options_.beta1, options_.beta2, options_.eps,
                     options_.weight_decay, Decoupled, step_size, bias2_sqrt);
     }
 

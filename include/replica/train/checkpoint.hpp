@@ -17,7 +17,8 @@
 //   8       4      u32 format version: 3 with loss scaling's state, else 2 (versions 1 and 2 load)
 //   12      8      u64 model signature, model_signature<M>()
 //   20      8      u64 param_count P
-//   28      8      u64 state_count S, optimizer state floats (0 before the first update)
+//   28      8      u64 state_count S, optimizer state floats (0 before the first update): state_per_param
+//                  for each trainable parameter (model/param_rules.hpp)
 //   36      8      u64 epoch
 //   44      8      u64 step
 //   52      8      u64 seed
@@ -70,6 +71,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/param_layout.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/loss_scale.hpp"
 
@@ -135,8 +137,9 @@ concept Checkpointable = requires(M& m, const M& cm, std::span<const float> valu
 };
 
 // FNV-1a 64 over the little-endian u64 bytes of: param_count, the chain's layer_count, every entry
-// of its param_offset, its shapes, (models with BatchNorm) its statistics layout, and its layers'
-// options signature where one is not the default (layers/op.hpp). The same for M, DataParallel<M> and
+// of its param_offset, its shapes, (models with BatchNorm) its statistics layout, its layers' options
+// signature where one is not the default (layers/op.hpp), and its ParamRule's plan where the rule is
+// not DecayWeights (model/param_layout.hpp). The same for M, DataParallel<M> and
 // AutoParallel<M>, on every compiler.
 template <class M>
 constexpr std::uint64_t model_signature()
@@ -167,6 +170,10 @@ constexpr std::uint64_t model_signature()
     // Layers' options that the layout does not show (BatchNorm's eps and momentum); nothing where every
     // layer has its defaults.
     if constexpr (model::options_signature_of<chain> != 0) mix(model::options_signature_of<chain>);
+    // How the optimizer treats each parameter (the ParamRule's plan: which are frozen and so hold no
+    // state, each one's decay and rate); nothing under the default rule, DecayWeights.
+    using plan = typename model::replica_of<M>::type::update_plan;
+    if constexpr (plan::signature != model::UpdatePlan<chain, model::DecayWeights, 0>::signature) mix(plan::signature);
     return h;
 }
 
@@ -334,8 +341,9 @@ inline std::uint64_t checkpoint_size_from_header(const std::string& name, std::s
         throw Error("checkpoint " + name + " was saved from a different model (" + std::to_string(file_params) +
                     " parameters); this model has " + std::to_string(param_count) +
                     " parameters: load it into the model that saved it");
-    if (records > checkpoint_max_records || file_states > checkpoint_max_state_per_param * param_count ||
-        (param_count != 0 && file_states % param_count != 0))
+    // (Whether the state fits the trainable parameters depends on the rule, which the signature names:
+    // checked after it.)
+    if (records > checkpoint_max_records || file_states > checkpoint_max_state_per_param * param_count)
         throw Error("checkpoint " + name + " is corrupt (its header claims " + std::to_string(records) +
                     " history records and " + std::to_string(file_states) + " optimizer values for " +
                     std::to_string(param_count) + " parameters): use an earlier checkpoint");
@@ -381,7 +389,7 @@ struct CheckpointContents {
 // decodes them. Throws Error naming the file.
 // A checkpoint whose checksum is right but whose content makes no sense was not written by replica
 // (or was forged): every field is checked. Throws Error naming the file and the field.
-inline void check_sense(const std::string& name, const CheckpointContents& c, std::uint64_t param_count,
+inline void check_sense(const std::string& name, const CheckpointContents& c, std::uint64_t trainable_count,
                         const CheckpointExpectations& expect)
 {
     const std::string refused = "checkpoint " + name + " has a valid checksum but ";
@@ -429,24 +437,25 @@ inline void check_sense(const std::string& name, const CheckpointContents& c, st
                     ", but this run's optimizer is " + optimizer_name(expect.optimizer) + ": resume with " +
                     optimizer_name(s.optimizer) + ", or start a new run without --resume");
     if (expect.state_per_param != 0 && !c.optimizer_state.empty() &&
-        c.optimizer_state.size() != expect.state_per_param * param_count)
+        c.optimizer_state.size() != expect.state_per_param * trainable_count)
         throw Error("checkpoint " + name + " holds " + std::to_string(c.optimizer_state.size()) +
                     " optimizer values, but this optimizer keeps " + std::to_string(expect.state_per_param) +
-                    " per parameter (" + std::to_string(expect.state_per_param * param_count) +
+                    " per trainable parameter (" + std::to_string(expect.state_per_param * trainable_count) +
                     "): resume with the optimizer that saved it");
     if (s.optimizer > checkpoint_max_optimizer)
         throw Error(refused + "names optimizer id " + std::to_string(s.optimizer) + ", which this replica does not know" +
                     advice);
     const std::size_t per = checkpoint_state_per_param[s.optimizer];
-    if (per != 0 && !c.optimizer_state.empty() && c.optimizer_state.size() != per * param_count)
+    if (per != 0 && !c.optimizer_state.empty() && c.optimizer_state.size() != per * trainable_count)
         throw Error(refused + "holds " + std::to_string(c.optimizer_state.size()) + " values of " +
-                    optimizer_name(s.optimizer) + "'s state, which keeps " + std::to_string(per) + " per parameter" +
+                    optimizer_name(s.optimizer) + "'s state, which keeps " + std::to_string(per) + " per trainable parameter" +
                     advice);
 }
 
 inline CheckpointContents parse_checkpoint(const std::string& name, std::span<const unsigned char> b,
                                            std::uint64_t signature, std::uint64_t param_count,
-                                           std::uint64_t statistics_count, const CheckpointExpectations& expect = {})
+                                           std::uint64_t statistics_count, std::uint64_t trainable_count,
+                                           const CheckpointExpectations& expect = {})
 {
     const std::size_t size = b.size();
     const std::uint64_t expected = checkpoint_size_from_header(name, b.first(std::min(size, checkpoint_header_size)),
@@ -501,7 +510,7 @@ inline CheckpointContents parse_checkpoint(const std::string& name, std::span<co
     out.optimizer_state = read_f32s(p, std::size_t(file_states));
     p += 4 * file_states;
     out.statistics = read_f32s(p, std::size_t(statistics_count));
-    check_sense(name, out, param_count, expect);
+    check_sense(name, out, trainable_count, expect);
     return out;
 }
 
@@ -601,9 +610,10 @@ CheckpointState load_checkpoint(const std::filesystem::path& path, M& model, con
     static_assert(Checkpointable<M>, "load_checkpoint: the model must be a Sequential<Input<...>, ...>, or a "
                                      "DataParallel or AutoParallel of one");
     constexpr std::size_t statistics = statistics_count_of<M>();
+    constexpr std::size_t trainable = model::replica_of<M>::type::trainable_count;
     const std::vector<unsigned char> bytes = detail::read_checkpoint_bytes(path, M::param_count, statistics);
-    auto contents =
-        detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, statistics, expect);
+    auto contents = detail::parse_checkpoint(path.string(), bytes, model_signature<M>(), M::param_count, statistics,
+                                             trainable, expect);
     model.set_parameters(contents.parameters);
     model.set_optimizer_state(contents.optimizer_state);   // none saved: the run restarts its momentum
     if constexpr (statistics > 0) model.set_statistics(contents.statistics);

@@ -4,7 +4,7 @@
 // before the wrapped optimizer's update.
 //   ClipGradNorm opt{SGD{{.lr = 0.1f, .momentum = 0.9f}}, 1.0f};
 // The model calls prepare(ctx, gradient, count) with its whole gradient once per update, before the
-// update: under a DataParallel that is each replica's all-reduced gradient, the same on every
+// update, its frozen parameters' gradients zeros (model/param_rules.hpp: they count as none): under a DataParallel that is each replica's all-reduced gradient, the same on every
 // replica, so every replica clips alike. The norm is computed and applied on the model's device
 // (no host round trip). A model holding a nested DataParallel (whose replicas update slice by
 // slice) does not take it: that is a compile error.
@@ -14,11 +14,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -69,9 +71,10 @@ public:
     }
 
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
-        opt_.apply(ctx, w, grad, state, count);
+        opt_.apply(ctx, w, grad, state, segments, at);
     }
 
 private:

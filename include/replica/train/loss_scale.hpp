@@ -37,12 +37,14 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -66,9 +68,9 @@ namespace detail {
 // An Accumulate: updates_now() tells whether the current batch ends a window; discard() drops a
 // slice's sum.
 template <class Opt, class Ctx>
-concept AccumulatesWindows = requires(const Opt& o, Ctx& ctx, float* state, std::size_t n) {
+concept AccumulatesWindows = requires(const Opt& o, Ctx& ctx, float* state, std::span<const core::ParamSegment> s) {
     { o.updates_now() } -> std::convertible_to<bool>;
-    o.discard(ctx, state, n);
+    o.discard(ctx, state, s);
 };
 } // namespace detail
 
@@ -179,14 +181,15 @@ public:
     }
 
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* grad, float* state, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
         if (!found_non_finite_.load(std::memory_order_relaxed)) {
-            opt_.apply(ctx, w, grad, state, count);
+            opt_.apply(ctx, w, grad, state, segments, at);
             return;
         }
         if constexpr (detail::AccumulatesWindows<Wrapped, Ctx>)
-            if (opt_.updates_now()) opt_.discard(ctx, state, count);   // the window's sum, dropped
+            if (opt_.updates_now()) opt_.discard(ctx, state, segments);   // the window's sum, dropped
     }
 
     // This update's gradient could not be formed (the reproducible mode's exact sum overflowed):

@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -40,10 +42,14 @@ public:
     // The learning rate of the next updates (schedules set it; the base rate stays in options()).
     void set_lr(float lr) { lr_ = lr; }
 
+    // The parameters the segments name (model/param_layout.hpp), each segment's weight decay and rate
+    // scaled as the model's ParamRule says.
     template <class Ctx>
-    void apply(Ctx& ctx, float* w, const float* grad, float* velocity, std::size_t count) const
+    void apply(Ctx& ctx, float* w, const float* grad, float* velocity, std::span<const core::ParamSegment> segments,
+               core::GradientAt at = core::GradientAt::params) const
     {
-        sgd_update(ctx, w, grad, velocity, count, lr_, options_.momentum, options_.weight_decay, options_.nesterov);
+        sgd_update(ctx, w, grad, velocity, segments, at, lr_, options_.momentum, options_.weight_decay,
+                   options_.nesterov);
     }
 
 private:

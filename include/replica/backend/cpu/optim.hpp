@@ -3,22 +3,39 @@
 
 #include <cmath>
 #include <cstddef>
+#include <span>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cpu {
 
+// The updates go segment by segment (core/param_kind.hpp): parameter begin + j of a segment, its
+// gradient (at begin + j, or at its state index with GradientAt::state) and its state (at state index
+// state + j); the segment's decay and lr_scale multiply the weight decay and the learning rate.
+inline std::size_t gradient_index(const core::ParamSegment& s, core::GradientAt at)
+{
+    return at == core::GradientAt::params ? s.begin : s.state;
+}
+
 // SGD as PyTorch defines it (dampening 0):
 //   g = grad + wd * w;  v = momentum * v + g;  w -= lr * (nesterov ? g + momentum * v : v)
-inline void sgd_update(const Context&, float* w, const float* grad, float* v, std::size_t count, float lr,
-                       float momentum, float weight_decay, bool nesterov)
+inline void sgd_update(const Context&, float* w, const float* grad, float* velocity,
+                       std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
+                       float weight_decay, bool nesterov)
 {
-    for (std::size_t i = 0; i < count; ++i) {
-        const float g = grad[i] + weight_decay * w[i];
-        const float vi = momentum * v[i] + g;
-        v[i] = vi;
-        w[i] -= lr * (nesterov ? g + momentum * vi : vi);
+    for (const core::ParamSegment& s : segments) {
+        float* ws = w + s.begin;
+        const float* gs = grad + gradient_index(s, at);
+        float* v = velocity + s.state;
+        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
+        for (std::size_t i = 0; i < s.count; ++i) {
+            const float g = gs[i] + wd * ws[i];
+            const float vi = momentum * v[i] + g;
+            v[i] = vi;
+            ws[i] -= rate * (nesterov ? g + momentum * vi : vi);
+        }
     }
 }
 
@@ -28,30 +45,42 @@ inline void sgd_update(const Context&, float* w, const float* grad, float* v, st
 //   Adam:               g = grad + wd * w
 //   m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
 //   w -= step_size * m / (sqrt(v) / bias2_sqrt + eps)
-// with step_size = lr / (1 - beta1^t) and bias2_sqrt = sqrt(1 - beta2^t). state holds (m, v) per
-// parameter, interleaved (2 * count floats): the layout does not depend on how the model slices its
-// parameters for the update.
-inline void adam_update(const Context&, float* w, const float* grad, float* state, std::size_t count, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, bool decoupled, float step_size,
-                        float bias2_sqrt)
+// with step_size = lr / (1 - beta1^t) and bias2_sqrt = sqrt(1 - beta2^t), lr and step_size scaled by
+// the segment's lr_scale. state holds (m, v) per trainable parameter, interleaved (2 floats at 2 *
+// state index): the layout does not depend on how the model slices its parameters for the update.
+inline void adam_update(const Context&, float* w, const float* grad, float* state,
+                        std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float beta1,
+                        float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
-    const float shrink = 1.0f - lr * weight_decay;
-    for (std::size_t i = 0; i < count; ++i) {
-        float g = grad[i];
-        if (decoupled) w[i] *= shrink;
-        else g += weight_decay * w[i];
-        float& m = state[2 * i];
-        float& v = state[2 * i + 1];
-        m = beta1 * m + (1.0f - beta1) * g;
-        v = beta2 * v + (1.0f - beta2) * g * g;
-        w[i] -= step_size * m / (std::sqrt(v) / bias2_sqrt + eps);
+    for (const core::ParamSegment& s : segments) {
+        float* ws = w + s.begin;
+        const float* gs = grad + gradient_index(s, at);
+        float* mv = state + 2 * s.state;
+        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale, step = step_size * s.lr_scale;
+        const float shrink = 1.0f - rate * wd;
+        for (std::size_t i = 0; i < s.count; ++i) {
+            float g = gs[i];
+            if (decoupled) ws[i] *= shrink;
+            else g += wd * ws[i];
+            float& m = mv[2 * i];
+            float& v = mv[2 * i + 1];
+            m = beta1 * m + (1.0f - beta1) * g;
+            v = beta2 * v + (1.0f - beta2) * g * g;
+            ws[i] -= step * m / (std::sqrt(v) / bias2_sqrt + eps);
+        }
     }
 }
 
-// Gradient accumulation: acc += g; then, when `last`, acc *= scale (the mean over the batches).
-inline void accumulate_gradient(const Context&, const float* g, float* acc, std::size_t count, bool last, float scale)
+// Gradient accumulation into a sum kept at the state indices: acc[state + j] += grad[begin + j];
+// then, when `last`, acc *= scale (the mean over the batches).
+inline void accumulate_gradient(const Context&, const float* grad, float* acc, std::span<const core::ParamSegment> segments,
+                                bool last, float scale)
 {
-    for (std::size_t i = 0; i < count; ++i) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
+    for (const core::ParamSegment& s : segments) {
+        const float* g = grad + s.begin;
+        float* a = acc + s.state;
+        for (std::size_t i = 0; i < s.count; ++i) a[i] = last ? (a[i] + g[i]) * scale : a[i] + g[i];
+    }
 }
 
 // g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm); the norm in double.

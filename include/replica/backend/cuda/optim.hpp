@@ -1,78 +1,155 @@
 #pragma once
-// Optimizer updates on the GPU: one fused pass over parameters, gradients and state.
+// Optimizer updates on the GPU: one fused pass over parameters, gradients and state, every segment of
+// the model's plan in one launch.
 
+#include <algorithm>
 #include <cstddef>
+#include <span>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/param_kind.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cuda {
 
+namespace detail {
+// The updates go segment by segment (core/param_kind.hpp), all segments of a batch in one launch: block
+// b updates kSegmentBlock consecutive parameters of the segment whose blocks hold b. A batch travels
+// as the kernel's parameter (__grid_constant__: read in place, never copied per thread).
+inline constexpr unsigned kPerThread = 4;
+inline constexpr std::size_t kSegmentBlock = std::size_t(kThreads) * kPerThread;
+inline constexpr unsigned kSegmentBatch = 96;   // keeps a launch's parameters under 4 KiB
+struct SegmentBatch {
+    unsigned size;
+    unsigned first_block[kSegmentBatch + 1];
+    core::ParamSegment segment[kSegmentBatch];
+};
+
+// launch(batch, blocks) for consecutive batches of at most kSegmentBatch segments.
+template <class Launch>
+void for_segment_batches(std::span<const core::ParamSegment> segments, Launch&& launch)
+{
+    for (std::size_t at = 0; at < segments.size(); at += kSegmentBatch) {
+        SegmentBatch b{};
+        b.size = unsigned(std::min<std::size_t>(kSegmentBatch, segments.size() - at));
+        unsigned blocks = 0;
+        for (unsigned k = 0; k < b.size; ++k) {
+            b.segment[k] = segments[at + k];
+            b.first_block[k] = blocks;
+            blocks += unsigned((segments[at + k].count + kSegmentBlock - 1) / kSegmentBlock);
+        }
+        b.first_block[b.size] = blocks;
+        if (blocks > 0) launch(b, blocks);
+    }
+}
+
+// This block's segment (the last k with first_block[k] <= blockIdx.x) and its first index in it.
+__device__ inline const core::ParamSegment& block_segment(const SegmentBatch& b, std::size_t& first)
+{
+    unsigned lo = 0, hi = b.size - 1;
+    while (lo < hi) {
+        const unsigned mid = (lo + hi + 1) / 2;
+        if (b.first_block[mid] <= blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    first = std::size_t(blockIdx.x - b.first_block[lo]) * kSegmentBlock;
+    return b.segment[lo];
+}
+} // namespace detail
+
 namespace kernels {
 template <int = 0>
-__global__ void sgd(float* w, const float* grad, float* v, std::size_t count, float lr, float momentum,
-                    float weight_decay, bool nesterov)
+__global__ void sgd(const __grid_constant__ detail::SegmentBatch b, float* w, const float* grad, bool grad_at_state,
+                    float* velocity, float lr, float momentum, float weight_decay, bool nesterov)
 {
-    REPLICA_GRID_LOOP(i, count)
-    {
-        const float g = grad[i] + weight_decay * w[i];
-        const float vi = momentum * v[i] + g;
-        v[i] = vi;
-        w[i] -= lr * (nesterov ? g + momentum * vi : vi);
+    std::size_t first;
+    const core::ParamSegment& s = detail::block_segment(b, first);
+    const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
+    const float* g = grad + (grad_at_state ? s.state : s.begin);
+    for (unsigned k = 0; k < detail::kPerThread; ++k) {
+        const std::size_t j = first + threadIdx.x + std::size_t(k) * blockDim.x;
+        if (j >= s.count) break;
+        const float wj = w[s.begin + j];
+        const float gj = g[j] + wd * wj;
+        const float vj = momentum * velocity[s.state + j] + gj;
+        velocity[s.state + j] = vj;
+        w[s.begin + j] = wj - rate * (nesterov ? gj + momentum * vj : vj);
     }
 }
 template <int = 0>
-__global__ void adam(float* w, const float* grad, float2* mv, std::size_t count, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
+__global__ void adam(const __grid_constant__ detail::SegmentBatch b, float* w, const float* grad, bool grad_at_state,
+                     float2* mv, float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                     float step_size, float bias2_sqrt)
 {
-    const float shrink = 1.0f - lr * weight_decay;
-    REPLICA_GRID_LOOP(i, count)
-    {
-        float g = grad[i];
-        float wi = w[i];
-        if (decoupled) wi *= shrink;
-        else g += weight_decay * wi;
-        float2 s = mv[i];
-        s.x = beta1 * s.x + (1.0f - beta1) * g;
-        s.y = beta2 * s.y + (1.0f - beta2) * g * g;
-        mv[i] = s;
-        w[i] = wi - step_size * s.x / (sqrtf(s.y) / bias2_sqrt + eps);
+    std::size_t first;
+    const core::ParamSegment& s = detail::block_segment(b, first);
+    const float wd = weight_decay * s.decay, step = step_size * s.lr_scale;
+    const float shrink = 1.0f - lr * s.lr_scale * wd;
+    const float* g = grad + (grad_at_state ? s.state : s.begin);
+    for (unsigned k = 0; k < detail::kPerThread; ++k) {
+        const std::size_t j = first + threadIdx.x + std::size_t(k) * blockDim.x;
+        if (j >= s.count) break;
+        float gj = g[j];
+        float wj = w[s.begin + j];
+        if (decoupled) wj *= shrink;
+        else gj += wd * wj;
+        float2 m = mv[s.state + j];
+        m.x = beta1 * m.x + (1.0f - beta1) * gj;
+        m.y = beta2 * m.y + (1.0f - beta2) * gj * gj;
+        mv[s.state + j] = m;
+        w[s.begin + j] = wj - step * m.x / (sqrtf(m.y) / bias2_sqrt + eps);
     }
 }
 template <int = 0>
-__global__ void accumulate_gradient(const float* g, float* acc, std::size_t count, bool last, float scale)
+__global__ void accumulate_gradient(const __grid_constant__ detail::SegmentBatch b, const float* grad, float* acc,
+                                    bool last, float scale)
 {
-    REPLICA_GRID_LOOP(i, count) acc[i] = last ? (acc[i] + g[i]) * scale : acc[i] + g[i];
+    std::size_t first;
+    const core::ParamSegment& s = detail::block_segment(b, first);
+    for (unsigned k = 0; k < detail::kPerThread; ++k) {
+        const std::size_t j = first + threadIdx.x + std::size_t(k) * blockDim.x;
+        if (j >= s.count) break;
+        const float a = acc[s.state + j] + grad[s.begin + j];
+        acc[s.state + j] = last ? a * scale : a;
+    }
 }
 } // namespace kernels
 
-// The CPU backend's rule, PyTorch's SGD.
-inline void sgd_update(const Context& ctx, float* w, const float* grad, float* v, std::size_t count, float lr,
-                       float momentum, float weight_decay, bool nesterov)
+// The CPU backend's rule, PyTorch's SGD, segment by segment.
+inline void sgd_update(const Context& ctx, float* w, const float* grad, float* velocity,
+                       std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
+                       float weight_decay, bool nesterov)
 {
-    kernels::sgd<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(w, grad, v, count, lr, momentum,
-                                                                                 weight_decay, nesterov);
-    detail::check_launch("sgd");
+    detail::for_segment_batches(segments, [&](const detail::SegmentBatch& b, unsigned blocks) {
+        kernels::sgd<<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, w, grad, at == core::GradientAt::state, velocity,
+                                                                    lr, momentum, weight_decay, nesterov);
+        detail::check_launch("sgd");
+    });
 }
 
-// The CPU backend's rule, PyTorch's Adam and AdamW: state holds (m, v) per parameter, interleaved
-// (state is 8-byte aligned: the model's state buffer, at an even offset).
-inline void adam_update(const Context& ctx, float* w, const float* grad, float* state, std::size_t count, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, bool decoupled, float step_size,
-                        float bias2_sqrt)
+// The CPU backend's rule, PyTorch's Adam and AdamW: state holds (m, v) per trainable parameter,
+// interleaved (state is 8-byte aligned: the model's state buffer, at an even offset).
+inline void adam_update(const Context& ctx, float* w, const float* grad, float* state,
+                        std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float beta1,
+                        float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
-    kernels::adam<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
-        w, grad, reinterpret_cast<float2*>(state), count, lr, beta1, beta2, eps, weight_decay, decoupled, step_size, bias2_sqrt);
-    detail::check_launch("adam");
+    detail::for_segment_batches(segments, [&](const detail::SegmentBatch& b, unsigned blocks) {
+        kernels::adam<<<blocks, detail::kThreads, 0, ctx.stream()>>>(
+            b, w, grad, at == core::GradientAt::state, reinterpret_cast<float2*>(state), lr, beta1, beta2, eps,
+            weight_decay, decoupled, step_size, bias2_sqrt);
+        detail::check_launch("adam");
+    });
 }
 
-// The CPU backend's rule: acc += g, then acc *= scale when `last`.
-inline void accumulate_gradient(const Context& ctx, const float* g, float* acc, std::size_t count, bool last, float scale)
+// The CPU backend's rule: acc[state + j] += grad[begin + j], then acc *= scale when `last`.
+inline void accumulate_gradient(const Context& ctx, const float* grad, float* acc,
+                                std::span<const core::ParamSegment> segments, bool last, float scale)
 {
-    kernels::accumulate_gradient<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count, last,
-                                                                                                 scale);
-    detail::check_launch("accumulate_gradient");
+    detail::for_segment_batches(segments, [&](const detail::SegmentBatch& b, unsigned blocks) {
+        kernels::accumulate_gradient<<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, grad, acc, last, scale);
+        detail::check_launch("accumulate_gradient");
+    });
 }
 
 namespace kernels {
