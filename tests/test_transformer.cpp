@@ -96,14 +96,6 @@ void check_against_pytorch(const std::map<std::string, std::vector<double>>& f, 
     }
 }
 
-// The model test: a (positions, features) input through a projection, LayerNorm, attention, GELU's
-// tanh form and a per-position Linear, then a classifier over the flattened sequence (no loss here
-// takes (positions, classes) with a label per position: SoftmaxCrossEntropy reads classes on the
-// first axis, so the head flattens first).
-using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSelfAttention<2>, GELUWith<GeluApprox::tanh>,
-                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Flatten,
-                                   Linear<3>>;
-
 const SGDOptions kSgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f};
 
 // Three SGD steps of `batch` samples (the last one batch - 1, at least 1); the parameters after.

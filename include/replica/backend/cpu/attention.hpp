@@ -38,8 +38,9 @@ void attention_forward(const Context&, const T* qkv, T* o, float* lse, std::size
         for (std::size_t h = 0; h < heads; ++h)
             for (std::size_t i = 0; i < t; ++i) {
                 const T* q = qs + i * row + h * hd;
+                const std::size_t keys = i + 1;   // the causal mask: keys after i are never read
                 float most = -std::numeric_limits<float>::infinity();
-                for (std::size_t j = 0; j <= i; ++j) {   // the causal mask: keys after i are never read
+                for (std::size_t j = 0; j < keys; ++j) {
                     const T* k = qs + j * row + d + h * hd;
                     float dot = 0.0f;
                     for (std::size_t c = 0; c < hd; ++c) dot += core::to_float(q[c]) * core::to_float(k[c]);
@@ -47,12 +48,12 @@ void attention_forward(const Context&, const T* qkv, T* o, float* lse, std::size
                     most = std::max(most, p[j]);
                 }
                 float sum = 0.0f;
-                for (std::size_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - most));
+                for (std::size_t j = 0; j < keys; ++j) sum += (p[j] = std::exp(p[j] - most));
                 lse[(s * heads + h) * t + i] = most + std::log(sum);
                 T* out = o + (s * t + i) * d + h * hd;
                 for (std::size_t c = 0; c < hd; ++c) {
                     float acc = 0.0f;
-                    for (std::size_t j = 0; j <= i; ++j) acc += p[j] * core::to_float(qs[j * row + 2 * d + h * hd + c]);
+                    for (std::size_t j = 0; j < keys; ++j) acc += p[j] * core::to_float(qs[j * row + 2 * d + h * hd + c]);
                     out[c] = core::from_float<T>(acc / sum);
                 }
             }
@@ -81,7 +82,8 @@ void attention_backward(const Context&, const T* qkv, const T* o, const float* l
                 float delta = 0.0f;
                 for (std::size_t c = 0; c < hd; ++c) delta += core::to_float(doi[c]) * core::to_float(oi[c]);
                 const float l = lse[(s * heads + h) * t + i];
-                for (std::size_t j = 0; j <= i; ++j) {
+                const std::size_t keys = i + 1;   // the causal mask
+                for (std::size_t j = 0; j < keys; ++j) {
                     const T* k = qs + j * row + d + h * hd;
                     const T* v = qs + j * row + 2 * d + h * hd;
                     float dot = 0.0f, dp = 0.0f;
