@@ -27,7 +27,8 @@ struct CausalSelfAttention {
     struct op : LeafOp {
         static_assert(In::rank == 2, "CausalSelfAttention needs a (positions, features) input: Input<T, D>, or a Linear over one");
         static constexpr std::size_t L = In::dims[0];                          // positions (T)
-        static constexpr std::size_t D = In::rank == 2 ? In::dims[1] : Heads;  // features
+        // features (on another rank Heads, so that the rank's message is the only one)
+        static constexpr std::size_t D = In::rank == 2 ? In::dims[1] : Heads;
         static_assert(D % Heads == 0,
                       "CausalSelfAttention<Heads>: the features D must be a multiple of Heads (each head takes D / "
                       "Heads of them): pick Heads that divides D");
