@@ -59,6 +59,14 @@ inline constexpr BatchNormOptions kNonAffine{.eps = 1e-3f, .momentum = 0.01f, .a
 inline constexpr BatchNormOptions kCumulative{.cumulative = true};
 inline constexpr BatchNormOptions kUntracked{.track_running_stats = false};
 
+// Issue 43's layers: a (positions, features) input through a projection, LayerNorm, attention, GELU's
+// tanh form and a per-position Linear, then a classifier over the flattened sequence (no loss here
+// takes (positions, classes) with a label per position: SoftmaxCrossEntropy reads classes on the
+// first axis, so the head flattens first).
+using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSelfAttention<2>, GELUWith<GeluApprox::tanh>,
+                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Flatten,
+                                   Linear<3>>;
+
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
 struct RandomBatches {

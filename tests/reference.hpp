@@ -195,20 +195,75 @@ struct Reference<ConvTranspose2d<Out, K, S, P, B>, In> {
     }
 };
 
-// y = W x + b, W (Out, in).
+// y = W x + b, W (Out, in); over a sequence (positions, in), the same at each position.
 template <std::size_t Out, class In>
 struct Reference<Linear<Out>, In> {
     static std::vector<double> forward(const double* x, const double* p, std::size_t n, const At&)
     {
-        constexpr std::size_t in = In::size;
-        std::vector<double> y(n * Out);
-        for (std::size_t s = 0; s < n; ++s)
+        constexpr std::size_t rows = In::rank == 1 ? 1 : In::dims[0], in = In::size / rows;
+        std::vector<double> y(n * rows * Out);
+        for (std::size_t s = 0; s < n * rows; ++s)
             for (std::size_t o = 0; o < Out; ++o) {
                 double acc = p[Out * in + o];
                 for (std::size_t i = 0; i < in; ++i) acc += p[o * in + i] * x[s * in + i];
                 y[s * Out + o] = acc;
             }
         return y;
+    }
+};
+
+// Each row of the last axis: (x - mean) / sqrt(biased var + eps) * weight + bias (affine).
+template <LayerNormOptions O, class In>
+struct Reference<LayerNorm<O>, In> {
+    static std::vector<double> forward(const double* x, const double* p, std::size_t n, const At&)
+    {
+        constexpr std::size_t rows = In::rank == 1 ? 1 : In::dims[0], F = In::size / rows;
+        std::vector<double> y(n * In::size);
+        for (std::size_t r = 0; r < n * rows; ++r) {
+            const double* xr = x + r * F;
+            double mean = 0.0, var = 0.0;
+            for (std::size_t f = 0; f < F; ++f) mean += xr[f];
+            mean /= double(F);
+            for (std::size_t f = 0; f < F; ++f) var += (xr[f] - mean) * (xr[f] - mean);
+            var /= double(F);
+            for (std::size_t f = 0; f < F; ++f) {
+                const double h = (xr[f] - mean) / std::sqrt(var + double(O.eps));
+                y[r * F + f] = O.affine ? h * p[f] + p[F + f] : h;
+            }
+        }
+        return y;
+    }
+};
+
+// qkv = x Wqkv^T + bqkv; per head h, o_h = softmax over j <= i of (q_i . k_j / sqrt(D / Heads)) v_j;
+// y = o Wo^T + bo.
+template <std::size_t Heads, class In>
+struct Reference<CausalSelfAttention<Heads>, In> {
+    static std::vector<double> forward(const double* x, const double* p, std::size_t n, const At& at)
+    {
+        constexpr std::size_t T = In::dims[0], D = In::dims[1], hd = D / Heads;
+        const std::vector<double> qkv = Reference<Linear<3 * D>, In>::forward(x, p, n, at);
+        std::vector<double> o(n * T * D), w(T);
+        for (std::size_t s = 0; s < n; ++s)
+            for (std::size_t h = 0; h < Heads; ++h)
+                for (std::size_t i = 0; i < T; ++i) {
+                    const double* q = qkv.data() + (s * T + i) * 3 * D + h * hd;
+                    double most = -1e300, sum = 0.0;
+                    for (std::size_t j = 0; j <= i; ++j) {
+                        const double* k = qkv.data() + (s * T + j) * 3 * D + D + h * hd;
+                        double dot = 0.0;
+                        for (std::size_t c = 0; c < hd; ++c) dot += q[c] * k[c];
+                        w[j] = dot / std::sqrt(double(hd));
+                        most = std::max(most, w[j]);
+                    }
+                    for (std::size_t j = 0; j <= i; ++j) sum += (w[j] = std::exp(w[j] - most));
+                    for (std::size_t c = 0; c < hd; ++c) {
+                        double acc = 0.0;
+                        for (std::size_t j = 0; j <= i; ++j) acc += w[j] * qkv[(s * T + j) * 3 * D + 2 * D + h * hd + c];
+                        o[(s * T + i) * D + h * hd + c] = acc / sum;
+                    }
+                }
+        return Reference<Linear<D>, In>::forward(o.data(), p + 3 * D * D + 3 * D, n, at);
     }
 };
 
@@ -238,6 +293,15 @@ struct Reference<GELU, In> {
     static std::vector<double> forward(const double* x, const double*, std::size_t n, const At&)
     {
         return detail::map(x, n * In::size, [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
+    }
+};
+template <class In>
+struct Reference<GELUWith<GeluApprox::tanh>, In> {
+    static std::vector<double> forward(const double* x, const double*, std::size_t n, const At&)
+    {
+        return detail::map(x, n * In::size, [](double v) {
+            return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
+        });
     }
 };
 template <class In>

@@ -327,6 +327,30 @@ void trains_the_same_on_cpu_and_gpu(std::size_t batch, double tolerance = 1e-4)
 
 TEST_CASE("The standard networks train the same on CPU and GPU: LeNet", "[cuda]") { REQUIRE_GPU(); trains_the_same_on_cpu_and_gpu<LeNet>(16); }
 
+// ---- transformer layers (issue 43) ----
+
+TEST_CASE("CUDA transformer layers equal CPU ones: LayerNorm, GELU's tanh form, Linear over a sequence, CausalSelfAttention",
+          "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    same_on_cpu_and_gpu<LayerNorm<>, Shape<5, 8>>();
+    same_on_cpu_and_gpu<LayerNorm<>, Shape<300>>(4);   // a row longer than a block
+    same_on_cpu_and_gpu<LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Shape<7, 12>>();
+    same_on_cpu_and_gpu<GELUWith<GeluApprox::tanh>, Shape<4, 5, 6>>();
+    same_on_cpu_and_gpu<GELUWith<GeluApprox::tanh>, Shape<17>>();
+    same_on_cpu_and_gpu<Linear<6>, Shape<5, 8>>();
+    same_on_cpu_and_gpu<CausalSelfAttention<2>, Shape<5, 8>>();
+    same_on_cpu_and_gpu<CausalSelfAttention<4>, Shape<8, 16>>();
+    same_on_cpu_and_gpu<CausalSelfAttention<3>, Shape<33, 12>>(2);
+    same_on_cpu_and_gpu<CausalSelfAttention<2>, Shape<200, 16>>(2);   // rows of weights longer than a block
+}
+
+TEST_CASE("A small transformer trains the same on CPU and GPU", "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    trains_the_same_on_cpu_and_gpu<TinyTransformer>(6);
+}
+
 TEST_CASE("A convolution run as products over its windows (im2row, cuBLASLt) equals the CPU's", "[cuda]")
 {
     REQUIRE_GPU();

@@ -483,6 +483,24 @@ TEST_CASE("Identity, Sigmoid, Tanh and GELU gradients match finite differences",
     check_gradients<Sequential<Linear<5>, Identity, GELU, Linear<4>, Sigmoid, Linear<3>, Tanh>, Shape<6>>(3);
 }
 
+TEST_CASE("LayerNorm, GELU's tanh form, Linear over a sequence and CausalSelfAttention: gradients match finite differences",
+          "[cpu][layers][gradient][transformer]")
+{
+    check_gradients<LayerNorm<>, Shape<5, 8>>(3);
+    check_gradients<LayerNorm<>, Shape<12>>(2);
+    check_gradients<LayerNorm<LayerNormOptions{.eps = 1e-3f}>, Shape<4, 6>>(2);
+    check_gradients<LayerNorm<LayerNormOptions{.affine = false}>, Shape<4, 6>>(3);
+    check_gradients<GELUWith<GeluApprox::tanh>, Shape<3, 4, 5>>(2);
+    check_gradients<Linear<6>, Shape<5, 8>>(3);
+    check_gradients<Linear<1>, Shape<3, 7>>(2);
+    check_gradients<CausalSelfAttention<2>, Shape<5, 8>>(2);
+    check_gradients<CausalSelfAttention<4>, Shape<6, 8>>(3);
+    check_gradients<CausalSelfAttention<1>, Shape<3, 4>>(2);
+    // In a model: each op reads what the one before wrote.
+    check_gradients<Sequential<Linear<8>, LayerNorm<>, CausalSelfAttention<2>, GELUWith<GeluApprox::tanh>, Linear<4>>,
+                    Shape<5, 6>>(2);
+}
+
 TEST_CASE("Max pooling: the first maximum in scan order wins, NaN never, a window of NaN and -inf gives -inf",
           "[cpu][layers][pool]")
 {

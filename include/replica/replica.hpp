@@ -13,7 +13,9 @@
 #include "replica/backend/backend.hpp"
 
 #include "replica/layers/activation.hpp"
+#include "replica/layers/attention.hpp"
 #include "replica/layers/conv.hpp"
+#include "replica/layers/layer_norm.hpp"
 #include "replica/layers/linear.hpp"
 #include "replica/layers/loss.hpp"
 #include "replica/layers/normalization.hpp"

@@ -1,4 +1,4 @@
-// expect: Linear needs a flat (features) input: put Flatten before it
+// expect: Linear needs a (features) or (positions, features) input: put Flatten before it
 #include "replica/replica.hpp"
 using namespace replica;
 using Bad = Sequential<Input<1, 28, 28>, Conv2d<8, 5>, Linear<10>>;

@@ -49,6 +49,9 @@ using VocabularyBatchNormOptions =
                Flatten, Linear<6>, BatchNorm1dWith<BatchNormOptions{.cumulative = true}>, Sigmoid, Linear<4>,
                BatchNorm1dWith<BatchNormOptions{.eps = 1e-2f, .affine = false, .track_running_stats = false}>>;
 
+// Issue 43's layers that export: Linear over a sequence (MatMul, Add) and GELU's tanh form.
+using VocabularySequence = Sequential<Input<5, 8>, Linear<6>, GELUWith<GeluApprox::tanh>, Linear<3>, Flatten, Linear<4>>;
+
 // Random BatchNorm running estimates: means in [-0.3, 0.3], variances spread over [1e-4, 2] in the
 // small networks (where the epsilon of 1e-5 then matters) and [0.5, 1.5] in the deep ones.
 template <class M>
@@ -113,6 +116,7 @@ TEST_CASE("every network exports with its predict() outputs beside it", "[onnx][
     { Vocabulary2d m{cpu, 9}; write(m, dir, "vocabulary2d", true); }
     { Vocabulary1d m{cpu, 10}; write(m, dir, "vocabulary1d", true); }
     { VocabularyBatchNormOptions m{cpu, 13}; write(m, dir, "batch_norm_options", true); }
+    { VocabularySequence m{cpu, 14}; write(m, dir, "sequence"); }
     // A DataParallel and an AutoParallel are exported as the model they replicate.
     { DataParallel<Vocabulary1d, Threaded> m{cpus(2), 11}; write(m, dir, "data_parallel", true); }
     { auto m = auto_parallel(Vocabulary2d{cpu, 12}, cpus(2)); write(m, dir, "auto_parallel", true); }

@@ -5,6 +5,9 @@
 //   Sigmoid      y = 1 / (1 + exp(-x))
 //   Tanh         y = tanh(x)
 //   GELU         y = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))), PyTorch's default (exact) form
+//   GELUWith<GeluApprox::tanh>
+//                y = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), PyTorch's
+//                GELU(approximate='tanh') (GPT-2's); GELUWith<GeluApprox::none> is GELU
 //   Dropout<P>   in training, each element is zeroed with probability P and the rest scaled by
 //                1 / (1 - P); the identity in evaluation. The mask is keyed on (seed, layer, global
 //                sample index, element): the same on 1 or N replicas.
@@ -82,7 +85,16 @@ struct TanhRule {   // dx = dy * (1 - y^2), from the output
         tanh_backward(ctx, y, dy, dx, n);
     }
 };
-struct GeluRule {   // dx = dy * (Phi(x) + x * phi(x)), from the input
+} // namespace detail
+
+// GELU's forms, PyTorch's GELU(approximate=...) values.
+enum class GeluApprox { none, tanh };
+
+namespace detail {
+template <GeluApprox A>
+struct GeluRule;
+template <>
+struct GeluRule<GeluApprox::none> {   // dx = dy * (Phi(x) + x * phi(x)), from the input
     template <class Ctx, class T>
     static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { gelu_forward(ctx, x, y, n); }
     template <class Ctx, class T>
@@ -91,11 +103,24 @@ struct GeluRule {   // dx = dy * (Phi(x) + x * phi(x)), from the input
         gelu_backward(ctx, x, dy, dx, n);
     }
 };
+template <>
+struct GeluRule<GeluApprox::tanh> {   // the derivative of the tanh form, from the input
+    template <class Ctx, class T>
+    static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { gelu_tanh_forward(ctx, x, y, n); }
+    template <class Ctx, class T>
+    static void backward(Ctx& ctx, const T* x, const T*, const T* dy, T* dx, std::size_t n)
+    {
+        gelu_tanh_backward(ctx, x, dy, dx, n);
+    }
+};
 } // namespace detail
 
 using Sigmoid = Elementwise<detail::SigmoidRule>;
 using Tanh = Elementwise<detail::TanhRule>;
-using GELU = Elementwise<detail::GeluRule>;
+// GELU stays a type (its spelling in models); the other form is GELUWith<GeluApprox::tanh>.
+template <GeluApprox A>
+using GELUWith = Elementwise<detail::GeluRule<A>>;
+using GELU = GELUWith<GeluApprox::none>;
 
 template <double P>
 struct Dropout {
@@ -186,6 +211,8 @@ namespace REPLICA_NAMESPACE {
 using layers::Dropout;
 using layers::Flatten;
 using layers::GELU;
+using layers::GeluApprox;
+using layers::GELUWith;
 using layers::Identity;
 using layers::ReLU;
 using layers::Sigmoid;

@@ -1,10 +1,14 @@
 #pragma once
 // Linear<Out>: (in) -> (Out), y = W x + b with W (Out, in) as PyTorch lays it out, then b (Out).
-// Initialised U(-1/sqrt(in), 1/sqrt(in)).
+// Over a sequence, (positions, in) -> (positions, Out): the same W and b applied to each position, as
+// PyTorch's nn.Linear on a (N, positions, in) tensor (one product of n * positions rows). The rows are
+// read as stored: channels-first activations (every float model; a 16-bit one on the GPU unless it has
+// a convolution that wants channels-last, backend/layout_rules.hpp). Initialised U(-1/sqrt(in), 1/sqrt(in)).
 
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/core/config.hpp"
 #include "replica/layers/op.hpp"
@@ -17,11 +21,13 @@ struct Linear {
 
     template <class In, class T = float>
     struct op : LeafOp {
-        static_assert(In::rank == 1,
-                      "Linear needs a flat (features) input: put Flatten before it (or GlobalAvgPool)");
-        static constexpr std::size_t N = In::size;
+        static_assert(In::rank == 1 || In::rank == 2,
+                      "Linear needs a (features) or (positions, features) input: put Flatten before it (or "
+                      "GlobalAvgPool)");
+        static constexpr std::size_t rows = In::rank == 1 ? 1 : In::dims[0];   // positions a sample
+        static constexpr std::size_t N = In::size / rows;                      // features a position
         using input_shape = In;
-        using output_shape = Shape<Out>;
+        using output_shape = std::conditional_t<In::rank == 1, Shape<Out>, Shape<rows, Out>>;
         static constexpr std::size_t weight_count = Out * N;
         static constexpr std::size_t param_count = weight_count + Out;
         static constexpr std::array param_blocks{core::ParamBlock{weight_count, core::ParamKind::weight},
@@ -35,12 +41,12 @@ struct Linear {
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n);
+            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
-            linear_backward(ctx, int(N), int(Out), a.weights, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n);
+            linear_backward(ctx, int(N), int(Out), a.weights, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n * rows);
         }
         // Forward followed by a ReLU, which then does not run: on a GPU the product adds the bias and
         // applies the ReLU as it writes (one kernel instead of three).
@@ -48,14 +54,14 @@ struct Linear {
         template <class Ctx>
         void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n, true);
+            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows, true);
         }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
         void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, T* dz) const
         {
             linear_backward_relu(ctx, int(N), int(Out), a.weights, a.x, a.y, a.dy, dz, a.dx, a.dparams,
-                                 a.dparams + weight_count, a.n);
+                                 a.dparams + weight_count, a.n * rows);
         }
     };
 };

@@ -15,7 +15,8 @@
 // What maps to what (opset 17):
 //   Conv1d, Conv2d            Conv (weights (Out, C, K[, K]); bias when Bias::yes)
 //   ConvTranspose2d           ConvTranspose (weights (C, Out, K, K))
-//   Linear                    Gemm (transB = 1)
+//   Linear                    Gemm (transB = 1); over a sequence (positions, features) MatMul with
+//                             the weight transposed, then Add of the bias
 //   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, the layer's epsilon; without
 //                             affine, scale ones and B zeros); without track_running_stats the batch's
 //                             statistics: ReduceMean, Sub, Mul, Add, Sqrt, Div
@@ -24,6 +25,7 @@
 //   GlobalAvgPool             GlobalAveragePool, Flatten
 //   ReLU, Sigmoid, Tanh       Relu, Sigmoid, Tanh
 //   GELU                      x * 0.5 * (1 + Erf(x / sqrt 2)) (opset 17 has no Gelu)
+//   GELUWith<GeluApprox::tanh>  x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
 //   Flatten                   Flatten (axis 1)
 //   Dropout, Identity         nothing: the output is the input
 
@@ -133,9 +135,18 @@ struct Mapping<layers::Linear<Out>> {
     {
         using O = typename layers::Linear<Out>::template op<In>;
         using detail::i64;
-        const std::string w = g.initializer("linear_weight", {i64(Out), i64(In::size)}, s.params);   // (Out, in)
+        constexpr std::size_t F = O::N;
         const std::string b = g.initializer("linear_bias", {i64(Out)}, s.params + O::weight_count);
-        return g.node("Gemm", {x, w, b}, {integer("transB", 1)});
+        if constexpr (In::rank == 1) {
+            const std::string w = g.initializer("linear_weight", {i64(Out), i64(F)}, s.params);   // (Out, in)
+            return g.node("Gemm", {x, w, b}, {integer("transB", 1)});
+        } else {   // (N, positions, in) @ (in, Out): MatMul broadcasts over the positions, Gemm does not
+            std::vector<float> wt(F * Out);
+            for (std::size_t o = 0; o < Out; ++o)
+                for (std::size_t i = 0; i < F; ++i) wt[i * Out + o] = s.params[o * F + i];
+            const std::string w = g.initializer("linear_weight", {i64(F), i64(Out)}, wt.data());
+            return g.node("Add", {g.node("MatMul", {x, w}), b});
+        }
     }
 };
 
@@ -251,6 +262,19 @@ struct Mapping<layers::GELU> {
     {
         const std::string phi = g.node("Add", {g.node("Erf", {g.node("Div", {x, g.scalar("sqrt2", std::sqrt(2.0f))})}),
                                                g.scalar("one", 1.0f)});
+        return g.node("Mul", {g.node("Mul", {x, phi}), g.scalar("half", 0.5f)});
+    }
+};
+
+template <>
+struct Mapping<layers::GELUWith<layers::GeluApprox::tanh>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice&)
+    {
+        const std::string cube = g.node("Mul", {g.node("Mul", {x, x}), x});
+        const std::string inner = g.node("Add", {x, g.node("Mul", {cube, g.scalar("gelu_cubic", 0.044715f)})});
+        const std::string t = g.node("Tanh", {g.node("Mul", {inner, g.scalar("sqrt_2_over_pi", 0.79788456080286536f)})});
+        const std::string phi = g.node("Add", {t, g.scalar("one", 1.0f)});
         return g.node("Mul", {g.node("Mul", {x, phi}), g.scalar("half", 0.5f)});
     }
 };

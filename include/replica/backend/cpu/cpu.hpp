@@ -1,9 +1,11 @@
 #pragma once
 // The CPU backend: a Context and the kernels that overload on it.
 
+#include "replica/backend/cpu/attention.hpp"
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/conv.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
+#include "replica/backend/cpu/layer_norm.hpp"
 #include "replica/backend/cpu/linear.hpp"
 #include "replica/backend/cpu/loss.hpp"
 #include "replica/backend/cpu/normalization.hpp"

@@ -6,9 +6,11 @@
 #endif
 
 #include "replica/backend/cuda/activation.hpp"
+#include "replica/backend/cuda/attention.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
+#include "replica/backend/cuda/layer_norm.hpp"
 #include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/loss.hpp"
 #include "replica/backend/cuda/normalization.hpp"
