@@ -18,6 +18,6 @@
 namespace REPLICA_NAMESPACE::backend::cpu {
 
 // Every op of the kernel API (backend/kernels/), checked once all of them are declared.
-static_assert(kernels::implements_kernels<Context>());
+static_assert(backend::kernels::implements_kernels<Context>());
 
 } // namespace replica::backend::cpu
