@@ -35,6 +35,10 @@ concept ElementwiseKernelsFor = core::Storage<T> &&
         // GELU, the exact form: y = x * Phi(x); dx = dy * (Phi(x) + x * phi(x)), from the forward's INPUT x.
         gelu_forward(ctx, x, y, count);
         gelu_backward(ctx, x, dy, dx, count);
+        // GELU, the tanh form: y = 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3); dx = dy * its
+        // derivative, from the forward's INPUT x.
+        gelu_tanh_forward(ctx, x, y, count);
+        gelu_tanh_backward(ctx, x, dy, dx, count);
         // Inverted dropout, p in [0, 1), over n samples of `size` values (`channels` of them a pixel):
         // value e of sample s is x * 1 / (1 - p) where core::random_uniform(seed, Stream::dropout, layer,
         // first_sample + s, e) >= p, else 0, e numbering the sample's values channels first whatever

@@ -27,8 +27,10 @@
 
 #include <concepts>
 
+#include "replica/backend/kernels/attention.hpp"
 #include "replica/backend/kernels/conv.hpp"
 #include "replica/backend/kernels/elementwise.hpp"
+#include "replica/backend/kernels/layer_norm.hpp"
 #include "replica/backend/kernels/layout.hpp"
 #include "replica/backend/kernels/linear.hpp"
 #include "replica/backend/kernels/loss.hpp"
@@ -42,7 +44,8 @@ namespace REPLICA_NAMESPACE::backend::kernels {
 // Every family, for every element type.
 template <class C>
 concept Kernels = ElementwiseKernels<C> && LayoutKernels<C> && LinearKernels<C> && ConvKernels<C> && PoolKernels<C> &&
-                  NormalizationKernels<C> && LossKernels<C> && ReproducibleKernels<C>;
+                  NormalizationKernels<C> && LayerNormKernels<C> && AttentionKernels<C> && LossKernels<C> &&
+                  ReproducibleKernels<C>;
 
 // True where context C implements every family; otherwise it fails to compile with one message a
 // family that C lacks an op of (the compiler's notes name the op). A backend states, after its ops:
@@ -62,6 +65,10 @@ constexpr bool implements_kernels()
                                   "than backend/kernels/pool.hpp states");
     static_assert(NormalizationKernels<C>, "this context lacks an op of the batch normalisation family, or "
                                            "declares one otherwise than backend/kernels/normalization.hpp states");
+    static_assert(LayerNormKernels<C>, "this context lacks an op of the layer normalisation family, or declares "
+                                       "one otherwise than backend/kernels/layer_norm.hpp states");
+    static_assert(AttentionKernels<C>, "this context lacks an op of the attention family, or declares one "
+                                       "otherwise than backend/kernels/attention.hpp states");
     static_assert(LossKernels<C>, "this context lacks an op of the loss family, or declares one otherwise than "
                                   "backend/kernels/loss.hpp states");
     static_assert(ReproducibleKernels<C>, "this context lacks an op of the reproducible mode's family, or declares "
