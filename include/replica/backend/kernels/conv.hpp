@@ -7,8 +7,9 @@
 // window g runs over ITS output: x (n, c, g.oh, g.ow) to y (n, g.c, g.h, g.w), weights w (c, g.c,
 // g.kh, g.kw) (PyTorch's layouts). x, y, w, the gradients of x and y, relu_y and dz are of the
 // model's element type T, activations in the context's layout; b, dw, db and scratch are float. The
-// arithmetic is float (bf16 and fp16 on tensor cores on a GPU), each stored T value rounded once,
-// after the bias, the ReLU and the input gradient's sums. A null b (and then a null db) is a
+// arithmetic is float (on a GPU: bf16 and fp16 on tensor cores, float on TF32 ones where
+// cuda::Options::allow_tf32), each stored T value rounded once, after the bias, the ReLU and the input
+// gradient's sums. A null b (and then a null db) is a
 // convolution without bias. `scratch` is context memory of at least the op's *_scratch_size floats,
 // the op's own for the call (nothing in it is kept or read from before).
 
