@@ -833,6 +833,8 @@ TEST_CASE("DataParallel replicas replay their steps from CUDA graphs cut at ever
 
 static_assert(backend::Context<cuda::Context> && backend::Context<backend::cpu::Context>);
 static_assert(!backend::Context<int> && !backend::Context<cuda::Stream>);
+static_assert(backend::kernels::Kernels<cuda::Context> && backend::kernels::Kernels<backend::cpu::Context>);
+static_assert(!backend::kernels::Kernels<int> && !backend::kernels::ElementwiseKernels<cuda::Stream>);
 static_assert(!std::is_copy_constructible_v<cuda::Event> && std::is_nothrow_move_constructible_v<cuda::Event>);
 static_assert(!std::is_copy_constructible_v<cuda::ConvPlan> && !std::is_copy_constructible_v<cuda::Gemm>);
 

@@ -12,3 +12,12 @@
 #include "replica/backend/cpu/ops.hpp"
 #include "replica/backend/cpu/optim.hpp"
 #include "replica/backend/cpu/pool.hpp"
+#include "replica/backend/kernels/kernels.hpp"
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::backend::cpu {
+
+// Every op of the kernel API (backend/kernels/), checked once all of them are declared.
+static_assert(backend::kernels::implements_kernels<Context>());
+
+} // namespace replica::backend::cpu

@@ -17,3 +17,13 @@
 #include "replica/backend/cuda/optim.hpp"
 #include "replica/backend/cuda/pool.hpp"
 #include "replica/backend/cuda/timing.hpp"
+#include "replica/backend/kernels/kernels.hpp"
+#include "replica/core/config.hpp"
+
+namespace REPLICA_NAMESPACE::backend::cuda {
+
+// Every op of the kernel API (backend/kernels/), checked once all of them are declared. (Here
+// `kernels` alone names this backend's own namespace of __global__ functions.)
+static_assert(backend::kernels::implements_kernels<Context>());
+
+} // namespace replica::backend::cuda
