@@ -60,12 +60,10 @@ inline constexpr BatchNormOptions kCumulative{.cumulative = true};
 inline constexpr BatchNormOptions kUntracked{.track_running_stats = false};
 
 // Issue 43's layers: a (positions, features) input through a projection, LayerNorm, attention, GELU's
-// tanh form and a per-position Linear, then a classifier over the flattened sequence (no loss here
-// takes (positions, classes) with a label per position: SoftmaxCrossEntropy reads classes on the
-// first axis, so the head flattens first).
+// tanh form and a per-position Linear, then a per-position head with a label per position.
 using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSelfAttention<2>, GELUWith<GeluApprox::tanh>,
-                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Flatten,
-                                   Linear<3>>;
+                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Linear<3>,
+                                   SequenceCrossEntropy>;
 
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
@@ -80,7 +78,7 @@ struct RandomBatches {
         labels.resize(n * M::label_size);
         for (std::size_t i = 0; i < inputs.size(); ++i)
             inputs[i] = 2.0f * core::random_uniform(seed, core::Stream::synthetic, 0, i / 4096, std::uint32_t(i % 4096)) - 1.0f;
-        const std::uint32_t classes = std::uint32_t(M::output_shape::dims[0]);
+        const std::uint32_t classes = std::uint32_t(M::loss::template classes<typename M::output_shape>);
         for (std::size_t i = 0; i < labels.size(); ++i)
             labels[i] = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 1, i, 0) % classes);
     }
