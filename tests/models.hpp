@@ -65,6 +65,38 @@ using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSe
                                    Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Linear<3>,
                                    SequenceCrossEntropy>;
 
+// A small GPT: token ids in, embeddings of tokens and positions, a pre-norm attention block and MLP
+// block, a final LayerNorm and a per-position head over the vocabulary.
+using TinyGpt = Sequential<Input<Tokens<16>>, Embedding<64, 32>, PositionEmbedding<16>,
+                           Residual<Sequential<LayerNorm<>, CausalSelfAttention<4>>>,
+                           Residual<Sequential<LayerNorm<>, Linear<64>, GELUWith<GeluApprox::tanh>, Linear<32>>>, LayerNorm<>,
+                           Linear<64>, SequenceCrossEntropy>;
+
+// Deterministic token ids of model M and next-token labels: label t is id t + 1 (the last a fresh draw).
+template <class M>
+struct TokenBatches {
+    std::vector<std::int32_t> inputs, labels;
+    std::size_t size;
+
+    TokenBatches(std::size_t n, std::uint64_t seed) : size(n)
+    {
+        constexpr std::size_t T = M::input_shape::size;
+        inputs.resize(n * T);
+        labels.resize(n * T);
+        for (std::size_t s = 0; s < n; ++s)
+            for (std::size_t t = 0; t <= T; ++t) {
+                const auto id = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 2, s * (T + 1) + t, 0) % M::vocabulary);
+                if (t < T) inputs[s * T + t] = id;
+                if (t > 0) labels[s * T + t - 1] = id;
+            }
+    }
+    TokenBatch batch(std::size_t begin, std::size_t n, std::uint64_t first_sample, std::uint64_t seed = 7) const
+    {
+        constexpr std::size_t T = M::input_shape::size;
+        return TokenBatch{inputs.data() + begin * T, labels.data() + begin * T, n, first_sample, seed};
+    }
+};
+
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
 struct RandomBatches {
