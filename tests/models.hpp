@@ -60,12 +60,42 @@ inline constexpr BatchNormOptions kCumulative{.cumulative = true};
 inline constexpr BatchNormOptions kUntracked{.track_running_stats = false};
 
 // Issue 43's layers: a (positions, features) input through a projection, LayerNorm, attention, GELU's
-// tanh form and a per-position Linear, then a classifier over the flattened sequence (no loss here
-// takes (positions, classes) with a label per position: SoftmaxCrossEntropy reads classes on the
-// first axis, so the head flattens first).
+// tanh form and a per-position Linear, then a per-position head with a label per position.
 using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSelfAttention<2>, GELUWith<GeluApprox::tanh>,
-                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Flatten,
-                                   Linear<3>>;
+                                   Linear<4>, LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Linear<3>,
+                                   SequenceCrossEntropy>;
+
+// A small GPT: token ids in, embeddings of tokens and positions, a pre-norm attention block and MLP
+// block, a final LayerNorm and a per-position head over the vocabulary.
+using TinyGpt = Sequential<Input<Tokens<16>>, Embedding<64, 32>, PositionEmbedding<16>,
+                           Residual<Sequential<LayerNorm<>, CausalSelfAttention<4>>>,
+                           Residual<Sequential<LayerNorm<>, Linear<64>, GELUWith<GeluApprox::tanh>, Linear<32>>>, LayerNorm<>,
+                           Linear<64>, SequenceCrossEntropy>;
+
+// Deterministic token ids of model M and next-token labels: label t is id t + 1 (the last a fresh draw).
+template <class M>
+struct TokenBatches {
+    std::vector<std::int32_t> inputs, labels;
+    std::size_t size;
+
+    TokenBatches(std::size_t n, std::uint64_t seed) : size(n)
+    {
+        constexpr std::size_t T = M::input_shape::size;
+        inputs.resize(n * T);
+        labels.resize(n * T);
+        for (std::size_t s = 0; s < n; ++s)
+            for (std::size_t t = 0; t <= T; ++t) {
+                const auto id = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 2, s * (T + 1) + t, 0) % M::vocabulary);
+                if (t < T) inputs[s * T + t] = id;
+                if (t > 0) labels[s * T + t - 1] = id;
+            }
+    }
+    TokenBatch batch(std::size_t begin, std::size_t n, std::uint64_t first_sample, std::uint64_t seed = 7) const
+    {
+        constexpr std::size_t T = M::input_shape::size;
+        return TokenBatch{inputs.data() + begin * T, labels.data() + begin * T, n, first_sample, seed};
+    }
+};
 
 // Deterministic random inputs in [-1, 1) and labels for model M.
 template <class M>
@@ -80,7 +110,7 @@ struct RandomBatches {
         labels.resize(n * M::label_size);
         for (std::size_t i = 0; i < inputs.size(); ++i)
             inputs[i] = 2.0f * core::random_uniform(seed, core::Stream::synthetic, 0, i / 4096, std::uint32_t(i % 4096)) - 1.0f;
-        const std::uint32_t classes = std::uint32_t(M::output_shape::dims[0]);
+        const std::uint32_t classes = std::uint32_t(M::loss::template classes<typename M::output_shape>);
         for (std::size_t i = 0; i < labels.size(); ++i)
             labels[i] = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 1, i, 0) % classes);
     }

@@ -195,7 +195,7 @@ struct LoggingDevice {
 TEST_CASE("Staging copies a step's batch on the copy stream into the step's buffer, other inputs in order", "[cpu][model]")
 {
     LoggingDevice dev;
-    model::Staging<2, 1> staging;
+    model::Staging<float, 2, 1> staging;
     staging.reserve(dev, 3);
     const std::vector<float> a{1, 2, 3, 4, 5, 6}, b{7, 8, 9, 10, 11, 12}, c{13, 14, 15, 16, 17, 18};
     const std::vector<std::int32_t> la{1, 2, 3}, lb{4, 5, 6}, lc{7, 8, 9};

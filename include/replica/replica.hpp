@@ -15,6 +15,7 @@
 #include "replica/layers/activation.hpp"
 #include "replica/layers/attention.hpp"
 #include "replica/layers/conv.hpp"
+#include "replica/layers/embedding.hpp"
 #include "replica/layers/layer_norm.hpp"
 #include "replica/layers/linear.hpp"
 #include "replica/layers/loss.hpp"

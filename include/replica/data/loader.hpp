@@ -60,9 +60,12 @@ inline void epoch_order(std::uint64_t seed, std::uint64_t epoch, std::span<std::
 // Several processes: only(part) makes the loader gather, of each batch of n samples, only samples
 // [offset, offset + count) = part(n), at their places in the batch; the rest of the batch is not
 // written. A DataParallel spanning processes reads exactly its process's part (process_share).
-class Loader {
+// E: the inputs' element, float or std::int32_t token ids (LoaderOf<std::int32_t>, from a
+// TokenDataset or TokenSampleSource); Loader is LoaderOf<float>.
+template <class E>
+class LoaderOf {
 public:
-    Loader(SampleSource set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
+    LoaderOf(SampleSourceOf<E> set, std::size_t batch_size, std::uint64_t seed, bool shuffle = true,
            bool drop_last = false)
         : set_(std::move(set)), batch_size_(batch_size), seed_(seed), shuffle_(shuffle)
     {
@@ -78,13 +81,13 @@ public:
         batches_ = drop_last ? set_.count / batch_size : (set_.count + batch_size - 1) / batch_size;
         order_.resize(set_.count);
         for (Slot& slot : slots_) {
-            slot.inputs = backend::host_buffer<float>(core::checked_mul(batch_size, set_.input_size, "Loader: batch x input size"));
+            slot.inputs = backend::host_buffer<E>(core::checked_mul(batch_size, set_.input_size, "Loader: batch x input size"));
             slot.labels = backend::host_buffer<std::int32_t>(core::checked_mul(batch_size, set_.label_size, "Loader: batch x label size"));
         }
         worker_ = std::thread([this] { work(); });
     }
 
-    ~Loader()
+    ~LoaderOf()
     {
         {
             std::lock_guard lock(mutex_);
@@ -94,8 +97,8 @@ public:
         worker_.join();
     }
 
-    Loader(const Loader&) = delete;
-    Loader& operator=(const Loader&) = delete;
+    LoaderOf(const LoaderOf&) = delete;
+    LoaderOf& operator=(const LoaderOf&) = delete;
 
     // Gather only part(n) = {offset, count} of each n-sample batch (see above). Call before start_epoch.
     void only(std::function<parallel::Share(std::size_t)> part)
@@ -125,7 +128,7 @@ public:
 
     // The next batch of the epoch, or nullopt after its last. Rethrows an exception raised while
     // gathering the batch; calling next() again retries it.
-    std::optional<Batch> next()
+    std::optional<BatchOf<E>> next()
     {
         core::require(started_, "Loader::next() called before start_epoch(): call start_epoch(epoch) first");
         if (next_batch_ >= batches_) return std::nullopt;
@@ -138,13 +141,13 @@ public:
         // Its slot held the batch returned two calls ago: the caller is done with that one.
         if (next_batch_ < batches_) request(next_batch_);
         const Slot& slot = slots_[k % kSlots];
-        return Batch{slot.inputs.data(), slot.labels.data(), batch_samples(k),
+        return BatchOf<E>{slot.inputs.data(), slot.labels.data(), batch_samples(k),
                      epoch_ * set_.count + k * batch_size_, seed_};
     }
 
 private:
     struct Slot {
-        core::Buffer<float> inputs;          // (batch_size, input_size), pinned under CUDA
+        core::Buffer<E> inputs;          // (batch_size, input_size), pinned under CUDA
         core::Buffer<std::int32_t> labels;   // (batch_size, label_size)
     };
 
@@ -225,7 +228,7 @@ private:
         }
     }
 
-    SampleSource set_;
+    SampleSourceOf<E> set_;
     std::size_t batch_size_;
     std::uint64_t seed_;
     bool shuffle_;
@@ -252,9 +255,14 @@ private:
     std::thread worker_;
 };
 
+using Loader = LoaderOf<float>;
+using TokenLoader = LoaderOf<std::int32_t>;
+
 } // namespace replica::data
 
 namespace REPLICA_NAMESPACE {
 using data::epoch_order;
 using data::Loader;
+using data::LoaderOf;
+using data::TokenLoader;
 } // namespace replica

@@ -8,12 +8,19 @@
 // The loss is the mean over every labelled element of the global batch; each replica computes its
 // share with `scale` = 1 / (elements in the global batch), so replica gradients sum to the exact
 // gradient of the global mean.
+//
+// SequenceCrossEntropy: a language model's loss, classes on the last axis.
+//   output (positions, classes)  labels: one class per position, (positions)   (next-token prediction)
+// The mean over every position of every sample of the global batch, as above; equal to PyTorch's
+// F.cross_entropy(logits.view(N * positions, classes), labels.view(N * positions)).
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "replica/core/config.hpp"
+#include "replica/core/error.hpp"
 #include "replica/core/loss_slot.hpp"
 #include "replica/core/shape.hpp"
 
@@ -75,9 +82,65 @@ struct SoftmaxCrossEntropy {
     }
 };
 
+// Classes on the last axis: (positions, classes) is, for the backends, n * positions rows of one
+// classifier each (softmax_cross_entropy and count_correct with one pixel), so it runs their row
+// kernels (on a GPU a block a row, which suits a vocabulary of tens of thousands) and no other code.
+struct SequenceCrossEntropy {
+    static constexpr bool is_loss = true;
+    template <ShapeType Out>
+    static constexpr std::size_t classes = Out::dims[Out::rank - 1];
+    template <ShapeType Out>
+    static constexpr std::size_t label_size = Out::size / classes<Out>;
+
+    template <ShapeType Out, class Ctx, class T>
+    static void forward_backward(Ctx& ctx, const T* logits, const std::int32_t* labels, std::size_t n,
+                                 float scale, std::type_identity_t<T>* dlogits, core::LossSlot* slot)
+    {
+        static_assert(Out::rank == 2,
+                      "SequenceCrossEntropy needs (positions, classes) outputs, a class per position: end the model "
+                      "in a Linear<classes> over the sequence, or use SoftmaxCrossEntropy for (classes) outputs");
+        softmax_cross_entropy(ctx, int(classes<Out>), 1, logits, labels, n * label_size<Out>, scale, dlogits, slot);
+    }
+    // Error naming the sample and position of the first of the n samples' labels (host memory) outside
+    // the classes; see SoftmaxCrossEntropy::check_labels.
+    template <ShapeType Out>
+    static void check_labels(const std::int32_t* labels, std::size_t n)
+    {
+        if (const std::size_t i = first_bad_label<Out>(labels, n); i < n * label_size<Out>)
+            throw error<Out>(long(labels[i]), i);
+    }
+    template <ShapeType Out>
+    static std::size_t first_bad_label(const std::int32_t* labels, std::size_t n)
+    {
+        return SoftmaxCrossEntropy::first_bad_label<Shape<classes<Out>, label_size<Out>>>(labels, n);
+    }
+    template <ShapeType Out>
+    static double finish(const core::LossSlot& slot)
+    {
+        if (slot.bad_position != 0.0) throw error<Out>(long(slot.bad_label), std::size_t(slot.bad_position) - 1);
+        return slot.sum;
+    }
+    // Positions whose arg-max class equals the label.
+    template <ShapeType Out, class Ctx, class T>
+    static std::size_t correct(Ctx& ctx, const T* logits, const std::int32_t* labels, std::size_t n)
+    {
+        return count_correct(ctx, int(classes<Out>), 1, logits, labels, n * label_size<Out>);
+    }
+
+private:
+    template <ShapeType Out>
+    static Error error(long label, std::size_t element)
+    {
+        return Error("label " + std::to_string(label) + " of sample " + std::to_string(element / label_size<Out>) +
+                     ", position " + std::to_string(element % label_size<Out>) + " is outside [0, " +
+                     std::to_string(classes<Out>) + "): the data set does not match the model's number of classes");
+    }
+};
+
 } // namespace replica::layers
 
 namespace REPLICA_NAMESPACE {
 using layers::Loss;
+using layers::SequenceCrossEntropy;
 using layers::SoftmaxCrossEntropy;
 } // namespace replica

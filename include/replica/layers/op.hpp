@@ -50,6 +50,12 @@
 // runs on channels-last activations where the backend keeps them (backend/layout_rules.hpp); a model
 // none of whose ops wants them keeps its activations channels-first (model/sequential.hpp).
 //
+// Optional, on a layer type: `static constexpr std::size_t vocabulary` (Embedding): it reads token
+// ids in [0, vocabulary) and must be the first layer of a model with Input<Tokens<T>>
+// (model/input.hpp). Its op<In, T> gets In = Shape<T> and the ids at ForwardArgs::x and
+// BackwardArgs::x, typed as the activations' pointer: read them with token_ids(a.x). The model checks
+// every id against the vocabulary before it queues anything.
+//
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.
 //
@@ -222,6 +228,20 @@ template <class O, class Ctx>
 void update_statistics_of(O& op, Ctx& ctx, float* statistics, const float* sums, std::size_t batch, std::size_t shard)
 {
     if constexpr (statistics_count_of<O> > 0) op.update_statistics(ctx, statistics, sums, batch, shard);
+}
+
+// A layer's vocabulary, 0 for a layer that does not read token ids.
+template <class L>
+inline constexpr std::size_t vocabulary_of = [] {
+    if constexpr (requires { L::vocabulary; }) return std::size_t(L::vocabulary);
+    else return std::size_t{0};
+}();
+// The token ids a token model's first op finds at ForwardArgs::x (see above): the model passes its
+// std::int32_t input through the activations' pointer type, unconverted.
+template <class T>
+const std::int32_t* token_ids(const T* x)
+{
+    return reinterpret_cast<const std::int32_t*>(static_cast<const void*>(x));
 }
 
 // A layer names an op template. Naming it does not instantiate it, so this holds for every layer

@@ -42,10 +42,12 @@ using layers::reads_output_gradient_first_of;
 using layers::wants_channels_last_of;
 
 // A training step's batch as a model's step() takes it (host memory, n samples), with its pass and
-// the loss scale. Two are equal when they describe the same samples of the same memory.
+// the loss scale. Two are equal when they describe the same samples of the same memory. E is the
+// model's input_element: float, or std::int32_t token ids (model/input.hpp).
+template <class E>
 struct StepInput {
     Pass pass;
-    const float* x = nullptr;
+    const E* x = nullptr;
     const std::int32_t* labels = nullptr;
     std::size_t n = 0;
     float loss_scale = 1.0f;
@@ -106,8 +108,9 @@ struct NoUpdate {
 //                            process_rank(): this process among them (rank 0 writes checkpoints).
 template <class M>
 concept TrainableModel =
-    requires { typename M::input_shape; typename M::output_shape; typename M::loss; } &&
-    requires(M& m, const M& cm, const Pass& pass, const StepInput& in, const float* x, const std::int32_t* labels,
+    requires { typename M::input_shape; typename M::output_shape; typename M::loss; typename M::input_element; } &&
+    requires(M& m, const M& cm, const Pass& pass, const StepInput<typename M::input_element>& in,
+             const typename M::input_element* x, const std::int32_t* labels,
              std::size_t n, float* out, std::span<const float> values) {
         { M::param_count } -> std::convertible_to<std::size_t>;
         { M::label_size } -> std::convertible_to<std::size_t>;
@@ -149,7 +152,7 @@ concept TrainableModel =
 template <class M>
 concept Replica =
     TrainableModel<M> && requires { typename M::chain; typename M::storage; } &&
-    requires(M& m, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    requires(M& m, const Pass& pass, const typename M::input_element* x, const std::int32_t* labels, std::size_t n,
              const typename M::storage* activations, typename M::storage* dx, int slot, core::NoHook& hook,
              double* losses) {
         { m.queue_forward_backward(pass, x, labels, n, 1.0f, hook) } -> std::same_as<int>;

@@ -23,7 +23,7 @@
 
 namespace REPLICA_NAMESPACE::model {
 
-template <std::size_t InputSize, std::size_t LabelSize>
+template <class E, std::size_t InputSize, std::size_t LabelSize>
 class ExactGradient {
 public:
     // Queues the shards of n samples (host memory) on ctx and returns the accumulator (ctx's memory,
@@ -31,7 +31,7 @@ public:
     // m samples; queue_shard(pass, x, labels, m, loss_slot) queues forward, loss and backward of m
     // samples already in ctx's memory, ASSIGNING `gradient` (count floats).
     template <class Ctx, class Reserve, class QueueShard>
-    std::int64_t* queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    std::int64_t* queue(Ctx& ctx, const Pass& pass, const E* x, const std::int32_t* labels, std::size_t n,
                         std::size_t shard, std::size_t first_shard, const float* gradient, std::size_t count,
                         bool capturable, Reserve&& reserve, QueueShard&& queue_shard)
     {
@@ -89,7 +89,7 @@ private:
     // The n samples in the context's memory, all at once (the shards then read them where they are:
     // a graph of the shards holds no copy from host memory).
     template <class Ctx>
-    std::pair<const float*, const std::int32_t*> stage(Ctx& ctx, const float* x, const std::int32_t* labels, std::size_t n)
+    std::pair<const E*, const std::int32_t*> stage(Ctx& ctx, const E* x, const std::int32_t* labels, std::size_t n)
     {
         if constexpr (Ctx::host_visible) {
             return {x, labels};
@@ -97,7 +97,7 @@ private:
             if (inputs_.size() < n * InputSize) {
                 ctx.synchronize();
                 ctx.drop_graphs();   // they read the old buffers
-                inputs_ = ctx.template allocate<float>(n * InputSize);
+                inputs_ = ctx.template allocate<E>(n * InputSize);
                 labels_ = ctx.template allocate<std::int32_t>(n * LabelSize);
             }
             ctx.stage(x, inputs_.data(), n * InputSize);
@@ -108,7 +108,7 @@ private:
 
     core::Buffer<std::int64_t> exact_;
     core::Buffer<core::LossSlot> slots_;   // page-locked, one loss slot per shard
-    core::Buffer<float> inputs_;
+    core::Buffer<E> inputs_;
     core::Buffer<std::int32_t> labels_;
     std::size_t first_shard_ = 0, shard_count_ = 0;
 };

@@ -67,6 +67,22 @@ struct split_loss<type_list<Done...>, L> {
 template <class... Done, class E, class... Rest>
 struct split_loss<type_list<Done...>, E, Rest...> : split_loss<type_list<Done..., E>, Rest...> {};
 
+// Token models (model/input.hpp): a layer that reads ids (Embedding) comes first, and only there.
+template <bool Tokens, class... Ls>
+constexpr bool token_layers_in_place(type_list<Ls...>)
+{
+    constexpr bool reads[] = {false, (::replica::layers::vocabulary_of<Ls> > 0)...};   // [0]: for no layers
+    for (std::size_t i = 1; i <= sizeof...(Ls); ++i)
+        if (reads[i] && !(Tokens && i == 1)) return false;
+    return true;
+}
+template <class L, class... Ls>
+constexpr std::size_t first_vocabulary(type_list<L, Ls...>)
+{
+    return ::replica::layers::vocabulary_of<L>;
+}
+constexpr std::size_t first_vocabulary(type_list<>) { return 0; }
+
 template <class In, class T, class Layers>
 struct chain_of;
 template <class In, class T, class... Ls>
@@ -92,6 +108,7 @@ struct entries : split_loss<type_list<>, Es...> {
     static constexpr bool has_input = false, has_precision = false, has_param_rule = false;
     using param_rule = DecayWeights;
     using storage = float;
+    using input_element = float;
     template <class In, class T>
     using chain_from = typename chain_of<In, T, typename split_loss<type_list<>, Es...>::layers>::type;
     using chain = NotAModel;
@@ -103,6 +120,7 @@ struct entries<I, Es...> : split_loss<type_list<>, Es...> {
     using param_rule = DecayWeights;
     using storage = float;
     using input_shape = typename I::shape;
+    using input_element = typename I::element;
     template <class In, class T>
     using chain_from = typename chain_of<In, T, typename split_loss<type_list<>, Es...>::layers>::type;
     using chain = chain_from<input_shape, float>;
@@ -157,6 +175,28 @@ public:
     using output_shape = typename chain::output_shape;
     using loss = typename entries::loss;
     using storage = typename entries::storage;   // the activations' element type
+    // What a sample's inputs are (model/input.hpp): float, or std::int32_t token ids (Input<Tokens<T>>),
+    // the ids of vocabulary tokens, read by the first layer.
+    using input_element = typename entries::input_element;
+    static constexpr bool reads_tokens = std::is_same_v<input_element, std::int32_t>;
+    static constexpr std::size_t vocabulary = detail::first_vocabulary(typename entries::layers{});
+    static_assert(!reads_tokens || vocabulary > 0,
+                  "a model of token ids (Input<Tokens<T>>) begins with a layer that reads them: Embedding<Vocab, Dim>");
+    static_assert(detail::token_layers_in_place<reads_tokens>(typename entries::layers{}),
+                  "Embedding reads token ids: it must be the first layer of the outermost model, after "
+                  "Input<Tokens<T>> (Sequential<Input<Tokens<T>>, Embedding<Vocab, Dim>, ...>)");
+    // Error naming the sample and position of the first of n samples' token ids (host memory) outside
+    // [0, vocabulary); nothing for floats. Every call that takes host inputs checks them before it
+    // queues anything (train_step, the batch it queues ahead too).
+    static void check_inputs(const input_element* x, std::size_t n)
+    {
+        if constexpr (reads_tokens) check_token_ids(x, n, input_shape::size, vocabulary);
+    }
+    static bool inputs_valid(const input_element* x, std::size_t n)
+    {
+        if constexpr (reads_tokens) return first_bad_token_id(x, n * input_shape::size, vocabulary) == n * input_shape::size;
+        else return true;
+    }
     using Evaluation = model::Evaluation;
     static constexpr std::size_t param_count = chain::param_count;
     // How the optimizer treats each parameter (model/param_rules.hpp): the model's ParamRule, else
@@ -280,9 +320,10 @@ public:
     // hook(offset) is called as soon as the work producing gradients from `offset` to the end of the
     // buffer has been queued. Returns the sum of the losses, once everything has finished.
     template <class Hook = core::NoHook>
-    double forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    double forward_backward(const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale, Hook&& hook = {})
     {
+        check_inputs(x, n);
         drop_ahead();
         const int slot = queue_forward_backward(pass, x, labels, n, loss_scale, hook);
         visit([](auto& ctx) { ctx.synchronize(); });
@@ -294,11 +335,11 @@ public:
     // (model/step_pipeline.hpp). Returns the sum of the losses. Same floats as forward_backward, then
     // update, step after step.
     template <class Opt>
-    double step(const StepInput& in, const Opt& opt, const StepInput* next = nullptr)
+    double step(const StepInput<input_element>& in, const Opt& opt, const StepInput<input_element>* next = nullptr)
     {
         return ahead_.step(
             in, next,
-            [&](const StepInput& s, bool update_first) {
+            [&](const StepInput<input_element>& s, bool update_first) {
                 if (update_first) update(opt);
                 const int slot = queue_forward_backward(s.pass, s.x, s.labels, s.n, s.loss_scale);
                 mark_step(slot);
@@ -312,7 +353,7 @@ public:
     // wait for is queued, then finish_step(slot): wait for that and read the loss. Between them other
     // devices' work can be queued. At most two steps may be queued and not finished.
     template <class Hook = core::NoHook>
-    int queue_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    int queue_forward_backward(const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                                float loss_scale, Hook&& hook = {})
     {
         return visit([&](auto& ctx) {
@@ -338,7 +379,7 @@ public:
     // replica's segment k before any replica's k + 1 (the GPUs then start within a launch of each
     // other, not a whole step's launches apart). Otherwise it queues everything and returns 0.
     template <class Hook>
-    std::size_t queue_or_defer(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    std::size_t queue_or_defer(const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                                float loss_scale, Hook& hook)
     {
         return visit([&](auto& ctx) { return queue(ctx, pass, x, labels, n, loss_scale, slots_.next(), hook, true); });
@@ -401,7 +442,7 @@ public:
     // replicas' exact all-reduce (exact_count integers); finish_shards() waits and writes each shard's
     // loss; once the accumulators are summed, set_gradients_exact(batch, shard) turns this one into the
     // gradient and moves the statistics once for the whole batch.
-    std::int64_t* queue_shard_gradients(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    std::int64_t* queue_shard_gradients(const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                                         float loss_scale, std::size_t shard, std::size_t first_shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
@@ -409,7 +450,7 @@ public:
         return visit([&](auto& ctx) {
             return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), exact_count,
                                 !chain::spans_devices, [&](std::size_t m) { reserve(ctx, m); },
-                                [&](const Pass& p, const float* xd, const std::int32_t* ld, std::size_t m,
+                                [&](const Pass& p, const input_element* xd, const std::int32_t* ld, std::size_t m,
                                     core::LossSlot* slot) { queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}); });
         });
     }
@@ -429,9 +470,10 @@ public:
         });
     }
     // The reproducible mode's gradient for one model: every shard here, summed exactly.
-    double reproducible_forward_backward(const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    double reproducible_forward_backward(const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                                          float loss_scale, std::size_t shard)
     {
+        check_inputs(x, n);
         const backend::SerialHostKernels serial(devices_.front());   // sums independent of the thread count
         shard_loss_.assign((n + shard - 1) / shard, 0.0);
         queue_shard_gradients(pass, x, labels, n, loss_scale, shard, 0);
@@ -472,9 +514,10 @@ public:
     }
 
     // Loss sum and number of correct predictions over n samples, without training (dropout off).
-    Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
+    Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
     {
         if (n == 0) return {};
+        check_inputs(x, n);
         return visit([&](auto& ctx) {
             reserve(ctx, n);
             const auto [xd, ld] = slots_.staging().take(ctx, x, labels, n);
@@ -488,9 +531,10 @@ public:
     }
 
     // Model outputs (logits) for n samples, into host memory out (n * output_shape::size).
-    void predict(const float* x, std::size_t n, float* out)
+    void predict(const input_element* x, std::size_t n, float* out)
     {
         if (n == 0) return;
+        check_inputs(x, n);
         visit([&](auto& ctx) {
             reserve(ctx, n);
             if constexpr (reduced) {   // predict's alone: made at its first call, before anything is queued
@@ -499,7 +543,7 @@ public:
                     outputs_ = ctx.template allocate<float>(arena_.capacity() * output_shape::size);
                 }
             }
-            const float* xd = slots_.staging().take(ctx, x, nullptr, n).first;
+            const input_element* xd = slots_.staging().take(ctx, x, nullptr, n).first;
             chain_.forward(ctx, Pass{.training = false}, forward_args(to_storage(ctx, xd, n, input_home(n)), n));
             if constexpr (reduced) {
                 from_activation_layout(ctx, y(), outputs_.data(), n, output_shape::channels, output_shape::pixels);
@@ -555,7 +599,7 @@ private:
     // buffer, loss slot and, on a GPU, graphs), executed as the backend executes steps. With `defer`,
     // see queue_or_defer.
     template <class Ctx, class Hook>
-    std::size_t queue(Ctx& ctx, const Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    std::size_t queue(Ctx& ctx, const Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                       float loss_scale, int step_slot, Hook&& hook, bool defer = false)
     {
         core::LossSlot* slot = slots_.loss(step_slot);
@@ -583,7 +627,7 @@ private:
 
     // Forward, loss (into *slot) and backward over n samples already in the context's memory.
     template <class Ctx, class Hook>
-    void queue_pass(Ctx& ctx, const Pass& pass, const float* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
+    void queue_pass(Ctx& ctx, const Pass& pass, const input_element* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
                     core::LossSlot* slot, Hook&& on_layer)
     {
         const storage* x = to_storage(ctx, xd, n, input_home(n));
@@ -592,7 +636,7 @@ private:
         chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
         const BackwardArgs<storage> back = backward_args(x, dy(), nullptr, n);
-        if constexpr (reduced && chain::may_hold_input) {
+        if constexpr (reduced && chain::may_hold_input && !reads_tokens) {
             if (chain_.holds_input()) {   // backward overwrites it there before the first layer reads it
                 chain_.backward_refilling(ctx, pass, back, [&](storage* to) { to_storage(ctx, xd, n, to); }, on_layer);
                 return;
@@ -653,11 +697,14 @@ private:
     float* shard_sums() { return grads_.data() + param_count; }
 
     // Inputs arrive as floats (host batches); in bf16 or fp16 the layers read them converted, written
-    // to `to` (input_home) by this function alone.
+    // to `to` (input_home) by this function alone. Token ids go to the first layer as they are
+    // (layers::token_ids).
     template <class Ctx>
-    const storage* to_storage(Ctx& ctx, const float* x, std::size_t n, storage* to)
+    const storage* to_storage(Ctx& ctx, const input_element* x, std::size_t n, storage* to)
     {
-        if constexpr (reduced) {
+        if constexpr (reads_tokens) {
+            return reinterpret_cast<const storage*>(static_cast<const void*>(x));
+        } else if constexpr (reduced) {
             to_activation_layout(ctx, x, to, n, input_shape::channels, input_shape::pixels);
             return to;
         } else {
@@ -701,13 +748,13 @@ private:
     core::Buffer<storage> weights_;    // bf16, fp16: the parameters in storage
     Arena<chain, input_shape::size> arena_;
     core::Buffer<float> outputs_;      // bf16, fp16: predict's outputs as floats (made by predict)
-    StepSlots<input_shape::size, label_size> slots_;
-    QueueAhead ahead_;
+    StepSlots<input_element, input_shape::size, label_size> slots_;
+    QueueAhead<input_element> ahead_;
     backend::StepRun deferred_;        // the last step queued: launch_deferred() launches what it left
     core::Buffer<storage> input_grad_;   // nested replicas on a device
     const storage* last_x_ = nullptr;    // forward_train's input and size, for backward_from
     std::size_t last_n_ = 0;
-    ExactGradient<input_shape::size, label_size> exact_;
+    ExactGradient<input_element, input_shape::size, label_size> exact_;
     std::vector<double> shard_loss_;   // reproducible_forward_backward's, one a shard
 };
 

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "replica/core/config.hpp"
@@ -24,7 +25,8 @@
 
 namespace REPLICA_NAMESPACE::model {
 
-template <std::size_t InputSize, std::size_t LabelSize>
+// E: the model's input element, float or std::int32_t (token ids).
+template <class E, std::size_t InputSize, std::size_t LabelSize>
 class Staging {
 public:
     // Room for n samples in both buffers (device contexts; replaces them: nothing queued may still
@@ -34,7 +36,7 @@ public:
     {
         if constexpr (!Ctx::host_visible) {
             for (int slot : {0, 1}) {
-                inputs_[slot] = ctx.template allocate<float>(n * InputSize);
+                inputs_[slot] = ctx.template allocate<E>(n * InputSize);
                 labels_[slot] = ctx.template allocate<std::int32_t>(n * LabelSize);
             }
         }
@@ -42,7 +44,7 @@ public:
 
     // A training step's n samples, in buffer `slot` (0 or 1) of the context's memory; see above.
     template <class Ctx>
-    std::pair<const float*, const std::int32_t*> take_for_step(Ctx& ctx, const float* x, const std::int32_t* labels,
+    std::pair<const E*, const std::int32_t*> take_for_step(Ctx& ctx, const E* x, const std::int32_t* labels,
                                                                std::size_t n, int slot)
     {
         if constexpr (Ctx::host_visible) {
@@ -58,7 +60,7 @@ public:
 
     // The n samples at x (and labels, unless null) in the context's memory, in order on the compute stream.
     template <class Ctx>
-    std::pair<const float*, const std::int32_t*> take(Ctx& ctx, const float* x, const std::int32_t* labels, std::size_t n)
+    std::pair<const E*, const std::int32_t*> take(Ctx& ctx, const E* x, const std::int32_t* labels, std::size_t n)
     {
         if constexpr (Ctx::host_visible) {
             return {x, labels};
@@ -74,13 +76,13 @@ public:
     template <class T, class Ctx>
     const T* take_activations(Ctx& ctx, const T* x, std::size_t n)
     {
-        static_assert(sizeof(T) <= sizeof(float), "a buffer holds InputSize floats a sample");
+        static_assert(std::is_same_v<E, float> && sizeof(T) <= sizeof(float), "a buffer holds InputSize floats a sample");
         if constexpr (Ctx::host_visible) return x;
         else return ctx.stage(x, reinterpret_cast<T*>(inputs_[0].data()), n * InputSize);
     }
 
 private:
-    core::Buffer<float> inputs_[2];
+    core::Buffer<E> inputs_[2];
     core::Buffer<std::int32_t> labels_[2];
 };
 

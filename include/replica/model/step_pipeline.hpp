@@ -29,7 +29,7 @@
 
 namespace REPLICA_NAMESPACE::model {
 
-template <std::size_t InputSize, std::size_t LabelSize>
+template <class E, std::size_t InputSize, std::size_t LabelSize>
 class StepSlots {
 public:
     static constexpr int evaluation = 2;   // the loss slot of evaluate()
@@ -41,7 +41,7 @@ public:
     int last() const { return slot_; }
 
     core::LossSlot* loss(int slot) { return &losses_[std::size_t(slot)]; }
-    Staging<InputSize, LabelSize>& staging() { return staging_; }
+    Staging<E, InputSize, LabelSize>& staging() { return staging_; }
 
     // What the host waits for of the step in `slot`, once all of it is queued.
     template <class Ctx>
@@ -51,20 +51,21 @@ public:
     void wait(Ctx& ctx, int slot) { ctx.synchronize(marks_[slot]); }
 
 private:
-    Staging<InputSize, LabelSize> staging_;   // inputs in device memory, one buffer a step in flight
+    Staging<E, InputSize, LabelSize> staging_;   // inputs in device memory, one buffer a step in flight
     // Page-locked: the losses of the two steps that may be in flight (by slot), then evaluate()'s.
     core::Buffer<core::LossSlot> losses_ = backend::host_buffer<core::LossSlot>(3);
     core::Event marks_[2];
     int slot_ = 1;   // the first step takes 0
 };
 
+template <class E>
 class QueueAhead {
 public:
     // The rule above. queue(input, update_first) queues a step's work, after this step's update when
     // update_first is true, and returns its slot; update() queues this step's update alone;
     // finish(slot) waits for a slot's step and returns its loss.
     template <class Queue, class Update, class Finish>
-    double step(const StepInput& in, const StepInput* next, Queue&& queue, Update&& update, Finish&& finish)
+    double step(const StepInput<E>& in, const StepInput<E>* next, Queue&& queue, Update&& update, Finish&& finish)
     {
         int slot = 0;
         if (ahead_ && ahead_->first == in) {
@@ -89,7 +90,7 @@ public:
     }
 
 private:
-    std::optional<std::pair<StepInput, int>> ahead_;   // the step queued ahead, and its slot
+    std::optional<std::pair<StepInput<E>, int>> ahead_;   // the step queued ahead, and its slot
 };
 
 } // namespace replica::model

@@ -115,6 +115,7 @@ class AutoParallel {
 public:
     using replica_type = M;
     using input_shape = typename M::input_shape;
+    using input_element = typename M::input_element;
     using output_shape = typename M::output_shape;
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
@@ -168,27 +169,27 @@ public:
     std::vector<float> statistics() const { return with([](const auto& m) { return m.statistics(); }); }
     void set_statistics(std::span<const float> s) { with([&](auto& m) { m.set_statistics(s); }); }
 
-    double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n, float scale)
+    double forward_backward(const model::Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n, float scale)
     {
         return with([&](auto& m) { return m.forward_backward(pass, x, labels, n, scale); });
     }
     template <class Opt>
-    double step(const model::StepInput& in, const Opt& opt, const model::StepInput* next = nullptr)
+    double step(const model::StepInput<input_element>& in, const Opt& opt, const model::StepInput<input_element>* next = nullptr)
     {
         return with([&](auto& m) { return m.step(in, opt, next); });
     }
-    double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
+    double reproducible_forward_backward(const model::Pass& pass, const input_element* x, const std::int32_t* labels,
                                          std::size_t n, float scale, std::size_t shard)
     {
         return with([&](auto& m) { return m.reproducible_forward_backward(pass, x, labels, n, scale, shard); });
     }
     template <class Opt>
     void update(const Opt& opt) { with([&](auto& m) { m.update(opt); }); }
-    Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
+    Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
     {
         return with([&](auto& m) { return m.evaluate(x, labels, n); });
     }
-    void predict(const float* x, std::size_t n, float* out) { with([&](auto& m) { m.predict(x, n, out); }); }
+    void predict(const input_element* x, std::size_t n, float* out) { with([&](auto& m) { m.predict(x, n, out); }); }
 
 private:
     // A model with sync points (BatchNorm over the global batch) has no SingleThread form
@@ -248,12 +249,14 @@ private:
         const auto w = model.parameters();
         const auto stats = model.statistics();
         const std::size_t most = global_batch(o.batch_size, devices.size(), o.scaling);
-        std::vector<float> x(most * M::input_shape::size);
+        std::vector<input_element> x(most * M::input_shape::size);   // token ids: 0
         std::vector<std::int32_t> labels(most * M::label_size);
-        for (std::size_t i = 0; i < x.size(); ++i)
-            x[i] = 2.0f * core::random_uniform(0, core::Stream::synthetic, 0, i >> 16, std::uint32_t(i & 0xffff)) - 1.0f;
+        if constexpr (!M::reads_tokens)
+            for (std::size_t i = 0; i < x.size(); ++i)
+                x[i] = 2.0f * core::random_uniform(0, core::Stream::synthetic, 0, i >> 16, std::uint32_t(i & 0xffff)) - 1.0f;
         for (std::size_t i = 0; i < labels.size(); ++i)
-            labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) % M::output_shape::dims[0]);
+            labels[i] = std::int32_t(core::random_bits(0, core::Stream::synthetic, 1, i, 0) %
+                                     M::loss::template classes<typename M::output_shape>);
 
         std::vector<Candidate> candidates{{1, DispatchChoice::single}};
         for (std::size_t k = 2; k <= devices.size(); ++k)
@@ -295,7 +298,7 @@ private:
     }
 
     // Median seconds of a training step (after two untimed steps), updates included.
-    static double time_steps(Impl& m, const float* x, const std::int32_t* labels, std::size_t n, std::size_t steps)
+    static double time_steps(Impl& m, const input_element* x, const std::int32_t* labels, std::size_t n, std::size_t steps)
     {
         constexpr std::size_t warmup = 2;
         const detail::TimingUpdate opt;
@@ -304,9 +307,9 @@ private:
             const auto t0 = std::chrono::steady_clock::now();
             // Each step queues the next one ahead, as train_step with the next batch does.
             const auto input = [&](std::size_t k) {
-                return model::StepInput{model::Pass{.first_sample = k * n}, x, labels, n, 1.0f / float(n)};
+                return model::StepInput<input_element>{model::Pass{.first_sample = k * n}, x, labels, n, 1.0f / float(n)};
             };
-            const model::StepInput in = input(i), next = input(i + 1);
+            const model::StepInput<input_element> in = input(i), next = input(i + 1);
             std::visit([&](auto& model) { model.step(in, opt, i + 1 < warmup + steps ? &next : nullptr); }, m);
             if (i >= warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }

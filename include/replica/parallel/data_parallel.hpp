@@ -95,6 +95,7 @@ public:
     using replica_type = M;
     using dispatch = Dispatch;
     using input_shape = typename M::input_shape;
+    using input_element = typename M::input_element;   // float, or token ids: scattered as they are
     using output_shape = typename M::output_shape;
     using loss = typename M::loss;
     using Evaluation = model::Evaluation;
@@ -397,9 +398,10 @@ public:
 
     // ---- the training contract (model/concepts.hpp) ----
 
-    double forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels, std::size_t n,
+    double forward_backward(const model::Pass& pass, const input_element* x, const std::int32_t* labels, std::size_t n,
                             float loss_scale)
     {
+        M::check_inputs(x, n);
         drop_ahead();
         return finish_step(queue_step({pass, x, labels, n, loss_scale}, [](M&) {}));
     }
@@ -409,11 +411,11 @@ public:
     // the host waits for this step's losses and all-reduce. So no GPU waits for the host between
     // steps, and the GPUs start each step together.
     template <class Opt>
-    double step(const model::StepInput& in, const Opt& opt, const model::StepInput* next = nullptr)
+    double step(const model::StepInput<input_element>& in, const Opt& opt, const model::StepInput<input_element>* next = nullptr)
     {
         return ahead_.step(
             in, next,
-            [&](const model::StepInput& s, bool update_first) {
+            [&](const model::StepInput<input_element>& s, bool update_first) {
                 if (update_first) return queue_step(s, [&](M& m) { m.update(opt); });
                 return queue_step(s, [](M&) {});
             },
@@ -424,10 +426,11 @@ public:
     // samples; replica r takes a contiguous run of whole shards and sums their gradients in fixed
     // point; the replicas' sums are added exactly (integers) by the communicator, so the gradient and
     // the update are the same bit for bit on any number of replicas. Returns the loss summed in shard order.
-    double reproducible_forward_backward(const model::Pass& pass, const float* x, const std::int32_t* labels,
+    double reproducible_forward_backward(const model::Pass& pass, const input_element* x, const std::int32_t* labels,
                                          std::size_t n, float loss_scale, std::size_t shard)
     {
         core::require(shard > 0, "the reproducible mode needs a micro-shard of at least 1 sample");
+        M::check_inputs(x, n);
         check_reproducible_reduction(options_.gradient_reduction);
         drop_ahead();
         const std::size_t shards = (n + shard - 1) / shard;
@@ -458,7 +461,7 @@ public:
 
     // Loss sum and correct predictions over n samples: each replica of each process takes its share,
     // and the totals are summed over the processes.
-    Evaluation evaluate(const float* x, const std::int32_t* labels, std::size_t n)
+    Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
     {
         std::vector<Evaluation> parts(replicas_.size());
         set_.each([&](std::size_t r) {
@@ -474,7 +477,7 @@ public:
         return {total[0], std::size_t(total[1] + 0.5)};
     }
 
-    void predict(const float* x, std::size_t n, float* out)
+    void predict(const input_element* x, std::size_t n, float* out)
     {
         set_.each([&](std::size_t r) {
             const Share s = share(n, replicas_.size(), r);
@@ -486,14 +489,14 @@ private:
     // Queues a step on every replica, each after before(replica) (the update of the step before), and
     // returns its slot (the replicas take slots in step; see Sequential::queue_forward_backward).
     template <class Before>
-    int queue_step(const model::StepInput& in, Before&& before)
+    int queue_step(const model::StepInput<input_element>& in, Before&& before)
     {
         auto queue = [&](std::size_t r, bool defer) -> std::size_t {
             const Share s = samples_of(r, in.n, 0);
             const model::Pass mine = detail::shifted(in.pass, s);
             hooks_[r] = set_.hook(r, replicas_[r].gradient_data());
             before(replicas_[r]);
-            const float* xr = in.x + s.offset * input_shape::size;
+            const input_element* xr = in.x + s.offset * input_shape::size;
             const std::int32_t* lr = in.labels + s.offset * label_size;
             if (defer) return replicas_[r].queue_or_defer(mine, xr, lr, s.count, in.loss_scale, hooks_[r]);
             replicas_[r].queue_forward_backward(mine, xr, lr, s.count, in.loss_scale, hooks_[r]);
@@ -554,7 +557,7 @@ private:
     std::vector<M> replicas_;
     ReplicaSet<Dispatch> set_;
     std::vector<typename ReplicaSet<Dispatch>::Hook> hooks_;   // this step's, one a replica
-    model::QueueAhead ahead_;
+    model::QueueAhead<input_element> ahead_;
     std::vector<std::int64_t*> exact_ptrs_;   // reproducible mode: each replica's exact accumulator
     std::vector<double> shard_loss_;
 };

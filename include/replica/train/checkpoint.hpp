@@ -159,6 +159,8 @@ constexpr std::uint64_t model_signature()
     for (std::size_t offset : chain::param_offset) mix(std::uint64_t(offset));
     // Shapes too: the input, the output and every layer's output size.
     for (std::size_t d : chain::input_shape::dims) mix(std::uint64_t(d));
+    // Token ids in: a model of (T) ids and one of (T) floats differ; nothing for float models.
+    if constexpr (model::replica_of<M>::type::reads_tokens) mix(0x746f6b656e73ull);
     for (std::size_t d : chain::output_shape::dims) mix(std::uint64_t(d));
     for (std::size_t offset : chain::act_offset) mix(std::uint64_t(offset));
     // Statistics (BatchNorm's) and where each layer's begin; nothing for models without, so that their

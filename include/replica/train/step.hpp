@@ -15,6 +15,7 @@
 #include "replica/core/fixed_point.hpp"
 #include "replica/data/dataset.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/input.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -44,14 +45,21 @@ struct StepOptions {
 // update, to count a skip and move the scale (end_update()). In the reproducible mode a scaled
 // gradient term outside the exact sum's range (core/fixed_point.hpp) counts as an overflow: the
 // update is skipped, and since the shards' losses were not read, the step's loss is NaN.
-template <class M, class Opt>
-float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOptions& options = {},
-                 const data::Batch* next = nullptr)
+//
+// The batch holds what the model reads (M::input_element): floats, or token ids in a TokenBatch;
+// ids are checked against the model's vocabulary, as labels against its classes, before anything is
+// queued.
+template <class M, class Opt, class E>
+float train_step(M& model, Opt&& opt, const data::BatchOf<E>& batch, const StepOptions& options = {},
+                 const std::type_identity_t<data::BatchOf<E>>* next = nullptr)
 {
+    static_assert(model::check_input_element<typename M::input_element, E>());
+    using R = typename model::replica_of<M>::type;
     core::require(batch.size > 0, "train_step: the batch is empty");
     core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
     using loss = typename M::loss;
-    loss::template check_labels<typename M::output_shape>(batch.labels, batch.size);   // before anything is queued
+    R::check_inputs(batch.inputs, batch.size);   // before anything is queued
+    loss::template check_labels<typename M::output_shape>(batch.labels, batch.size);
     using O = std::remove_cvref_t<Opt>;
     if constexpr (requires(O& o) { o.begin_update(); }) {
         static_assert(!std::is_const_v<std::remove_reference_t<Opt>>,
@@ -80,15 +88,16 @@ float train_step(M& model, Opt&& opt, const data::Batch& batch, const StepOption
         }
         model.update(opt);
     } else {
-        auto input = [scale](const data::Batch& b) {
-            return model::StepInput{model::Pass{.seed = b.seed, .first_sample = b.first_sample, .training = true},
+        auto input = [scale](const data::BatchOf<E>& b) {
+            return model::StepInput<E>{model::Pass{.seed = b.seed, .first_sample = b.first_sample, .training = true},
                                     b.inputs, b.labels, b.size, float(scale / (double(b.size) * double(M::label_size)))};
         };
-        // A next batch with a bad label is not queued ahead: the call that trains on it throws.
+        // A next batch with a bad label or id is not queued ahead: the call that trains on it throws.
         const bool queue_next = next != nullptr && next->size > 0 &&
                                 loss::template first_bad_label<typename M::output_shape>(next->labels, next->size) ==
-                                    next->size * M::label_size;
-        const model::StepInput ahead = queue_next ? input(*next) : model::StepInput{};
+                                    next->size * M::label_size &&
+                                R::inputs_valid(next->inputs, next->size);
+        const model::StepInput<E> ahead = queue_next ? input(*next) : model::StepInput<E>{};
         loss_sum = model.step(input(batch), opt, queue_next ? &ahead : nullptr);
     }
     if constexpr (scales_loss) opt.end_update();
@@ -99,9 +108,10 @@ template <class M>
 std::vector<float> parameters(const M& model) { return model.parameters(); }
 
 // Outputs (logits) for n samples: n * M::output_shape::size floats.
-template <class M>
-std::vector<float> predict(M& model, const float* inputs, std::size_t n)
+template <class M, class E>
+std::vector<float> predict(M& model, const E* inputs, std::size_t n)
 {
+    static_assert(model::check_input_element<typename M::input_element, E>());
     std::vector<float> out(n * M::output_shape::size);
     model.predict(inputs, n, out.data());
     return out;
@@ -113,9 +123,10 @@ struct Metrics {
 };
 
 // Loss and accuracy over a whole data set, in chunks of batch_size, dropout off.
-template <class M>
-Metrics evaluate(M& model, const data::Dataset& set, std::size_t batch_size = 1000)
+template <class M, class E>
+Metrics evaluate(M& model, const data::DatasetOf<E>& set, std::size_t batch_size = 1000)
 {
+    static_assert(model::check_input_element<typename M::input_element, E>());
     core::require(set.count > 0, "evaluate: the data set is empty");
     double loss = 0.0;
     std::size_t correct = 0;

@@ -108,8 +108,22 @@ public:
                    : options_.batch_size;
     }
 
-    // `train_set`: a Dataset, or a SampleSource (images decoded and augmented as the loader reads them).
-    History fit(const data::SampleSource& train_set, const data::Dataset& validation_set = {})
+    // `train_set`: a Dataset, or a SampleSource (images decoded and augmented as the loader reads them);
+    // for a model of token ids (Input<Tokens<T>>), a TokenDataset or TokenSampleSource, and the
+    // validation set a TokenDataset.
+    template <class Train, class Validation = data::DatasetOf<typename M::input_element>>
+    History fit(const Train& train_set, const Validation& validation_set = {})
+    {
+        static_assert(model::check_input_element<typename M::input_element, typename Train::element>());
+        static_assert(model::check_input_element<typename M::input_element, typename Validation::element>());
+        return fit_source(data::SampleSourceOf<typename M::input_element>(train_set), validation_set);
+    }
+
+private:
+    using Source = data::SampleSourceOf<typename M::input_element>;
+    using ValidationSet = data::DatasetOf<typename M::input_element>;
+
+    History fit_source(const Source& train_set, const ValidationSet& validation_set)
     {
         if constexpr (detail::is_loss_scale<Opt>) {
             core::require(!options_.loss_scale, "TrainOptions::loss_scale is set, but the optimizer is a LossScale "
@@ -121,9 +135,8 @@ public:
         return fit_with(opt_, train_set, validation_set);
     }
 
-private:
     template <class O>
-    History fit_with(O& opt, const data::SampleSource& train_set, const data::Dataset& validation_set)
+    History fit_with(O& opt, const Source& train_set, const ValidationSet& validation_set)
     {
         check_fits(train_set, "training");
         if (validation_set.count) check_fits(validation_set, "validation");
@@ -136,7 +149,7 @@ private:
                                                                                      : train_set.count) +
                           (options_.scaling == parallel::Scaling::weak ? " per replica" : ""));
         if (validation_set.count) validation_set.check_finite("the validation set");
-        data::Loader loader(train_set, batch, options_.seed, /*shuffle=*/true);   // checks the training set
+        data::LoaderOf<typename M::input_element> loader(train_set, batch, options_.seed, /*shuffle=*/true);   // checks the training set
         if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
             loader.only([this](std::size_t n) {
                 return model_.process_share(n, options_.reproducible ? options_.micro_shard : 0);

@@ -5,6 +5,7 @@
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/conv.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
+#include "replica/backend/cpu/embedding.hpp"
 #include "replica/backend/cpu/layer_norm.hpp"
 #include "replica/backend/cpu/linear.hpp"
 #include "replica/backend/cpu/loss.hpp"
