@@ -351,6 +351,98 @@ TEST_CASE("A small transformer trains the same on CPU and GPU", "[cuda][transfor
     trains_the_same_on_cpu_and_gpu<TinyTransformer>(6);
 }
 
+TEST_CASE("CUDA embeddings equal the CPU's: a gather forward, the tables' gradients summed in the same order",
+          "[cuda][tokens]")
+{
+    REQUIRE_GPU();
+    // Ids with repeats (every row's sum has several terms) and rows no id names (their gradient zero).
+    constexpr std::size_t count = 40, vocabulary = 13, dim = 37, n = 4, positions = 10, context = 12;
+    std::vector<std::int32_t> ids(count);
+    for (std::size_t i = 0; i < count; ++i) ids[i] = std::int32_t((i * 7 + i / 5) % (vocabulary - 2));
+    const auto table = random_vector(vocabulary * dim, 3), dy = random_vector(count * dim, 4);
+    const auto ptable = random_vector(context * dim, 5), x = random_vector(n * positions * dim, 6);
+    backend::cpu::Context cpu;
+    cuda::Context gpu{Device::cuda(0)};
+    auto run = [&](auto& ctx) {
+        auto dev = [&](const auto& host) {
+            auto b = ctx.template allocate<std::remove_cvref_t<decltype(host[0])>>(host.size());
+            ctx.upload(b.data(), host.data(), host.size());
+            return b;
+        };
+        auto ids_d = dev(ids);
+        auto table_d = dev(table), dy_d = dev(dy), ptable_d = dev(ptable), x_d = dev(x);
+        auto y = ctx.template allocate<float>(count * dim), dtable = ctx.template allocate<float>(vocabulary * dim);
+        auto py = ctx.template allocate<float>(n * positions * dim), pdx = ctx.template allocate<float>(n * positions * dim);
+        auto pdtable = ctx.template allocate<float>(context * dim);
+        embedding_forward(ctx, ids_d.data(), table_d.data(), y.data(), count, dim);
+        embedding_backward(ctx, ids_d.data(), static_cast<const float*>(dy_d.data()), dtable.data(), count, vocabulary, dim);
+        position_embedding_forward(ctx, static_cast<const float*>(x_d.data()), ptable_d.data(), py.data(), n, positions, dim);
+        position_embedding_backward(ctx, static_cast<const float*>(x_d.data()), pdx.data(), pdtable.data(), n, positions,
+                                    context, dim);
+        std::vector<std::vector<float>> out{std::vector<float>(count * dim), std::vector<float>(vocabulary * dim),
+                                            std::vector<float>(n * positions * dim), std::vector<float>(n * positions * dim),
+                                            std::vector<float>(context * dim)};
+        ctx.download(out[0].data(), y.data(), out[0].size());
+        ctx.download(out[1].data(), dtable.data(), out[1].size());
+        ctx.download(out[2].data(), py.data(), out[2].size());
+        ctx.download(out[3].data(), pdx.data(), out[3].size());
+        ctx.download(out[4].data(), pdtable.data(), out[4].size());
+        ctx.synchronize();
+        return out;
+    };
+    const auto a = run(cpu), b = run(gpu);
+    for (std::size_t k = 0; k < a.size(); ++k) {
+        CAPTURE(k);
+        CHECK(differences(a[k], b[k]) == "");   // the same floats added in the same order
+    }
+    CHECK(std::all_of(a[1].end() - 2 * dim, a[1].end(), [](float v) { return v == 0.0f; }));   // rows no id names
+}
+
+TEST_CASE("A small GPT trains the same on CPU and GPU; replicas sharing the GPU as one, the reproducible mode bit for bit",
+          "[cuda][tokens]")
+{
+    REQUIRE_GPU();
+    const TokenBatches<TinyGpt> data(3 * 6, 21);
+    auto steps = [&](auto& model, StepOptions options = {}) {
+        AdamW opt{{.lr = 3e-3f}};
+        std::vector<float> losses;
+        for (std::size_t s = 0; s < 3; ++s) losses.push_back(train_step(model, opt, data.batch(s * 6, 6, s * 6), options));
+        return losses;
+    };
+    TinyGpt cpu{Device::cpu(), 4}, gpu{Device::cuda(0), 4};
+    REQUIRE(differences(parameters(cpu), parameters(gpu)) == "");
+    const auto la = steps(cpu), lb = steps(gpu);
+    for (std::size_t s = 0; s < 3; ++s) CHECK(std::abs(la[s] - lb[s]) < 1e-4 * std::abs(la[s]));
+    const auto a = parameters(cpu), b = parameters(gpu);
+    CAPTURE(norm_relative(a, b), max_relative_difference(a, b));
+    CHECK(norm_relative(a, b) < 1e-4);
+    std::vector<float> pa(6 * 16 * 64), pb(pa.size());
+    cpu.predict(data.inputs.data(), 6, pa.data());
+    gpu.predict(data.inputs.data(), 6, pb.data());
+    CHECK(norm_relative(pa, pb) < 1e-4);
+    // Two replicas sharing the GPU, CUDA graphs off and on; then the reproducible mode on one and three.
+    for (const bool graphs : {false, true}) {
+        const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
+        CAPTURE(graphs);
+        TinyGpt one{Device::cuda(0), 4};
+        DataParallel<TinyGpt, Threaded> two{shared_gpu(2), 4};
+        steps(one);
+        steps(two);
+        CHECK(norm_relative(parameters(one), parameters(two)) < 1e-5);
+    }
+    TinyGpt shards{Device::cuda(0), 2};
+    DataParallel<TinyGpt, Threaded> three{shared_gpu(3), 2};
+    steps(shards, kReproducible);
+    steps(three, kReproducible);
+    CHECK(differences(parameters(shards), parameters(three)) == "");
+    // An id outside the vocabulary is refused before anything reaches the GPU.
+    std::vector<std::int32_t> bad(data.inputs.begin(), data.inputs.begin() + 6 * 16);
+    bad[20] = 64;
+    AdamW opt{{.lr = 3e-3f}};
+    CHECK_THROWS_WITH(train_step(gpu, opt, TokenBatch{bad.data(), data.labels.data(), 6, 0, 7}),
+                      Catch::Contains("sample 1, position 4"));
+}
+
 TEST_CASE("A convolution run as products over its windows (im2row, cuBLASLt) equals the CPU's", "[cuda]")
 {
     REQUIRE_GPU();

@@ -10,6 +10,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/conv.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
+#include "replica/backend/cuda/embedding.hpp"
 #include "replica/backend/cuda/layer_norm.hpp"
 #include "replica/backend/cuda/linear.hpp"
 #include "replica/backend/cuda/loss.hpp"

@@ -30,11 +30,13 @@
 #include "replica/backend/kernels/attention.hpp"
 #include "replica/backend/kernels/conv.hpp"
 #include "replica/backend/kernels/elementwise.hpp"
+#include "replica/backend/kernels/embedding.hpp"
 #include "replica/backend/kernels/layer_norm.hpp"
 #include "replica/backend/kernels/layout.hpp"
 #include "replica/backend/kernels/linear.hpp"
 #include "replica/backend/kernels/loss.hpp"
 #include "replica/backend/kernels/normalization.hpp"
+#include "replica/backend/kernels/optim.hpp"
 #include "replica/backend/kernels/pool.hpp"
 #include "replica/backend/kernels/reproducible.hpp"
 #include "replica/core/config.hpp"
@@ -44,8 +46,8 @@ namespace REPLICA_NAMESPACE::backend::kernels {
 // Every family, for every element type.
 template <class C>
 concept Kernels = ElementwiseKernels<C> && LayoutKernels<C> && LinearKernels<C> && ConvKernels<C> && PoolKernels<C> &&
-                  NormalizationKernels<C> && LayerNormKernels<C> && AttentionKernels<C> && LossKernels<C> &&
-                  ReproducibleKernels<C>;
+                  NormalizationKernels<C> && LayerNormKernels<C> && AttentionKernels<C> && EmbeddingKernels<C> &&
+                  LossKernels<C> && OptimizerKernels<C> && ReproducibleKernels<C>;
 
 // True where context C implements every family; otherwise it fails to compile with one message a
 // family that C lacks an op of (the compiler's notes name the op). A backend states, after its ops:
@@ -69,6 +71,10 @@ constexpr bool implements_kernels()
                                        "one otherwise than backend/kernels/layer_norm.hpp states");
     static_assert(AttentionKernels<C>, "this context lacks an op of the attention family, or declares one "
                                        "otherwise than backend/kernels/attention.hpp states");
+    static_assert(EmbeddingKernels<C>, "this context lacks an op of the embedding family, or declares one "
+                                       "otherwise than backend/kernels/embedding.hpp states");
+    static_assert(OptimizerKernels<C>, "this context lacks an op of the optimizer family, or declares one "
+                                       "otherwise than backend/kernels/optim.hpp states");
     static_assert(LossKernels<C>, "this context lacks an op of the loss family, or declares one otherwise than "
                                   "backend/kernels/loss.hpp states");
     static_assert(ReproducibleKernels<C>, "this context lacks an op of the reproducible mode's family, or declares "
