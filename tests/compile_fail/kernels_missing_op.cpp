@@ -28,6 +28,10 @@ PARTIAL_OP(batch_norm_backward_sums) PARTIAL_OP(batch_norm_backward_input)
 PARTIAL_OP(layer_norm_forward) PARTIAL_OP(layer_norm_backward)
 template <class T, class... A> std::size_t attention_scratch(const Context&, A&&...);
 PARTIAL_OP(attention_forward) PARTIAL_OP(attention_backward)
+PARTIAL_OP(embedding_forward) PARTIAL_OP(embedding_backward) PARTIAL_OP(position_embedding_forward)
+PARTIAL_OP(position_embedding_backward)
+PARTIAL_OP(sgd_update) PARTIAL_OP(adam_update) PARTIAL_OP(accumulate_gradient) PARTIAL_OP(clip_by_norm)
+template <class... A> bool unscale_gradient(const Context&, A&&...);
 PARTIAL_OP(softmax_cross_entropy)
 template <class... A> std::size_t count_correct(const Context&, A&&...);
 PARTIAL_OP(make_deterministic) PARTIAL_OP(zero_fixed) PARTIAL_OP(add_fixed) PARTIAL_OP(fixed_to_float)
