@@ -425,13 +425,13 @@ TEST_CASE("A small GPT trains the same on CPU and GPU; replicas sharing the GPU 
         const OptionScope graphs_scope{&cuda::Options::graphs, graphs};
         CAPTURE(graphs);
         TinyGpt one{Device::cuda(0), 4};
-        DataParallel<TinyGpt, Threaded> two{shared_gpu(2), 4};
+        DataParallel<TinyGpt, Threaded> two{std::vector<Device>(2, Device::cuda(0)), 4};
         steps(one);
         steps(two);
         CHECK(norm_relative(parameters(one), parameters(two)) < 1e-5);
     }
     TinyGpt shards{Device::cuda(0), 2};
-    DataParallel<TinyGpt, Threaded> three{shared_gpu(3), 2};
+    DataParallel<TinyGpt, Threaded> three{std::vector<Device>(3, Device::cuda(0)), 2};
     steps(shards, kReproducible);
     steps(three, kReproducible);
     CHECK(differences(parameters(shards), parameters(three)) == "");

@@ -34,6 +34,9 @@ template <std::size_t T>
 struct TokensOf {
     static_assert(T > 0, "Tokens<T>: a sample needs at least one token");
     static constexpr std::size_t length = T;
+    // A member, so that a value of it is written with its contents wherever a compiler spells it out:
+    // nvcc's host pass reads an empty class's value, TokensOf<T>(), as a function type.
+    std::size_t ids = T;
 };
 template <std::size_t T>
 inline constexpr TokensOf<T> Tokens{};
@@ -57,8 +60,9 @@ struct token_entry {
 };
 } // namespace detail
 
+// (remove_cvref: nvcc's host pass spells decltype(Dims) as decltype((Dims)), a reference to the value.)
 template <auto... Dims>
-struct Input : std::conditional_t<(is_tokens<std::remove_cv_t<decltype(Dims)>>::value || ...), detail::token_entry<Dims...>,
+struct Input : std::conditional_t<(is_tokens<std::remove_cvref_t<decltype(Dims)>>::value || ...), detail::token_entry<Dims...>,
                                   detail::float_entry<Dims...>> {};
 
 template <class T>
