@@ -85,6 +85,7 @@ Results run_layer(Ctx& ctx, std::size_t n, const model::Pass& pass)
 template <class L, class In>
 void same_on_cpu_and_gpu(std::size_t n = 3, bool training = true)
 {
+    INFO(__PRETTY_FUNCTION__);   // the layer and its input shape
     const model::Pass pass{.seed = 17, .first_sample = 40, .training = training};
     backend::cpu::Context cpu;
     cuda::Context gpu{Device::cuda(0)};
