@@ -44,6 +44,20 @@ inline double max_error(const std::vector<float>& got, const std::vector<double>
     return most;
 }
 
+// max |got - want| / max |want| (a PyTorch fixture's scale); infinite where a value is not finite (a
+// NaN left unwritten).
+inline double relative_error(const std::vector<float>& got, const std::vector<double>& want)
+{
+    REQUIRE(got.size() == want.size());
+    double most = 0.0, error = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        most = std::max(most, std::abs(want[i]));
+        error = std::max(error, std::abs(double(got[i]) - want[i]));
+    }
+    return error / most;
+}
+
 // The model of the Adam and AdamW fixtures (PyTorch's optimizers given net.parameters() decay every one).
 using TorchNet = Sequential<ParamRule<DecayAll>, Input<8>, Linear<16>, GELU, Linear<12>, Tanh, Linear<10>, Sigmoid, Linear<4>>;
 

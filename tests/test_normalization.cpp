@@ -399,14 +399,6 @@ static_assert(BatchNorm2dWith<BatchNormOptions{.momentum = 0.01f}>::op<In3>::opt
 template <BatchNormOptions O>
 using OneBatchNorm = Sequential<Input<3, 5, 5>, BatchNorm2dWith<O>>;
 
-// max |got - want| / max |want|.
-double relative_error(const std::vector<float>& got, const std::vector<double>& want)
-{
-    double most = 0.0;
-    for (double w : want) most = std::max(most, std::abs(w));
-    return max_error(got, want) / most;
-}
-
 // Three training forward and backward passes with the fixture's x and dy, each checked against
 // PyTorch's output, input gradient, parameter gradients and running statistics; then evaluation.
 // Bounds: float sums in another order than PyTorch's give up to 3e-7 relative; each bound is 10 times

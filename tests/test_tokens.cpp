@@ -28,19 +28,6 @@ static_assert(TinyTransformer::label_size == 6 && std::is_same_v<TinyTransformer
 
 std::vector<std::int32_t> to_ids(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
-// max |got - want| / max |want|; infinite where a value is not finite.
-double relative_error(const std::vector<float>& got, const std::vector<double>& want)
-{
-    REQUIRE(got.size() == want.size());
-    double most = 0.0, error = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        most = std::max(most, std::abs(want[i]));
-        error = std::max(error, std::abs(double(got[i]) - want[i]));
-    }
-    return error / most;
-}
-
 } // namespace
 
 TEST_CASE("SequenceCrossEntropy against PyTorch's F.cross_entropy on (N * T, V): loss, gradient, correct",

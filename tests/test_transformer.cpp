@@ -50,19 +50,6 @@ static_assert(!std::is_same_v<GELU, GELUWith<GeluApprox::tanh>>);
 
 const Device kCpu[] = {Device::cpu()};
 
-// max |got - want| / max |want|; infinite where a value is not finite (a NaN left unwritten).
-double relative_error(const std::vector<float>& got, const std::vector<double>& want)
-{
-    REQUIRE(got.size() == want.size());
-    double most = 0.0, error = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        most = std::max(most, std::abs(want[i]));
-        error = std::max(error, std::abs(double(got[i]) - want[i]));
-    }
-    return error / most;
-}
-
 // One forward and one backward of layer L on the fixture's `name`_x with `name`_dy and parameters
 // `params` (the record's name, or none), each result against PyTorch's within `bound` relative (max
 // error over the largest value).

@@ -23,17 +23,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def write(path, records):
-    with open(path, "w") as f:
-        for name, values in records:
-            values = [float(v) for v in torch.as_tensor(values).flatten().tolist()]
-            f.write(f"{name} {len(values)}\n")
-            f.write(" ".join(f"{v:.17g}" for v in values) + "\n")
-
-
-def f32(t):
-    """float32 values, held in float64."""
-    return t.float().double()
+from make_transformer_fixtures import f32, write  # the same record format and float32 rounding
 
 
 def sequence_cross_entropy(records):
