@@ -206,7 +206,9 @@ TEST_CASE("Embedding's table gradient matches finite differences of its float64 
         INFO("table[" << k << "]");
         CHECK(std::abs(num - double(t.dparams[k])) <= 1e-3 * std::max(std::abs(num), std::abs(double(t.dparams[k]))) + 1e-4);
     }
-    // Initialisation: mean ~0 and standard deviation ~0.02 over 64 x 32 values (4 sigma bounds).
+    // Initialisation: mean ~0 and standard deviation ~0.02 over 64 x 32 values, within 5 sigma, so that
+    // fresh seeds (scripts/soak) pass too; a standard deviation of 0.01, or a mean of 0.01, is far
+    // outside either bound.
     EmbOp op{model::Build{.layer_id = 2, .devices = kCpu}};
     std::vector<float> p(EmbOp::param_count);
     op.init(p.data(), seed);
@@ -214,8 +216,8 @@ TEST_CASE("Embedding's table gradient matches finite differences of its float64 
     for (float v : p) sum += v, squares += double(v) * v;
     const double mean = sum / double(p.size()), sd = std::sqrt(squares / double(p.size()) - mean * mean);
     CAPTURE(mean, sd);
-    CHECK(std::abs(mean) < 4 * 0.02 / std::sqrt(double(p.size())));
-    CHECK(std::abs(sd - 0.02) < 0.02 * 4 / std::sqrt(2.0 * double(p.size())));
+    CHECK(std::abs(mean) < 5 * 0.02 / std::sqrt(double(p.size())));
+    CHECK(std::abs(sd - 0.02) < 0.02 * 5 / std::sqrt(2.0 * double(p.size())));
 }
 
 TEST_CASE("Token ids outside the vocabulary are refused before anything is queued, naming sample and position",
