@@ -66,11 +66,8 @@ using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSe
                                    SequenceCrossEntropy>;
 
 // A small GPT: token ids in, embeddings of tokens and positions, a pre-norm attention block and MLP
-// block, a final LayerNorm and a per-position head over the vocabulary.
-using TinyGpt = Sequential<Input<Tokens<16>>, Embedding<64, 32>, PositionEmbedding<16>,
-                           Residual<Sequential<LayerNorm<>, CausalSelfAttention<4>>>,
-                           Residual<Sequential<LayerNorm<>, Linear<64>, GELUWith<GeluApprox::tanh>, Linear<32>>>, LayerNorm<>,
-                           Linear<64>, SequenceCrossEntropy>;
+// block, a final LayerNorm and a per-position head over the vocabulary that shares the token table.
+using TinyGpt = models::GPT<1, 4, 32, 16, 64>;   // its head tied to the token embedding
 
 // Deterministic token ids of model M and next-token labels: label t is id t + 1 (the last a fresh draw).
 template <class M>

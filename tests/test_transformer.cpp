@@ -177,3 +177,78 @@ TEST_CASE("A small transformer trains, and DataParallel on 2 and 3 replicas equa
     CAPTURE(first, last);
     CHECK(last < 0.5f * first);
 }
+
+namespace {
+using FixtureGpt = GPT<2, 2, 16, 8, 24>;   // gpt.txt's (make_gpt_fixtures.py)
+using Wte = Embedding<24, 16>;
+static_assert(FixtureGpt::param_count == 7104);   // the head owns none: wte counted once
+static_assert(op_of<TiedHead<Wte>, Shape<8, 16>>::param_count == 0);
+static_assert(std::is_same_v<op_of<TiedHead<Wte>, Shape<8, 16>>::output_shape, Shape<8, 24>>);
+static_assert(GPT2Small::param_count == 124'475'904);
+
+std::vector<std::int32_t> ids_of(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+} // namespace
+
+TEST_CASE("A 2-layer GPT with its head tied against nanoGPT's: logits, loss, gradients, 5 AdamW steps with clipping",
+          "[cpu][transformer][pytorch][gpt]")
+{
+    const auto f = read_fixture("gpt.txt");
+    const std::vector<std::int32_t> ids = ids_of(f.at("inputs")), labels = ids_of(f.at("labels"));
+    constexpr std::size_t batch = 4, T = 8;
+    FixtureGpt net{Device::cpu(), 1};
+    net.set_parameters(to_float(f.at("initial")));
+
+    // Logits: float sums of 16 to 64 products against float64, through two blocks.
+    const std::vector<float> logits = predict(net, ids.data(), batch);
+    const double e = relative_error(logits, f.at("logits"));
+    CAPTURE(e);
+    CHECK(e < 1e-5);
+    // Each wrong variant is far outside that: without the causal mask, LayerNorm's eps 1e-3, GELU's erf form.
+    for (const char* wrong : {"wrong_nomask", "wrong_eps", "wrong_erf"}) {
+        CAPTURE(wrong);
+        CHECK(relative_error(logits, f.at(wrong)) > 1e-4);
+    }
+
+    // The loss of batch 0 (the sum of the samples' means over their positions) and its gradient: the
+    // table's is the head's and the embedding's, summed.
+    // forward_backward's loss is the sum over every position of every sample: T times the record's.
+    const double loss = net.forward_backward(model::Pass{}, ids.data(), labels.data(), batch, 1.0f / float(T));
+    CHECK(std::abs(loss / double(T) - f.at("loss")[0]) < 1e-5 * f.at("loss")[0]);
+    const double eg = relative_error(net.gradients(), f.at("grads"));
+    CAPTURE(eg);
+    CHECK(eg < 1e-5);
+
+    // 5 steps of AdamW (weight decay on weights and embeddings: DecayWeights, nanoGPT's groups) with
+    // every gradient clipped to its norm. Adam's steps of lr carry the gradients' relative rounding.
+    const std::vector<double>& h = f.at("hyper");
+    ClipGradNorm opt{AdamW{{.lr = float(h[0]), .beta1 = float(h[1]), .beta2 = float(h[2]), .eps = float(h[3]),
+                            .weight_decay = float(h[4])}},
+                     float(h[5])};
+    for (std::size_t s = 0; s < 5; ++s) {
+        const float l = train_step(net, opt, TokenBatch{ids.data() + s * batch * T, labels.data() + s * batch * T, batch,
+                                                        s * batch, 1});
+        CAPTURE(s, l);
+        CHECK(std::abs(double(l) - f.at("losses")[s]) < 1e-5 * f.at("losses")[s]);
+    }
+    // Every parameter but the keys' biases, whose gradient is zero in exact arithmetic (adding the same
+    // q . b to every score of a row leaves the softmax unchanged): Adam's normalised step moves them by
+    // float rounding noise, up to lr a step, where float64's noise is 1e-17. They move less than that.
+    const std::vector<float> after = parameters(net);
+    std::vector<float> rest_got;
+    std::vector<double> rest_want;
+    constexpr std::size_t block = 2 * 16 + (48 * 16 + 48) + (16 * 16 + 16) + 2 * 16 + (64 * 16 + 64) + (16 * 64 + 16);
+    for (std::size_t i = 0; i < after.size(); ++i) {
+        const std::size_t in_block = (i - 24 * 16 - 8 * 16) % block;
+        const bool key_bias = i >= 512 && i < 512 + 2 * block && in_block >= 32 + 48 * 16 + 16 && in_block < 32 + 48 * 16 + 32;
+        if (key_bias) CHECK(std::abs(after[i] - f.at("initial")[i]) < 5 * h[0]);
+        else rest_got.push_back(after[i]), rest_want.push_back(f.at("after")[i]);
+    }
+    REQUIRE(rest_got.size() == after.size() - 2 * 16);
+    const double ea = relative_error(rest_got, rest_want);
+    CAPTURE(ea);
+    CHECK(ea < 1e-4);
+    // Untied (a head of its own starting as a copy of the table), the table ends elsewhere.
+    const std::vector<float> wte(after.begin(), after.begin() + 24 * 16);
+    CHECK(relative_error(wte, f.at("wrong_untied_after")) > 1e-3);
+    CHECK(relative_error(wte, {f.at("after").begin(), f.at("after").begin() + 24 * 16}) < 1e-4);
+}

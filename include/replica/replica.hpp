@@ -22,6 +22,7 @@
 #include "replica/layers/normalization.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/layers/pool.hpp"
+#include "replica/layers/tied_head.hpp"
 
 #include "replica/model/concat.hpp"
 #include "replica/model/concepts.hpp"

@@ -1,15 +1,19 @@
 #pragma once
 // Embeddings, a language model's input (GPT-2's wte and wpe).
-//   Embedding<Vocab, Dim>       token ids (T) -> (T, Dim): row ids[t] of a (Vocab, Dim) table. It reads
+//   Embedding<Vocab, Dim, Tag>  token ids (T) -> (T, Dim): row ids[t] of a (Vocab, Dim) table. It reads
 //                               the model's token ids, so it is the first layer of a model with
 //                               Input<Tokens<T>> (model/input.hpp), and only there; the model checks every
-//                               id against [0, Vocab) before it queues anything.
+//                               id against [0, Vocab) before it queues anything. TiedHead<E>
+//                               (layers/tied_head.hpp), E this type, reads its table as the head's
+//                               weight: GPT-2's tied head. Tag (any type) tells two embeddings of the
+//                               same Vocab and Dim apart.
 //   PositionEmbedding<Context>  (T, Dim) -> (T, Dim): x + row t of a learned (Context, Dim) table at
 //                               position t, T <= Context.
 // Both tables are initialised N(0, 0.02), GPT-2's (and nanoGPT's) choice for wte and wpe, and are
 // of kind core::ParamKind::embedding. Backward ASSIGNS the tables' gradients: zero, then each position's
 // output gradient added to its row, in an order fixed by the batch (never by threads or atomics), so
-// the result is the same bits on every run and device count. Embedding has no input gradient.
+// the result is the same bits on every run and device count; a tied table starts from the head's
+// gradient instead of zero (BackwardArgs::accumulate_params). Embedding has no input gradient.
 //
 //   using Gpt = Sequential<Input<Tokens<16>>, Embedding<64, 32>, PositionEmbedding<16>, ...,
 //                          Linear<64>, SequenceCrossEntropy>;
@@ -37,15 +41,18 @@ inline void init_normal(float* p, std::size_t count, float std, std::uint64_t se
 
 inline constexpr float kEmbeddingStd = 0.02f;
 
-template <std::size_t Vocab, std::size_t Dim>
+template <std::size_t Vocab, std::size_t Dim, class Tag = void>
 struct Embedding {
     static_assert(Vocab > 0 && Dim > 0, "Embedding<Vocab, Dim>: a vocabulary and a width of at least 1");
     static_assert(Vocab <= std::size_t(INT32_MAX), "Embedding<Vocab, Dim>: token ids are std::int32_t");
     static constexpr std::size_t vocabulary = Vocab;
     static constexpr std::size_t dim = Dim;
+    using tag = Embedding;   // what names its table (TiedHead<Embedding<...>>)
 
     template <class In, class T = float>
     struct op : LeafOp {
+        using tag = Embedding;
+        static constexpr bool accumulates_param_gradient = true;   // under a TiedHead
         static_assert(In::rank == 1,
                       "Embedding reads a sample of T token ids: it is the first layer, after Input<Tokens<T>>");
         static constexpr std::size_t positions = In::size;
@@ -64,7 +71,7 @@ struct Embedding {
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
-            embedding_backward(ctx, token_ids(a.x), a.dy, a.dparams, a.n * positions, Vocab, Dim);
+            embedding_backward(ctx, token_ids(a.x), a.dy, a.dparams, a.n * positions, Vocab, Dim, a.accumulate_params);
         }
     };
 };

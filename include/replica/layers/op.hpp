@@ -56,6 +56,14 @@
 // BackwardArgs::x, typed as the activations' pointer: read them with token_ids(a.x). The model checks
 // every id against the vocabulary before it queues anything.
 //
+// Optional, tied weights (GPT-2's head reads the token embedding's table): an op with `using tag = Tag`
+// names its parameters (Embedding's: its layer type); an op with `using tied_to = Tag` and param_count 0
+// (TiedHead<E>) reads, as its params and weights, those of the one op before it in the same chain
+// whose tag is Tag, and its backward ASSIGNS their gradients (it runs first, backward
+// walking the chain in reverse). The owner's op then gets BackwardArgs::accumulate_params and adds its
+// own; it declares `static constexpr bool accumulates_param_gradient = true`. The parameters are one
+// block, counted, initialised, updated and saved once.
+//
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.
 //
@@ -149,6 +157,9 @@ struct BackwardArgs {
     T* kept;
     float* scratch;
     bool accumulate = false;   // dx += the input gradient instead (only for an op that accumulates_input_gradient)
+    // dparams += the parameter gradients instead: set for an op whose parameters a later op of its
+    // chain shares (tied weights, below), that op's backward having assigned them first.
+    bool accumulate_params = false;
 };
 
 // Floats of scratch that `count` values of T take; a 16-bit region is rounded up to 16 bytes so that
@@ -229,6 +240,14 @@ void update_statistics_of(O& op, Ctx& ctx, float* statistics, const float* sums,
 {
     if constexpr (statistics_count_of<O> > 0) op.update_statistics(ctx, statistics, sums, batch, shard);
 }
+
+// An op that can add its parameter gradients to dparams (BackwardArgs::accumulate_params): the owner
+// of parameters that a later op shares.
+template <class O>
+inline constexpr bool accumulates_param_gradient_of = [] {
+    if constexpr (requires { O::accumulates_param_gradient; }) return bool(O::accumulates_param_gradient);
+    else return false;
+}();
 
 // A layer's vocabulary, 0 for a layer that does not read token ids.
 template <class L>

@@ -38,6 +38,7 @@ using layers::syncs_of;
 using layers::takes_addend_of;
 using layers::writes_relu_gradient_of;
 using layers::accumulates_input_gradient_of;
+using layers::accumulates_param_gradient_of;
 using layers::reads_output_gradient_first_of;
 using layers::wants_channels_last_of;
 

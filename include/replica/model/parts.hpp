@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "replica/core/config.hpp"
@@ -63,6 +64,19 @@ void sync_op(O& op, Ctx& ctx, const float* w, const float* state, std::size_t pe
 template <class L, class In, class T>
 using bound_op = typename detail::bind_op<L, In, T>::type;
 
+namespace detail {
+// The tag that names an op's parameters (layers/op.hpp's tied weights), void for none.
+template <class O>
+struct tag_of {
+    using type = void;
+};
+template <class O>
+    requires requires { typename O::tag; }
+struct tag_of<O> {
+    using type = typename O::tag;
+};
+} // namespace detail
+
 template <class... Ops>
 class Parts {
     using tuple = std::tuple<Ops...>;
@@ -93,6 +107,42 @@ public:
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
+
+private:
+    // The part before I whose op's tag is op I's tied_to, checked: exactly one, owning parameters that
+    // it can take gradients into, and op I owning none of its own.
+    template <std::size_t I>
+    static consteval std::size_t tie_home()
+    {
+        using Tag = typename op<I>::tied_to;
+        constexpr auto found = []<std::size_t... J>(std::index_sequence<J...>) {
+            std::size_t count = 0, at = 0;
+            ((std::is_same_v<typename detail::tag_of<op<J>>::type, Tag> ? (++count, at = J) : 0), ...);
+            return std::array<std::size_t, 2>{count, at};
+        }(std::make_index_sequence<I>{});
+        static_assert(found[0] > 0, "TiedHead<E> names an embedding E that is not a layer before it in the same "
+                                    "Sequential: put E earlier in the head's own chain");
+        static_assert(found[0] < 2, "TiedHead<E>: two layers before it are E: tell them apart with a tag of their own, "
+                                    "Embedding<Vocab, Dim, Tag>, and name the one it shares");
+        static_assert(op<I>::param_count == 0, "a tied layer owns no parameters of its own");
+        static_assert(accumulates_param_gradient_of<op<found[1]>>,
+                      "the layer a tied layer names cannot add a second gradient to its parameters");
+        return found[1];
+    }
+
+public:
+    // Where part I's parameters are: its own slice, or, for an op tied_to a tag, the slice of the one
+    // part before it whose op has that tag (layers/op.hpp's tied weights).
+    template <std::size_t I>
+    static constexpr std::size_t param_home = [] {
+        if constexpr (requires { typename op<I>::tied_to; }) return tie_home<I>();
+        else return I;
+    }();
+    // Whether a later part shares part J's parameters: J's backward then adds its gradients to theirs.
+    template <std::size_t J>
+    static constexpr bool shared_later = []<std::size_t... I>(std::index_sequence<I...>) {
+        return (false || ... || (I > J && param_home<I> == J));
+    }(std::make_index_sequence<N>{});
 
     explicit Parts(const Build& b) : ops_(make(b, std::make_index_sequence<N>{})) {}
 
@@ -133,8 +183,8 @@ public:
     template <std::size_t I, class T>
     static ForwardArgs<T> forward_args(const ForwardArgs<T>& a, const T* x, T* y, std::size_t own_kept, float* scratch)
     {
-        return ForwardArgs<T>{.params = a.params + param_offset[I],
-                              .weights = a.weights + param_offset[I],
+        return ForwardArgs<T>{.params = a.params + param_offset[param_home<I>],
+                              .weights = a.weights + param_offset[param_home<I>],
                               .x = x,
                               .y = y,
                               .n = a.n,
@@ -148,17 +198,18 @@ public:
     static BackwardArgs<T> backward_args(const BackwardArgs<T>& a, const T* x, const T* y, const T* dy, T* dx,
                                          std::size_t own_kept, float* scratch)
     {
-        return BackwardArgs<T>{.params = a.params + param_offset[I],
-                               .weights = a.weights + param_offset[I],
+        return BackwardArgs<T>{.params = a.params + param_offset[param_home<I>],
+                               .weights = a.weights + param_offset[param_home<I>],
                                .x = x,
                                .y = y,
                                .dy = dy,
                                .dx = dx,
-                               .dparams = a.dparams + param_offset[I],
+                               .dparams = a.dparams + param_offset[param_home<I>],
                                .n = a.n,
                                .saved = a.saved + saved_offset[I] * a.n,
                                .kept = a.kept + (own_kept + kept_offset[I]) * a.n,
-                               .scratch = scratch};
+                               .scratch = scratch,
+                               .accumulate_params = shared_later<I>};
     }
 
     // Part I's forward and backward; a part with sync points gets the hook's (core::SyncOnly).
@@ -256,6 +307,7 @@ private:
     template <std::size_t... I>
     static tuple make(const Build& b, std::index_sequence<I...>)
     {
+        static_assert(((param_home<I> <= I) && ...));   // every tie resolved (and checked) with the parts
         return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices, b.first_sync + sync_offset[I]})...};
     }
 

@@ -26,9 +26,9 @@ void embedding_forward(const Context&, const std::int32_t* ids, const float* tab
 // dtable (vocabulary rows of dim) ASSIGNED: zero, then dy[i] added to row ids[i], i = 0, 1, ...
 template <core::Storage T>
 void embedding_backward(const Context&, const std::int32_t* ids, const T* dy, float* dtable, std::size_t count,
-                        std::size_t vocabulary, std::size_t dim)
+                        std::size_t vocabulary, std::size_t dim, bool accumulate = false)
 {
-    std::fill(dtable, dtable + vocabulary * dim, 0.0f);
+    if (!accumulate) std::fill(dtable, dtable + vocabulary * dim, 0.0f);
     for (std::size_t i = 0; i < count; ++i) {
         float* row = dtable + std::size_t(ids[i]) * dim;
         for (std::size_t d = 0; d < dim; ++d) row[d] += core::to_float(dy[i * dim + d]);

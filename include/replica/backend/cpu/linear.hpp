@@ -1,10 +1,11 @@
 #pragma once
 // Fully connected layer on the CPU: y (n, out) = x (n, in) W^T + b, W (out, in).
 //
-// x, y, dy, dx and the weights w are T (core::Storage); b, dw, db are float. For bf16/fp16 the T
-// operands are converted to float in memory allocated for the call (the layer passes no scratch), the
-// float products run on them as for float, and each stored output is rounded once, after the bias and
-// the ReLU: bit for bit round_through<T> of the float call on the same (T-valued) inputs.
+// x, y, dy, dx and the weights w are T (core::Storage); b, dw, db are float, b and db null for a product
+// without a bias. For bf16/fp16 the T operands are converted to float in memory allocated for the call
+// (the layer passes no scratch), the float products run on them as for float, and each stored output is
+// rounded once, after the bias and the ReLU: bit for bit round_through<T> of the float call on the same
+// (T-valued) inputs.
 
 #include <concepts>
 #include <cstddef>
@@ -24,8 +25,9 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
                     bool relu = false)
 {
     if constexpr (std::same_as<T, float>) {
-        for (std::size_t s = 0; s < n; ++s) std::memcpy(y + s * out, b, sizeof(float) * out);
-        gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+        if (b)
+            for (std::size_t s = 0; s < n; ++s) std::memcpy(y + s * out, b, sizeof(float) * out);
+        gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
         if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
     } else {
         const std::size_t nx = n * std::size_t(in), nw = std::size_t(out) * in, ny = n * std::size_t(out);
@@ -39,14 +41,14 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
     }
 }
 
-// dw, db assigned; dx (may be null) assigned.
+// dw, db (null without a bias) assigned; dx (may be null) assigned.
 template <core::Storage T>
 void linear_backward(const Context& ctx, int in, int out, const T* w, const T* x, const T* dy,
                      std::type_identity_t<T>* dx, float* dw, float* db, std::size_t n)
 {
     if constexpr (std::same_as<T, float>) {
         gemm(true, false, out, in, int(n), 1.0f, dy, out, x, in, 0.0f, dw, in);
-        sum_rows(dy, int(n), out, db, false);
+        if (db) sum_rows(dy, int(n), out, db, false);
         if (dx) gemm(false, false, int(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
     } else {
         const std::size_t nx = n * std::size_t(in), ndy = n * std::size_t(out), nw = std::size_t(out) * in;
@@ -55,7 +57,7 @@ void linear_backward(const Context& ctx, int in, int out, const T* w, const T* x
         load_float(x, nx, xf);
         load_float(dy, ndy, dyf);
         gemm(true, false, out, in, int(n), 1.0f, dyf, out, xf, in, 0.0f, dw, in);
-        sum_rows(dyf, int(n), out, db, false);
+        if (db) sum_rows(dyf, int(n), out, db, false);
         if (dx) {
             float* wf = dyf + ndy;
             load_float(w, nw, wf);

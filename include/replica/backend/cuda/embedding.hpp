@@ -28,11 +28,12 @@ __global__ void embedding_forward(const std::int32_t* ids, const float* table, T
 
 // Block r: row r of the table, its threads over the row's dim values, each scanning the ids in order.
 template <class T>
-__global__ void embedding_backward(const std::int32_t* ids, const T* dy, float* dtable, std::size_t count, std::size_t dim)
+__global__ void embedding_backward(const std::int32_t* ids, const T* dy, float* dtable, std::size_t count, std::size_t dim,
+                                   bool accumulate)
 {
     const std::int32_t row = std::int32_t(blockIdx.x);
     for (std::size_t d = threadIdx.x; d < dim; d += blockDim.x) {
-        float sum = 0.0f;
+        float sum = accumulate ? dtable[std::size_t(row) * dim + d] : 0.0f;
         for (std::size_t i = 0; i < count; ++i)
             if (ids[i] == row) sum += core::to_float(dy[i * dim + d]);
         dtable[std::size_t(row) * dim + d] = sum;
@@ -70,13 +71,15 @@ void embedding_forward(const Context& ctx, const std::int32_t* ids, const float*
     detail::check_launch("embedding_forward");
 }
 
-// dtable (vocabulary rows of dim) ASSIGNED: row r the sum of dy[i] over the i with ids[i] == r, in order.
+// dtable (vocabulary rows of dim) ASSIGNED: row r the sum of dy[i] over the i with ids[i] == r, in order,
+// starting from the row as it was with accumulate.
 template <core::Storage T>
 void embedding_backward(const Context& ctx, const std::int32_t* ids, const T* dy, float* dtable, std::size_t count,
-                        std::size_t vocabulary, std::size_t dim)
+                        std::size_t vocabulary, std::size_t dim, bool accumulate = false)
 {
     const unsigned threads = unsigned(std::min<std::size_t>(std::size_t(detail::kThreads), (dim + 31) / 32 * 32));
-    kernels::embedding_backward<<<unsigned(vocabulary), threads, 0, ctx.stream()>>>(ids, dy, dtable, count, dim);
+    kernels::embedding_backward<<<unsigned(vocabulary), threads, 0, ctx.stream()>>>(ids, dy, dtable, count, dim,
+                                                                                     accumulate);
     detail::check_launch("embedding_backward");
 }
 

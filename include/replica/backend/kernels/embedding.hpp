@@ -19,13 +19,14 @@ template <class C, class T>
 concept EmbeddingKernelsFor = core::Storage<T> &&
     requires(const C& ctx, const std::int32_t* ids, const float* table, const T* x, T* y, const T* dy, T* dx,
              float* dtable, std::size_t count, std::size_t vocabulary, std::size_t dim, std::size_t n,
-             std::size_t positions, std::size_t context) {
+             std::size_t positions, std::size_t context, bool accumulate) {
         // y (count, dim) = row ids[i] of table (vocabulary, dim) for each of the count ids, which the
         // model has checked to be in [0, vocabulary).
         embedding_forward(ctx, ids, table, y, count, dim);
         // dtable (vocabulary, dim) ASSIGNED: row r the sum of dy's row i over the i with ids[i] == r, in
-        // increasing i (zero for a row no id names).
-        embedding_backward(ctx, ids, dy, dtable, count, vocabulary, dim);
+        // increasing i (zero for a row no id names); with accumulate, that sum starts from dtable's row
+        // as it was instead of zero (a tied table: the head's gradient, then these).
+        embedding_backward(ctx, ids, dy, dtable, count, vocabulary, dim, accumulate);
         // y = x + the table's first `positions` rows, for each of n samples of (positions, dim).
         position_embedding_forward(ctx, x, table, y, n, positions, dim);
         // dx = dy (nothing where dx is null); dtable (context, dim) ASSIGNED: row t the sum over the
