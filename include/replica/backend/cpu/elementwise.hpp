@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/ops.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/number.hpp"
@@ -88,12 +89,13 @@ void gelu_backward(const Context&, const T* x, const T* dy, T* dx, std::size_t c
 }
 
 // GELU, the tanh form: y = 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3);
-// dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
+// dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2 / pi) (1 + 3 * 0.044715 x^2). tanh is
+// ops.hpp's tanh_approx, whose loops vectorise.
 template <core::Storage T>
 void gelu_tanh_forward(const Context&, const T* x, T* y, std::size_t count)
 {
     detail::map1(x, y, count, [](float v) {
-        return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        return 0.5f * v * (1.0f + tanh_approx(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     });
 }
 
@@ -101,7 +103,7 @@ template <core::Storage T>
 void gelu_tanh_backward(const Context&, const T* x, const T* dy, T* dx, std::size_t count)
 {
     detail::map2(x, dy, dx, count, [](float v, float d) {
-        const float t = std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v));
+        const float t = tanh_approx(0.79788456080286536f * (v + 0.044715f * v * v * v));
         return d * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 0.134145f * v * v));
     });
 }

@@ -8,8 +8,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "replica/core/config.hpp"
@@ -27,6 +30,36 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 }
 
 using core::Window;
+
+// exp(x) for x <= 0 in float, without a call or a branch, so that loops over it vectorise: x clamped
+// to [-87.3, 0] through its bits (an integer min, which vectorises where a float compare under
+// -ftrapping-math does not), x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by Cephes' degree-7
+// polynomial, times 2^n built in the exponent bits. Within 2 ulp of std::exp on [-87.3, 0]; below,
+// exp(-87.3) (about 1e-38). A positive x is read as -x.
+inline float exp_nonpositive(float x)
+{
+    const std::int32_t magnitude =
+        std::min(std::bit_cast<std::int32_t>(x) & 0x7fffffff, std::bit_cast<std::int32_t>(87.3f));
+    const float xc = -std::bit_cast<float>(magnitude);
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest
+    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;               // ln 2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * r) * r + r + 1.0f;
+    return p * std::bit_cast<float>(std::int32_t(std::uint32_t(std::int32_t(n) + 127) << 23));
+}
+
+// tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2 |u|): within a few ulp of 1 - |tanh(u)| and of
+// tanh(u) away from 0; near 0 within 1e-7 absolute (what 1 + tanh(u), GELU's use, keeps).
+inline float tanh_approx(float u)
+{
+    const float e = exp_nonpositive(-2.0f * std::fabs(u));
+    return std::copysign((1.0f - e) / (1.0f + e), u);
+}
 
 // dst[i] = to_float(src[i]): T values loaded as float (a copy for T = float).
 template <core::Storage T>
