@@ -29,7 +29,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from make_transformer_fixtures import f32, write
+from make_transformer_fixtures import CausalSelfAttention, f32, write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS, HEADS, DIM, CONTEXT, VOCAB = 2, 2, 16, 8, 24
@@ -37,29 +37,11 @@ BATCH, STEPS = 4, 5
 LR, BETAS, EPS, WD, CLIP = 0.01, (0.9, 0.95), 1e-8, 0.1, 0.5
 
 
-class Attention(torch.nn.Module):
-    def __init__(self, causal):
-        super().__init__()
-        self.causal = causal
-        self.c_attn = torch.nn.Linear(DIM, 3 * DIM)
-        self.c_proj = torch.nn.Linear(DIM, DIM)
-
-    def forward(self, x):
-        n, t, d = x.shape
-        q, k, v = self.c_attn(x).split(d, dim=2)
-        q, k, v = (z.view(n, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // HEADS)
-        if self.causal:
-            scores = scores.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf"))
-        o = torch.softmax(scores, dim=-1) @ v
-        return self.c_proj(o.transpose(1, 2).contiguous().view(n, t, d))
-
-
 class Block(torch.nn.Module):
     def __init__(self, causal, eps, approximate):
         super().__init__()
         self.ln_1 = torch.nn.LayerNorm(DIM, eps=eps)
-        self.attn = Attention(causal)
+        self.attn = CausalSelfAttention(DIM, HEADS, causal)
         self.ln_2 = torch.nn.LayerNorm(DIM, eps=eps)
         self.c_fc = torch.nn.Linear(DIM, 4 * DIM)
         self.gelu = torch.nn.GELU(approximate=approximate)

@@ -101,11 +101,13 @@ def linear_seq(records):
 
 
 class CausalSelfAttention(torch.nn.Module):
-    """nanoGPT's, without dropout and written out (this torch has no scaled_dot_product_attention)."""
+    """nanoGPT's, without dropout and written out (this torch has no scaled_dot_product_attention);
+    causal=False drops the mask (a wrong variant for make_gpt_fixtures.py)."""
 
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, causal=True):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.c_attn = torch.nn.Linear(d, 3 * d)
         self.c_proj = torch.nn.Linear(d, d)
 
@@ -114,8 +116,8 @@ class CausalSelfAttention(torch.nn.Module):
         q, k, v = self.c_attn(x).split(d, dim=2)
         q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
-        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
-        scores = scores.masked_fill(~mask, float("-inf"))
+        if self.causal:
+            scores = scores.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf"))
         o = torch.softmax(scores, dim=-1) @ v
         return self.c_proj(o.transpose(1, 2).contiguous().view(n, t, d))
 
