@@ -7,9 +7,10 @@
 //   replica::write_reference(model, x, 2, "lenet.onnx.reference");   // optional: to compare
 //
 // export_onnx(model, path) writes the model's inference form (Dropout off, BatchNorm on its running
-// estimates) as an ONNX graph: input "input" (N, input_shape...), output "output" (N,
-// output_shape...), N symbolic; the output is what predict() returns (the logits, per pixel for an
-// image-shaped output). Opset 17, IR version 8 (onnx/graph.hpp). The model is any Sequential<Input<...>,
+// estimates) as an ONNX graph: input "input" (N, input_shape...), float, or int32 token ids (N, T) for
+// a model with Input<Tokens<T>>; output "output" (N, output_shape...), N symbolic; the output is what
+// predict() returns (the logits, per pixel for an image-shaped output, per position (N, T, V) for
+// SequenceCrossEntropy). Opset 17, IR version 8 (onnx/graph.hpp). The model is any Sequential<Input<...>,
 // ...>, DataParallel or AutoParallel of one, on any device (parameters and statistics are read through
 // parameters() and statistics(), host copies). Layers map as onnx/layers.hpp lists; Sequential (nested
 // too), Concat (Concat on channels), Residual (Add, with the shortcut's output or the input) and a

@@ -5,18 +5,27 @@
 //   template <class In>
 //   static std::string emit(Graph& g, const std::string& x, const Slice& s);
 // which adds to g the nodes computing L's output in inference form (Dropout off, BatchNorm on its
-// running estimates) from tensor x, of shape (N, In dims...), and returns the name of the output,
-// (N, output_shape dims...). s holds the layer's parameters (param_count floats, laid out as the op
-// lays them out) and its statistics (statistics_count floats), host memory. A layer with no mapping
-// stops the compilation at Mapping<ThatLayer>; specialise Mapping for it (in namespace
-// replica::onnx) to export it. Composites (Sequential, Concat, Residual, a nested DataParallel) are
-// in onnx/export.hpp.
+// running estimates) from tensor x, of shape (N, In dims...) (int32 token ids for the first layer of a
+// token model), and returns the name of the output, (N, output_shape dims...). s holds the layer's
+// parameters (param_count floats, laid out as the op lays them out) and its statistics
+// (statistics_count floats), host memory, and the whole model's parameters (s.model_params), for a
+// layer that reads another's. A layer with no mapping stops the compilation at Mapping<ThatLayer>;
+// specialise Mapping for it (in namespace replica::onnx) to export it. Composites (Sequential, Concat,
+// Residual, a nested DataParallel) are in onnx/export.hpp.
 //
 // What maps to what (opset 17):
 //   Conv1d, Conv2d            Conv (weights (Out, C, K[, K]); bias when Bias::yes)
 //   ConvTranspose2d           ConvTranspose (weights (C, Out, K, K))
 //   Linear                    Gemm (transB = 1); over a sequence (positions, features) MatMul with
 //                             the weight transposed, then Add of the bias
+//   Embedding<V, D>           Gather (axis 0) of the int32 ids (N, T) in the (V, D) table
+//   PositionEmbedding<C>      Add of the table's first T rows, (T, D), broadcast over N
+//   LayerNorm<Options>        LayerNormalization (axis -1, the layer's epsilon; without affine, scale
+//                             ones and bias zeros)
+//   CausalSelfAttention<H>    MatMul (Wqkv transposed), Add, Split in q, k, v; Reshape (N, T, H, D / H)
+//                             and Transpose to (N, H, T, D / H); MatMul q k^T, Mul by 1 / sqrt(D / H),
+//                             Add of a (T, T) causal mask (-inf above the diagonal), Softmax (axis -1),
+//                             MatMul with v; Transpose, Reshape (N, T, D); MatMul (Wo transposed), Add
 //   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, the layer's epsilon; without
 //                             affine, scale ones and B zeros); without track_running_stats the batch's
 //                             statistics: ReduceMean, Sub, Mul, Add, Sqrt, Div
@@ -28,6 +37,8 @@
 //   GELUWith<GeluApprox::tanh>  x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
 //   Flatten                   Flatten (axis 1)
 //   Dropout, Identity         nothing: the output is the input
+// A model's loss (SoftmaxCrossEntropy, SequenceCrossEntropy) is not a layer: the graph's output is the
+// logits.
 
 #include <cmath>
 #include <cstddef>
