@@ -18,14 +18,16 @@ import sys
 
 import numpy as np
 
-MAGIC = b"RPLREF01"
+# The magic names the inputs' element: floats, or a token model's int32 ids.
+INPUT_TYPES = {b"RPLREF01": "<f4", b"RPLREF02": "<i4"}
 
 
 def read_reference(path):
-    """(inputs, outputs) as float32 arrays of the shapes written, batch first."""
+    """(inputs, outputs) as arrays of the shapes written, batch first: inputs float32 or int32 (token
+    ids), outputs float32."""
     with open(path, "rb") as f:
         data = f.read()
-    if data[:8] != MAGIC:
+    if data[:8] not in INPUT_TYPES:
         raise SystemExit(f"{path}: not a replica reference file (write it with replica::onnx::write_reference)")
     rank_in, rank_out = struct.unpack_from("<II", data, 8)
     offset = 16
@@ -36,7 +38,7 @@ def read_reference(path):
     count_in, count_out = int(np.prod(dims_in)), int(np.prod(dims_out))
     if len(data) != offset + 4 * (count_in + count_out):
         raise SystemExit(f"{path}: {len(data)} bytes, the header says {offset + 4 * (count_in + count_out)}")
-    x = np.frombuffer(data, "<f4", count_in, offset).reshape(dims_in)
+    x = np.frombuffer(data, INPUT_TYPES[data[:8]], count_in, offset).reshape(dims_in)
     y = np.frombuffer(data, "<f4", count_out, offset + 4 * count_in).reshape(dims_out)
     return x, y
 

@@ -10,7 +10,9 @@ const ort = require('onnxruntime-node');
 
 function readReference(file) {
     const b = fs.readFileSync(file);
-    if (b.toString('latin1', 0, 8) !== 'RPLREF01') throw new Error(`${file}: not a replica reference file`);
+    const magic = b.toString('latin1', 0, 8);   // RPLREF01: float inputs; RPLREF02: int32 token ids
+    if (magic !== 'RPLREF01' && magic !== 'RPLREF02') throw new Error(`${file}: not a replica reference file`);
+    const ids = magic === 'RPLREF02';
     const rankIn = b.readUInt32LE(8), rankOut = b.readUInt32LE(12);
     let offset = 16;
     const dims = (rank) => {
@@ -25,9 +27,14 @@ function readReference(file) {
         for (let i = 0; i < n; ++i, offset += 4) out[i] = b.readFloatLE(offset);
         return out;
     };
-    const x = floats(count(dimsIn)), y = floats(count(dimsOut));
+    const int32s = (n) => {
+        const out = new Int32Array(n);
+        for (let i = 0; i < n; ++i, offset += 4) out[i] = b.readInt32LE(offset);
+        return out;
+    };
+    const x = ids ? int32s(count(dimsIn)) : floats(count(dimsIn)), y = floats(count(dimsOut));
     if (offset !== b.length) throw new Error(`${file}: ${b.length} bytes, the header says ${offset}`);
-    return {x, dimsIn, y, dimsOut};
+    return {x, type: ids ? 'int32' : 'float32', dimsIn, y, dimsOut};
 }
 
 async function main() {
@@ -42,7 +49,7 @@ async function main() {
         let line, ok = false;
         try {
             const session = await ort.InferenceSession.create(file, {executionProviders: ['cpu']});
-            const result = await session.run({input: new ort.Tensor('float32', ref.x, ref.dimsIn)});
+            const result = await session.run({input: new ort.Tensor(ref.type, ref.x, ref.dimsIn)});
             const got = result.output;
             if (got.dims.join('x') !== ref.dimsOut.join('x')) {
                 line = `${name}: output shape ${got.dims.join('x')}, predict() gives ${ref.dimsOut.join('x')}`;

@@ -1,9 +1,11 @@
-// ONNX export. "[onnx][networks]" writes every standard network, the residual networks and two small
-// networks holding every other layer of the vocabulary as NAME.onnx, with NAME.onnx.reference (a batch
-// of 2 random inputs and predict()'s outputs), into the folder $REPLICA_ONNX_DIR; tests/onnx/check.py
-// then runs onnx.checker and ONNX Runtime on them. The other cases check export_onnx's refusals.
+// ONNX export. "[onnx][networks]" writes every standard network, the residual networks, small
+// networks holding every other layer of the vocabulary and two small GPTs trained a few steps (token
+// ids in, logits out) as NAME.onnx, with NAME.onnx.reference (a batch of 2 random inputs and
+// predict()'s outputs), into the folder $REPLICA_ONNX_DIR; tests/onnx/check.py then runs onnx.checker
+// and ONNX Runtime on them. The other cases check export_onnx's refusals and the graphs' inputs.
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "../models.hpp"
 #include "../support.hpp"
 #include "replica/onnx/export.hpp"
 #include "replica/replica.hpp"
@@ -52,6 +55,16 @@ using VocabularyBatchNormOptions =
 // Issue 43's layers that export: Linear over a sequence (MatMul, Add) and GELU's tanh form.
 using VocabularySequence = Sequential<Input<5, 8>, Linear<6>, GELUWith<GeluApprox::tanh>, Linear<3>, Flatten, Linear<4>>;
 
+// The transformer's layers on token ids, beside testing::TinyGpt (4 heads, LayerNorm's defaults): one
+// head, LayerNorm with eps 1e-3 and no affine (its activations' variance, the embeddings' N(0, 0.02)
+// squared, is below that eps, so a wrong eps shows), a PositionEmbedding with more positions than the
+// input has (the graph adds the first 8 of its 12 rows), and Linear over the sequence.
+constexpr LayerNormOptions kPlainNorm{.eps = 1e-3f, .affine = false};
+using GptOneHead = Sequential<Input<Tokens<8>>, Embedding<40, 16>, PositionEmbedding<12>,
+                              Residual<Sequential<LayerNorm<kPlainNorm>, CausalSelfAttention<1>>>,
+                              Residual<Sequential<LayerNorm<kPlainNorm>, Linear<32>, GELUWith<GeluApprox::tanh>, Linear<16>>>,
+                              LayerNorm<kPlainNorm>, Linear<40>, SequenceCrossEntropy>;
+
 // Random BatchNorm running estimates: means in [-0.3, 0.3], variances spread over [1e-4, 2] in the
 // small networks (where the epsilon of 1e-5 then matters) and [0.5, 1.5] in the deep ones.
 template <class M>
@@ -89,6 +102,21 @@ void write(M& m, const std::filesystem::path& dir, const std::string& name, bool
     REQUIRE(std::filesystem::file_size(path) > M::param_count * sizeof(float));
 }
 
+// A token model trained `steps` SGD steps on next-token batches of 4 (so that LayerNorm's weights
+// and every bias are off their initial 1 and 0), written with 2 other samples' ids and its logits.
+template <class M>
+void write_trained(M& m, const std::filesystem::path& dir, const std::string& name, std::size_t steps)
+{
+    const testing::TokenBatches<M> data(4 * steps + 2, 21);
+    SGD opt{{.lr = 0.1f}};
+    for (std::size_t i = 0; i < steps; ++i) REQUIRE(std::isfinite(train_step(m, opt, data.batch(4 * i, 4, 4 * i))));
+    const std::string path = (dir / (name + ".onnx")).string();
+    export_onnx(m, path);
+    write_reference(m, data.inputs.data() + 4 * steps * M::input_shape::size, 2, path + ".reference");
+    INFO(name);
+    REQUIRE(std::filesystem::file_size(path) > M::param_count * sizeof(float));
+}
+
 std::vector<Device> cpus(std::size_t n)
 {
     std::vector<Device> d;
@@ -117,6 +145,8 @@ TEST_CASE("every network exports with its predict() outputs beside it", "[onnx][
     { Vocabulary1d m{cpu, 10}; write(m, dir, "vocabulary1d", true); }
     { VocabularyBatchNormOptions m{cpu, 13}; write(m, dir, "batch_norm_options", true); }
     { VocabularySequence m{cpu, 14}; write(m, dir, "sequence"); }
+    { testing::TinyGpt m{cpu, 15}; write_trained(m, dir, "gpt", 3); }
+    { GptOneHead m{cpu, 16}; write_trained(m, dir, "gpt_one_head", 3); }
     // A DataParallel and an AutoParallel are exported as the model they replicate.
     { DataParallel<Vocabulary1d, Threaded> m{cpus(2), 11}; write(m, dir, "data_parallel", true); }
     { auto m = auto_parallel(Vocabulary2d{cpu, 12}, cpus(2)); write(m, dir, "auto_parallel", true); }
@@ -166,4 +196,19 @@ TEST_CASE("export_onnx refuses what it cannot write", "[onnx]")
         REQUIRE(std::filesystem::exists(dir / "m.onnx"));
         REQUIRE_FALSE(std::filesystem::exists(dir / "m.onnx.tmp"));
     }
+}
+
+TEST_CASE("a token model's graph reads int32 ids (N, T) and gives logits (N, T, V)", "[onnx]")
+{
+    const auto proto = to_onnx(testing::TinyGpt{Device::cpu()});
+    const auto& input = proto.graph().input(0).type().tensor_type();
+    REQUIRE(input.elem_type() == ::onnx::TensorProto::INT32);
+    REQUIRE(input.shape().dim_size() == 2);
+    REQUIRE(input.shape().dim(0).dim_param() == "N");
+    REQUIRE(input.shape().dim(1).dim_value() == 16);
+    const auto& output = proto.graph().output(0).type().tensor_type();
+    REQUIRE(output.elem_type() == ::onnx::TensorProto::FLOAT);
+    REQUIRE(output.shape().dim_size() == 3);
+    REQUIRE(output.shape().dim(1).dim_value() == 16);
+    REQUIRE(output.shape().dim(2).dim_value() == 64);
 }

@@ -7,9 +7,10 @@
 //   replica::write_reference(model, x, 2, "lenet.onnx.reference");   // optional: to compare
 //
 // export_onnx(model, path) writes the model's inference form (Dropout off, BatchNorm on its running
-// estimates) as an ONNX graph: input "input" (N, input_shape...), output "output" (N,
-// output_shape...), N symbolic; the output is what predict() returns (the logits, per pixel for an
-// image-shaped output). Opset 17, IR version 8 (onnx/graph.hpp). The model is any Sequential<Input<...>,
+// estimates) as an ONNX graph: input "input" (N, input_shape...), float, or int32 token ids (N, T) for
+// a model with Input<Tokens<T>>; output "output" (N, output_shape...), N symbolic; the output is what
+// predict() returns (the logits, per pixel for an image-shaped output, per position (N, T, V) for
+// SequenceCrossEntropy). Opset 17, IR version 8 (onnx/graph.hpp). The model is any Sequential<Input<...>,
 // ...>, DataParallel or AutoParallel of one, on any device (parameters and statistics are read through
 // parameters() and statistics(), host copies). Layers map as onnx/layers.hpp lists; Sequential (nested
 // too), Concat (Concat on channels), Residual (Add, with the shortcut's output or the input) and a
@@ -17,11 +18,12 @@
 // not compile (Mapping<ThatLayer>). Errors (replica::Error): a file that cannot be written, a model
 // whose parameters or statistics are not finite, a model above protobuf's 2 GiB.
 //
-// write_reference(model, x, n, path) runs predict() on n samples x (host memory) and writes them and
-// its outputs, for tests/onnx/compare.py or any runtime to compare against. The format,
-// little-endian:
-//   8 bytes "RPLREF01" | u32 input rank r | u32 output rank s | u64 input dims (r, N first) |
-//   u64 output dims (s, N first) | f32 inputs | f32 outputs
+// write_reference(model, x, n, path) runs predict() on n samples x (host memory: floats, or a token
+// model's std::int32_t ids) and writes them and its outputs, for tests/onnx/compare.py or any runtime to
+// compare against. The format, little-endian:
+//   8 bytes "RPLREF01" (float inputs) or "RPLREF02" (int32 token ids) | u32 input rank r |
+//   u32 output rank s | u64 input dims (r, N first) | u64 output dims (s, N first) |
+//   f32 or i32 inputs | f32 outputs
 
 #include <cmath>
 #include <cstddef>
@@ -59,8 +61,7 @@ std::string emit_chain(Graph& g, const std::string& x, const Slice& s, model::de
     using O = typename L::template op<In>;
     const std::string y = emit<L, In>(g, x, s);
     return emit_chain<typename O::output_shape>(
-        g, y, Slice{s.params + O::param_count, s.statistics + layers::statistics_count_of<O>},
-        model::detail::type_list<Rest...>{});
+        g, y, s.after(O::param_count, layers::statistics_count_of<O>), model::detail::type_list<Rest...>{});
 }
 } // namespace detail
 
@@ -82,8 +83,8 @@ struct Mapping<model::Concat<Branches...>> {
         std::vector<std::string> outputs;
         Slice branch = s;   // the branches' slices one after another (Parts' layout)
         ((outputs.push_back(onnx::emit<Branches, In>(g, x, branch)),
-          branch.params += Branches::template op<In>::param_count,
-          branch.statistics += layers::statistics_count_of<typename Branches::template op<In>>),
+          branch = branch.after(Branches::template op<In>::param_count,
+                                layers::statistics_count_of<typename Branches::template op<In>>)),
          ...);
         return g.node("Concat", outputs, {integer("axis", 1)});   // on channels
     }
@@ -99,8 +100,7 @@ struct Mapping<model::Residual<Body, Shortcut>> {
             return g.node("Add", {body, x});
         } else {
             using B = typename Body::template op<In>;
-            const Slice rest{s.params + B::param_count, s.statistics + layers::statistics_count_of<B>};
-            return g.node("Add", {body, onnx::emit<Shortcut, In>(g, x, rest)});
+            return g.node("Add", {body, onnx::emit<Shortcut, In>(g, x, s.after(B::param_count, layers::statistics_count_of<B>))});
         }
     }
 };
@@ -116,12 +116,13 @@ struct Mapping<parallel::DataParallel<M, Dispatch>> {
 };
 
 namespace detail {
-template <class Shape>
+// A graph input or output of (N, Shape...) elements E: float, or std::int32_t (token ids).
+template <class Shape, class E = float>
 void describe(::onnx::ValueInfoProto& v, const std::string& name)
 {
     v.set_name(name);
     ::onnx::TypeProto_Tensor& t = *v.mutable_type()->mutable_tensor_type();
-    t.set_elem_type(::onnx::TensorProto::FLOAT);
+    t.set_elem_type(std::is_same_v<E, std::int32_t> ? ::onnx::TensorProto::INT32 : ::onnx::TensorProto::FLOAT);
     ::onnx::TensorShapeProto& shape = *t.mutable_shape();
     shape.add_dim()->set_dim_param("N");
     for (std::size_t d : Shape::dims) shape.add_dim()->set_dim_value(std::int64_t(d));
@@ -177,9 +178,9 @@ template <class Model>
     set.set_version(opset);
     ::onnx::GraphProto& graph = *m.mutable_graph();
     graph.set_name("replica");
-    detail::describe<In>(*graph.add_input(), "input");
+    detail::describe<In, typename Seq::input_element>(*graph.add_input(), "input");
     Graph g(graph);
-    const std::string y = emit<Seq, In>(g, "input", Slice{params.data(), stats.data()});
+    const std::string y = emit<Seq, In>(g, "input", Slice{params.data(), stats.data(), params});
     g.output(y, "output");
     detail::describe<Out>(*graph.add_output(), "output");
     return m;
@@ -196,11 +197,12 @@ void export_onnx(const Model& model, const std::string& path)
                        {reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
 }
 
-// Writes n samples x (host memory, n * input size floats) and the model's predict() outputs for them
-// to path, in the format at the top of this file.
+// Writes n samples x (host memory, n * input size floats or token ids) and the model's predict()
+// outputs for them to path, in the format at the top of this file.
 template <class Model>
-void write_reference(Model& model, const float* x, std::size_t n, const std::string& path)
+void write_reference(Model& model, const typename Model::input_element* x, std::size_t n, const std::string& path)
 {
+    constexpr bool ids = std::is_same_v<typename Model::input_element, std::int32_t>;
     using In = typename Model::input_shape;
     using Out = typename Model::output_shape;
     core::require(n > 0, "write_reference: give at least one sample");
@@ -211,7 +213,7 @@ void write_reference(Model& model, const float* x, std::size_t n, const std::str
         const auto* c = static_cast<const unsigned char*>(p);
         bytes.insert(bytes.end(), c, c + size);
     };
-    put("RPLREF01", 8);
+    put(ids ? "RPLREF02" : "RPLREF01", 8);
     const std::uint32_t ranks[2] = {std::uint32_t(In::rank + 1), std::uint32_t(Out::rank + 1)};
     put(ranks, sizeof ranks);
     const auto dims = [&](const auto& d) {
@@ -224,7 +226,7 @@ void write_reference(Model& model, const float* x, std::size_t n, const std::str
     };
     dims(In::dims);
     dims(Out::dims);
-    put(x, n * In::size * sizeof(float));
+    put(x, n * In::size * sizeof(*x));
     put(y.data(), y.size() * sizeof(float));
     detail::write_file(path, "write_reference", bytes);
 }

@@ -73,6 +73,16 @@ public:
     }
     // A constant of one float, shape () (a scalar, broadcast by elementwise operators).
     std::string scalar(const std::string& hint, float v) { return initializer(hint, {}, &v); }
+    // A constant 1-D int64 tensor holding v: the shape of a Reshape, the axes of a Slice.
+    std::string int64s(const std::string& hint, const std::vector<std::int64_t>& v)
+    {
+        ::onnx::TensorProto& t = *g_.add_initializer();
+        t.set_name(fresh(hint));
+        t.set_data_type(::onnx::TensorProto::INT64);
+        t.add_dims(std::int64_t(v.size()));
+        for (std::int64_t x : v) t.add_int64_data(x);
+        return t.name();
+    }
 
     // A node of operator `op` (default ONNX domain) on `inputs` (an empty name: an optional input left
     // out); returns the name of its one output.
@@ -84,12 +94,33 @@ public:
     std::string node(const std::string& op, const std::vector<std::string>& inputs,
                      const std::vector<Attribute>& attributes, std::string out = {})
     {
+        if (out.empty()) out = fresh(lower(op));
+        add_node(op, inputs, attributes, {out});
+        return out;
+    }
+    // A node with `count` outputs (Split): their names, in the operator's order.
+    std::vector<std::string> nodes(const std::string& op, std::initializer_list<std::string> inputs,
+                                   std::initializer_list<Attribute> attributes, std::size_t count)
+    {
+        std::vector<std::string> outputs;
+        for (std::size_t i = 0; i < count; ++i) outputs.push_back(fresh(lower(op)));
+        add_node(op, std::vector<std::string>(inputs), std::vector<Attribute>(attributes), outputs);
+        return outputs;
+    }
+
+    // Names tensor x `name` as well (an Identity node): the graph's output keeps one name whatever
+    // the last layer is.
+    void output(const std::string& x, const std::string& name) { node("Identity", {x}, {}, name); }
+
+private:
+    void add_node(const std::string& op, const std::vector<std::string>& inputs, const std::vector<Attribute>& attributes,
+                  const std::vector<std::string>& outputs)
+    {
         ::onnx::NodeProto& n = *g_.add_node();
         n.set_op_type(op);
         n.set_name(fresh(op));
         for (const auto& i : inputs) n.add_input(i);
-        if (out.empty()) out = fresh(lower(op));
-        n.add_output(out);
+        for (const auto& o : outputs) n.add_output(o);
         for (const auto& a : attributes) {
             ::onnx::AttributeProto& p = *n.add_attribute();
             p.set_name(a.name);
@@ -104,14 +135,8 @@ public:
                 p.set_f(std::get<float>(a.value));
             }
         }
-        return out;
     }
 
-    // Names tensor x `name` as well (an Identity node): the graph's output keeps one name whatever
-    // the last layer is.
-    void output(const std::string& x, const std::string& name) { node("Identity", {x}, {}, name); }
-
-private:
     static std::string lower(std::string s)
     {
         for (char& c : s)

@@ -5,18 +5,27 @@
 //   template <class In>
 //   static std::string emit(Graph& g, const std::string& x, const Slice& s);
 // which adds to g the nodes computing L's output in inference form (Dropout off, BatchNorm on its
-// running estimates) from tensor x, of shape (N, In dims...), and returns the name of the output,
-// (N, output_shape dims...). s holds the layer's parameters (param_count floats, laid out as the op
-// lays them out) and its statistics (statistics_count floats), host memory. A layer with no mapping
-// stops the compilation at Mapping<ThatLayer>; specialise Mapping for it (in namespace
-// replica::onnx) to export it. Composites (Sequential, Concat, Residual, a nested DataParallel) are
-// in onnx/export.hpp.
+// running estimates) from tensor x, of shape (N, In dims...) (int32 token ids for the first layer of a
+// token model), and returns the name of the output, (N, output_shape dims...). s holds the layer's
+// parameters (param_count floats, laid out as the op lays them out) and its statistics
+// (statistics_count floats), host memory, and the whole model's parameters (s.model_params), for a
+// layer that reads another's. A layer with no mapping stops the compilation at Mapping<ThatLayer>;
+// specialise Mapping for it (in namespace replica::onnx) to export it. Composites (Sequential, Concat,
+// Residual, a nested DataParallel) are in onnx/export.hpp.
 //
 // What maps to what (opset 17):
 //   Conv1d, Conv2d            Conv (weights (Out, C, K[, K]); bias when Bias::yes)
 //   ConvTranspose2d           ConvTranspose (weights (C, Out, K, K))
 //   Linear                    Gemm (transB = 1); over a sequence (positions, features) MatMul with
 //                             the weight transposed, then Add of the bias
+//   Embedding<V, D>           Gather (axis 0) of the int32 ids (N, T) in the (V, D) table
+//   PositionEmbedding<C>      Add of the table's first T rows, (T, D), broadcast over N
+//   LayerNorm<Options>        LayerNormalization (axis -1, the layer's epsilon; without affine, scale
+//                             ones and bias zeros)
+//   CausalSelfAttention<H>    MatMul (Wqkv transposed), Add, Split in q, k, v; Reshape (N, T, H, D / H)
+//                             and Transpose to (N, H, T, D / H); MatMul q k^T, Mul by 1 / sqrt(D / H),
+//                             Add of a (T, T) causal mask (-inf above the diagonal), Softmax (axis -1),
+//                             MatMul with v; Transpose, Reshape (N, T, D); MatMul (Wo transposed), Add
 //   BatchNorm1d, BatchNorm2d  BatchNormalization (running mean and variance, the layer's epsilon; without
 //                             affine, scale ones and B zeros); without track_running_stats the batch's
 //                             statistics: ReduceMean, Sub, Mul, Add, Sqrt, Div
@@ -28,16 +37,22 @@
 //   GELUWith<GeluApprox::tanh>  x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
 //   Flatten                   Flatten (axis 1)
 //   Dropout, Identity         nothing: the output is the input
+// A model's loss (SoftmaxCrossEntropy, SequenceCrossEntropy) is not a layer: the graph's output is the
+// logits.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "replica/core/config.hpp"
 #include "replica/layers/activation.hpp"
+#include "replica/layers/attention.hpp"
 #include "replica/layers/conv.hpp"
+#include "replica/layers/embedding.hpp"
+#include "replica/layers/layer_norm.hpp"
 #include "replica/layers/linear.hpp"
 #include "replica/layers/normalization.hpp"
 #include "replica/layers/op.hpp"
@@ -46,10 +61,19 @@
 
 namespace REPLICA_NAMESPACE::onnx {
 
-// A layer's parameters and statistics in the model's flat host copies.
+// A layer's parameters and statistics in the model's flat host copies, and the whole model's
+// parameters (the outermost Sequential's, in its layout), for a mapping that reads another layer's: a
+// head tied to the Embedding's table finds it at the start, Embedding being the first layer.
 struct Slice {
     const float* params;
     const float* statistics;
+    std::span<const float> model_params;
+
+    // The slice of what follows `param_count` parameters and `statistics_count` statistics of this one.
+    Slice after(std::size_t param_count, std::size_t statistics_count) const
+    {
+        return {params + param_count, statistics + statistics_count, model_params};
+    }
 };
 
 namespace detail {
@@ -96,6 +120,18 @@ std::string convolution(Graph& g, const std::string& op, const std::string& x, c
         return g.node(op, {x, w, g.initializer(op + "_bias", {i64(out)}, params + weights)}, attributes);
     else return g.node(op, {x, w}, attributes);
 }
+
+// x (N, ..., in) @ W^T + b, W (out, in) at weight, b (out) at bias: MatMul with W transposed (an
+// initializer (in, out)), broadcast over the leading axes, then Add.
+inline std::string matmul_add(Graph& g, const std::string& x, const float* weight, const float* bias, std::size_t in,
+                              std::size_t out)
+{
+    std::vector<float> wt(in * out);
+    for (std::size_t o = 0; o < out; ++o)
+        for (std::size_t i = 0; i < in; ++i) wt[i * out + o] = weight[o * in + i];
+    const std::string w = g.initializer("linear_weight", {i64(in), i64(out)}, wt.data());
+    return g.node("Add", {g.node("MatMul", {x, w}), g.initializer("linear_bias", {i64(out)}, bias)});
+}
 } // namespace detail
 
 namespace detail {
@@ -136,17 +172,85 @@ struct Mapping<layers::Linear<Out>> {
         using O = typename layers::Linear<Out>::template op<In>;
         using detail::i64;
         constexpr std::size_t F = O::N;
-        const std::string b = g.initializer("linear_bias", {i64(Out)}, s.params + O::weight_count);
         if constexpr (In::rank == 1) {
             const std::string w = g.initializer("linear_weight", {i64(Out), i64(F)}, s.params);   // (Out, in)
+            const std::string b = g.initializer("linear_bias", {i64(Out)}, s.params + O::weight_count);
             return g.node("Gemm", {x, w, b}, {integer("transB", 1)});
         } else {   // (N, positions, in) @ (in, Out): MatMul broadcasts over the positions, Gemm does not
-            std::vector<float> wt(F * Out);
-            for (std::size_t o = 0; o < Out; ++o)
-                for (std::size_t i = 0; i < F; ++i) wt[i * Out + o] = s.params[o * F + i];
-            const std::string w = g.initializer("linear_weight", {i64(F), i64(Out)}, wt.data());
-            return g.node("Add", {g.node("MatMul", {x, w}), b});
+            return detail::matmul_add(g, x, s.params, s.params + O::weight_count, F, Out);
         }
+    }
+};
+
+// (N, T) ids -> (N, T, Dim): Gather on the table's rows.
+template <std::size_t Vocab, std::size_t Dim>
+struct Mapping<layers::Embedding<Vocab, Dim>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& ids, const Slice& s)
+    {
+        using detail::i64;
+        const std::string table = g.initializer("embedding_table", {i64(Vocab), i64(Dim)}, s.params);
+        return g.node("Gather", {table, ids}, {integer("axis", 0)});
+    }
+};
+
+// (N, T, D) + the table's first T rows, (T, D), broadcast over N.
+template <std::size_t Context>
+struct Mapping<layers::PositionEmbedding<Context>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        using detail::i64;
+        const std::string rows = g.initializer("position_embedding", {i64(In::dims[0]), i64(In::dims[1])}, s.params);
+        return g.node("Add", {x, rows});
+    }
+};
+
+template <layers::LayerNormOptions Options>
+struct Mapping<layers::LayerNorm<Options>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        constexpr std::size_t F = layers::LayerNorm<Options>::template op<In>::F;
+        const std::vector<float> ones(F, 1.0f), zeros(F, 0.0f);   // without affine
+        const std::int64_t f = detail::i64(F);
+        const std::string scale = g.initializer("layer_norm_weight", {f}, Options.affine ? s.params : ones.data());
+        const std::string bias = g.initializer("layer_norm_bias", {f}, Options.affine ? s.params + F : zeros.data());
+        return g.node("LayerNormalization", {x, scale, bias}, {integer("axis", -1), real("epsilon", Options.eps)});
+    }
+};
+
+// (N, T, D): qkv = x Wqkv^T + bqkv split in three; each of q, k, v (N, T, Heads, hd) with the heads
+// brought forward, (N, Heads, T, hd) (k transposed: (N, Heads, hd, T)); Softmax(q k^T * 1/sqrt(hd) +
+// mask) v, the mask (T, T) 0 where j <= i, -inf above the diagonal; the heads back side by side (N,
+// T, D), then o Wo^T + bo.
+template <std::size_t Heads>
+struct Mapping<layers::CausalSelfAttention<Heads>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        using O = typename layers::CausalSelfAttention<Heads>::template op<In>;
+        using detail::i64;
+        constexpr std::size_t T = O::L, D = O::D, hd = D / Heads;
+        const std::string qkv = detail::matmul_add(g, x, s.params, s.params + O::qkv_weights, D, 3 * D);   // (N, T, 3D)
+        const std::vector<std::string> parts = g.nodes("Split", {qkv}, {integer("axis", -1)}, 3);
+        const std::string heads_shape = g.int64s("attention_heads_shape", {0, i64(T), i64(Heads), i64(hd)});
+        const auto split_heads = [&](const std::string& t, std::vector<std::int64_t> perm) {
+            return g.node("Transpose", {g.node("Reshape", {t, heads_shape})}, {ints("perm", std::move(perm))});
+        };
+        const std::string q = split_heads(parts[0], {0, 2, 1, 3});   // (N, Heads, T, hd)
+        const std::string kt = split_heads(parts[1], {0, 2, 3, 1});  // (N, Heads, hd, T)
+        const std::string v = split_heads(parts[2], {0, 2, 1, 3});   // (N, Heads, T, hd)
+        std::vector<float> mask(T * T, 0.0f);
+        for (std::size_t i = 0; i < T; ++i)
+            for (std::size_t j = i + 1; j < T; ++j) mask[i * T + j] = -INFINITY;
+        const std::string scores =
+            g.node("Add", {g.node("Mul", {g.node("MatMul", {q, kt}), g.scalar("attention_scale", 1.0f / std::sqrt(float(hd)))}),
+                           g.initializer("causal_mask", {i64(T), i64(T)}, mask.data())});   // (N, Heads, T, T)
+        const std::string heads = g.node("MatMul", {g.node("Softmax", {scores}, {integer("axis", -1)}), v});
+        const std::string o = g.node("Reshape", {g.node("Transpose", {heads}, {ints("perm", {0, 2, 1, 3})}),
+                                                 g.int64s("attention_output_shape", {0, i64(T), i64(D)})});   // (N, T, D)
+        return detail::matmul_add(g, o, s.params + O::qkv_count, s.params + O::qkv_count + O::out_weights, D, D);
     }
 };
 
