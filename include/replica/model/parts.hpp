@@ -65,7 +65,10 @@ template <class L, class In, class T>
 using bound_op = typename detail::bind_op<L, In, T>::type;
 
 namespace detail {
-// The tag that names an op's parameters (layers/op.hpp's tied weights), void for none.
+// An op that reads another's parameters, and the tag that names an op's parameters, void for none
+// (layers/op.hpp's tied weights).
+template <class O>
+concept tied = requires { typename O::tied_to; };
 template <class O>
 struct tag_of {
     using type = void;
@@ -109,17 +112,21 @@ public:
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
 
 private:
+    // The parts before I whose op's tag is Tag: how many, and the last one. (Functions, not lambdas:
+    // nvcc's front end loses the parameter pack of a lambda in a variable template's initializer.)
+    template <class Tag, std::size_t... J>
+    static consteval std::array<std::size_t, 2> tagged(std::index_sequence<J...>)
+    {
+        std::size_t count = 0, at = 0;
+        ((std::is_same_v<typename detail::tag_of<op<J>>::type, Tag> ? (++count, at = J) : 0), ...);
+        return {count, at};
+    }
     // The part before I whose op's tag is op I's tied_to, checked: exactly one, owning parameters that
     // it can take gradients into, and op I owning none of its own.
     template <std::size_t I>
     static consteval std::size_t tie_home()
     {
-        using Tag = typename op<I>::tied_to;
-        constexpr auto found = []<std::size_t... J>(std::index_sequence<J...>) {
-            std::size_t count = 0, at = 0;
-            ((std::is_same_v<typename detail::tag_of<op<J>>::type, Tag> ? (++count, at = J) : 0), ...);
-            return std::array<std::size_t, 2>{count, at};
-        }(std::make_index_sequence<I>{});
+        constexpr auto found = tagged<typename op<I>::tied_to>(std::make_index_sequence<I>{});
         static_assert(found[0] > 0, "TiedHead<E> names an embedding E that is not a layer before it in the same "
                                     "Sequential: put E earlier in the head's own chain");
         static_assert(found[0] < 2, "TiedHead<E>: two layers before it are E: tell them apart with a tag of their own, "
@@ -129,20 +136,26 @@ private:
                       "the layer a tied layer names cannot add a second gradient to its parameters");
         return found[1];
     }
+    template <std::size_t I>
+    static consteval std::size_t home_of()
+    {
+        if constexpr (detail::tied<std::tuple_element_t<I, std::tuple<Ops...>>>) return tie_home<I>();
+        else return I;
+    }
+    template <std::size_t J, std::size_t... I>
+    static consteval bool shared_by_later(std::index_sequence<I...>)
+    {
+        return (false || ... || (I > J && home_of<I>() == J));
+    }
 
 public:
     // Where part I's parameters are: its own slice, or, for an op tied_to a tag, the slice of the one
     // part before it whose op has that tag (layers/op.hpp's tied weights).
     template <std::size_t I>
-    static constexpr std::size_t param_home = [] {
-        if constexpr (requires { typename op<I>::tied_to; }) return tie_home<I>();
-        else return I;
-    }();
+    static constexpr std::size_t param_home = home_of<I>();
     // Whether a later part shares part J's parameters: J's backward then adds its gradients to theirs.
     template <std::size_t J>
-    static constexpr bool shared_later = []<std::size_t... I>(std::index_sequence<I...>) {
-        return (false || ... || (I > J && param_home<I> == J));
-    }(std::make_index_sequence<N>{});
+    static constexpr bool shared_later = shared_by_later<J>(std::make_index_sequence<N>{});
 
     explicit Parts(const Build& b) : ops_(make(b, std::make_index_sequence<N>{})) {}
 

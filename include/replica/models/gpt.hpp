@@ -38,21 +38,23 @@ using TransformerBlock =
                Residual<Sequential<LayerNorm<>, Linear<4 * Dim>, GELUWith<GeluApprox::tanh>, Linear<Dim>>>>;
 
 namespace detail {
-template <std::size_t Layers, std::size_t Heads, std::size_t Dim, std::size_t Context, std::size_t Vocab>
-struct GPTOf {
+template <std::size_t, class T>
+struct repeated {
+    using type = T;
+};
+template <class Indices, std::size_t Heads, std::size_t Dim, std::size_t Context, std::size_t Vocab>
+struct GPTOf;
+template <std::size_t... I, std::size_t Heads, std::size_t Dim, std::size_t Context, std::size_t Vocab>
+struct GPTOf<std::index_sequence<I...>, Heads, Dim, Context, Vocab> {
     using token_embedding = Embedding<Vocab, Dim>;
-    template <std::size_t>
-    using block = TransformerBlock<Heads, Dim>;
-    template <std::size_t... I>
-    static auto make(std::index_sequence<I...>)
-        -> Sequential<Input<Tokens<Context>>, token_embedding, PositionEmbedding<Context>, block<I>..., LayerNorm<>,
-                      TiedHead<token_embedding>, SequenceCrossEntropy>;
-    using type = decltype(make(std::make_index_sequence<Layers>{}));
+    using type = Sequential<Input<Tokens<Context>>, token_embedding, PositionEmbedding<Context>,
+                            typename repeated<I, TransformerBlock<Heads, Dim>>::type..., LayerNorm<>,
+                            TiedHead<token_embedding>, SequenceCrossEntropy>;
 };
 } // namespace detail
 
 template <std::size_t Layers, std::size_t Heads, std::size_t Dim, std::size_t Context, std::size_t Vocab>
-using GPT = typename detail::GPTOf<Layers, Heads, Dim, Context, Vocab>::type;
+using GPT = typename detail::GPTOf<std::make_index_sequence<Layers>, Heads, Dim, Context, Vocab>::type;
 
 using GPT2Small = GPT<12, 12, 768, 1024, 50304>;
 using CharGPT = GPT<4, 4, 128, 64, 256>;

@@ -71,6 +71,16 @@ public:
         t.set_raw_data(reinterpret_cast<const char*>(data), count * sizeof(float));
         return t.name();
     }
+    // initializer() for parameters that two layers share (the table of an Embedding and of the
+    // TiedHead that reads it): data in the model's parameters, which outlive the graph; asked for
+    // again with the same data and dims, the first one's name.
+    std::string shared_initializer(const std::string& hint, const std::vector<std::int64_t>& dims, const float* data)
+    {
+        for (const Shared& s : shared_)
+            if (s.data == data && s.dims == dims) return s.name;
+        shared_.push_back({data, dims, initializer(hint, dims, data)});
+        return shared_.back().name;
+    }
     // A constant of one float, shape () (a scalar, broadcast by elementwise operators).
     std::string scalar(const std::string& hint, float v) { return initializer(hint, {}, &v); }
     // A constant 1-D int64 tensor holding v: the shape of a Reshape, the axes of a Slice.
@@ -146,6 +156,12 @@ private:
 
     ::onnx::GraphProto& g_;
     std::size_t count_ = 0;
+    struct Shared {
+        const float* data;
+        std::vector<std::int64_t> dims;
+        std::string name;
+    };
+    std::vector<Shared> shared_;
 };
 
 } // namespace replica::onnx

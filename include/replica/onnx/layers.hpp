@@ -20,6 +20,7 @@
 //                             the weight transposed, then Add of the bias
 //   Embedding<V, D>           Gather (axis 0) of the int32 ids (N, T) in the (V, D) table
 //   PositionEmbedding<C>      Add of the table's first T rows, (T, D), broadcast over N
+//   TiedHead<E>               MatMul with Transpose of E's table: the Gather's initializer, one copy
 //   LayerNorm<Options>        LayerNormalization (axis -1, the layer's epsilon; without affine, scale
 //                             ones and bias zeros)
 //   CausalSelfAttention<H>    MatMul (Wqkv transposed), Add, Split in q, k, v; Reshape (N, T, H, D / H)
@@ -57,6 +58,7 @@
 #include "replica/layers/normalization.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/layers/pool.hpp"
+#include "replica/layers/tied_head.hpp"
 #include "replica/onnx/graph.hpp"
 
 namespace REPLICA_NAMESPACE::onnx {
@@ -183,14 +185,29 @@ struct Mapping<layers::Linear<Out>> {
 };
 
 // (N, T) ids -> (N, T, Dim): Gather on the table's rows.
-template <std::size_t Vocab, std::size_t Dim>
-struct Mapping<layers::Embedding<Vocab, Dim>> {
+template <std::size_t Vocab, std::size_t Dim, class Tag>
+struct Mapping<layers::Embedding<Vocab, Dim, Tag>> {
     template <class In>
     static std::string emit(Graph& g, const std::string& ids, const Slice& s)
     {
         using detail::i64;
-        const std::string table = g.initializer("embedding_table", {i64(Vocab), i64(Dim)}, s.params);
+        const std::string table = g.shared_initializer("embedding_table", {i64(Vocab), i64(Dim)}, s.params);
         return g.node("Gather", {table, ids}, {integer("axis", 0)});
+    }
+};
+
+// (N, T, Dim) -> (N, T, Vocab): MatMul with the embedding's own table initializer, transposed (one
+// copy of the table in the file, as in the model). The Embedding is the outermost model's first layer,
+// so its table is the first Vocab * Dim of the model's parameters.
+template <class E>
+struct Mapping<layers::TiedHead<E>> {
+    template <class In>
+    static std::string emit(Graph& g, const std::string& x, const Slice& s)
+    {
+        using detail::i64;
+        const std::string table =
+            g.shared_initializer("embedding_table", {i64(E::vocabulary), i64(E::dim)}, s.model_params.data());
+        return g.node("MatMul", {x, g.node("Transpose", {table}, {ints("perm", {1, 0})})});
     }
 };
 
