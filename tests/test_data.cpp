@@ -723,6 +723,7 @@ TEST_CASE("TokenFile refuses what it cannot train on, saying what to do", "[cpu]
         write_bytes(dir / "long", iota_bytes(100));
         REQUIRE_ERROR(TokenFile(dir / "long", {.max_bytes = 99}), "longer than 99 bytes (TokenFileOptions::max_bytes)");
         CHECK(TokenFile(dir / "long", {.max_bytes = 100}).size() == 100);
+        CHECK(TokenFile(dir / "long", {.max_bytes = ~std::uint64_t{0}}).size() == 100);   // no bound
         REQUIRE_ERROR(TokenFile::from_files({dir / "long", dir / "long"}, {.max_bytes = 150}), "longer than 150");
         REQUIRE_ERROR(TokenFile::from_text(std::string(100, 'x'), {.max_bytes = 99}), "more than 99");
         // An endless input is read up to the bound, not forever.

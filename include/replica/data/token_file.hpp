@@ -55,7 +55,8 @@ inline void append_file(const std::filesystem::path& file, std::uint64_t max_byt
     const std::string name = file.string();
     std::error_code ec;
     const std::filesystem::file_status status = std::filesystem::status(file, ec);
-    core::require(std::filesystem::exists(status), "text file " + name + " not found");
+    core::require(status.type() != std::filesystem::file_type::not_found, "text file " + name + " not found");
+    if (ec) throw Error("cannot open " + name + ": " + ec.message());
     core::require(!std::filesystem::is_directory(status),
                   name + " is a directory, not a text file: give a file, or several (TokenFile::from_files)");
     auto too_long = [&] {
@@ -76,7 +77,8 @@ inline void append_file(const std::filesystem::path& file, std::uint64_t max_byt
     for (;;) {
         const std::size_t have = text.size();
         // At most one byte past the bound, so that an endless input ends in an Error.
-        const std::size_t want = have > max_bytes ? 1 : std::size_t(std::min<std::uint64_t>(chunk, max_bytes - have + 1));
+        const std::uint64_t room = max_bytes - have;   // have <= max_bytes here
+        const std::size_t want = room >= chunk ? chunk : std::size_t(room + 1);
         text.resize(have + want);
         const std::size_t got = std::fread(text.data() + have, 1, want, in.get());
         text.resize(have + got);
