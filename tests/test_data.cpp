@@ -750,7 +750,9 @@ TEST_CASE("TokenFile refuses what it cannot train on, saying what to do", "[cpu]
         REQUIRE_ERROR(file.train(4, 0, 1), "samples_per_epoch must be in [1, 2^32], not 0");
         const TokenFile whole = TokenFile::from_text(distinct_text(10), {.validation = 0.0});
         CHECK(whole.train(9, 1, 1).count == 1);
-        REQUIRE_ERROR(whole.validation(4), "no validation part (TokenFileOptions::validation is 0)");
+        REQUIRE_ERROR(whole.validation(4), "no validation part (validation = 0 of 10 bytes holds out none)");
+        REQUIRE_ERROR(TokenFile::from_text("0123456789", {.validation = 0.04}).validation_source(4),
+                      "no validation part (validation = 0.04 of 10 bytes");
     }
 }
 

@@ -146,7 +146,8 @@ public:
 
     // Where training sample `index` of epoch `epoch` starts: uniform in [0, train_size() - T - 1],
     // ((high << 32) | low) mod (train_size() - T), where low and high are
-    // random_bits(seed, Stream::text_window, 0 and 1, epoch, index); the bias is below 2^-32.
+    // random_bits(seed, Stream::text_window, 0 and 1, epoch, index); the bias is at most
+    // (train_size() - T) / 2^64.
     std::size_t window_start(std::size_t T, std::uint64_t seed, std::uint64_t epoch, std::size_t index) const
     {
         check_window(T, train_size_, "training", "the first");
@@ -157,7 +158,7 @@ public:
     // The validation part as (validation_size() - 1) / T consecutive windows: window k starts at byte
     // train_size() + k T, so their inputs tile the part and each window's last label is the next one's
     // first input. The same in every epoch: the validation loss is a function of the model alone.
-    // Throws Error when T is 0, or the validation part is empty or shorter than T + 1 bytes.
+    // Held in memory: 8 bytes for each byte of the part. Throws Error when T is 0, or the validation part is empty or shorter than T + 1 bytes.
     TokenDataset validation(std::size_t T) const
     {
         const TokenSampleSource windows = validation_source(T);
@@ -175,8 +176,10 @@ public:
     // The windows of validation(T), read on demand (for a loader) instead of held in memory.
     TokenSampleSource validation_source(std::size_t T) const
     {
-        core::require(validation_size() > 0, "TokenFile: there is no validation part (TokenFileOptions::validation "
-                                             "is 0): set it to the fraction of the text to hold out, such as 0.1");
+        core::require(validation_size() > 0, "TokenFile: there is no validation part (validation = " +
+                                                 detail::fraction_text(options_.validation) + " of " + std::to_string(size()) +
+                                                 " bytes holds out none): set TokenFileOptions::validation to the "
+                                                 "fraction of the text to hold out, such as 0.1");
         check_window(T, validation_size(), "validation", "the last");
         const std::size_t first = train_size_;
         return source((validation_size() - 1) / T, T,
