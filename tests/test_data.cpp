@@ -1,4 +1,4 @@
-// Data: IDX files, Fashion-MNIST, the batch loader, synthetic data sets.
+// Data: IDX files, Fashion-MNIST, the batch loader, synthetic data sets, byte-level token files.
 
 #include <zlib.h>
 
@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "catch.hpp"
@@ -21,6 +23,7 @@
 #include "replica/data/idx.hpp"
 #include "replica/data/loader.hpp"
 #include "replica/data/synthetic.hpp"
+#include "replica/data/token_file.hpp"
 
 namespace fs = std::filesystem;
 using namespace replica;
@@ -537,4 +540,233 @@ TEST_CASE("Loader::only gathers one process's part of each batch, the same sampl
     bad.only([](std::size_t n) { return parallel::Share{n - 1, 2}; });
     bad.start_epoch(0);
     CHECK(error_message([&] { bad.next(); }).find("outside the batch") != std::string::npos);
+}
+
+namespace {
+
+// n distinct bytes (n <= 256): the first input of a window says where it starts.
+std::string distinct_text(std::size_t n)
+{
+    std::string text(n, '\0');
+    for (std::size_t i = 0; i < n; ++i) text[i] = char(static_cast<unsigned char>(i * 5 % 256));
+    return text;
+}
+
+struct Window {
+    std::vector<std::int32_t> input, label;
+    bool operator==(const Window&) const = default;
+};
+
+Window read_window(const TokenSampleSource& source, std::size_t index, std::uint64_t epoch)
+{
+    Window w{std::vector<std::int32_t>(source.input_size), std::vector<std::int32_t>(source.label_size)};
+    source.read(index, epoch, w.input.data(), w.label.data());
+    return w;
+}
+
+// Bytes [begin, begin + n) of `text` as ids.
+std::vector<std::int32_t> ids_of(std::string_view text, std::size_t begin, std::size_t n)
+{
+    return TokenFile::encode(text.substr(begin, n));
+}
+
+} // namespace
+
+TEST_CASE("TokenFile's training windows: labels shifted by one, in the training part, keyed on (seed, epoch, index)",
+          "[cpu][data][tokens]")
+{
+    static_assert(TokenFile::vocabulary == 256);
+    const std::string text = distinct_text(50);
+    std::optional<TokenSampleSource> source;
+    {
+        const TokenFile file = TokenFile::from_text(text, {.validation = 0.2});
+        REQUIRE(file.train_size() == 40);
+        REQUIRE(file.validation_size() == 10);
+        source = file.train(4, 2000, 7);
+        CHECK(file.window_start(4, 7, 3, 11) == file.window_start(4, 7, 3, 11));
+        // Another TokenFile of the same text gives the same samples.
+        const TokenSampleSource again = TokenFile::from_text(text, {.validation = 0.2}).train(4, 2000, 7);
+        for (std::size_t index : {0, 1, 999, 1999}) {
+            INFO("index " << index);
+            CHECK(read_window(again, index, 3) == read_window(*source, index, 3));
+            const std::size_t p = file.window_start(4, 7, 3, index);
+            CHECK(read_window(*source, index, 3).input == ids_of(text, p, 4));
+        }
+    }
+    // The source shares the text: it outlives the TokenFile.
+    CHECK(source->count == 2000);
+    CHECK(source->input_size == 4);
+    CHECK(source->label_size == 4);
+    std::vector<std::size_t> hits(50, 0);
+    for (std::size_t index = 0; index < source->count; ++index) {
+        const Window w = read_window(*source, index, 0);
+        const std::size_t p = text.find(char(w.input[0]));
+        INFO("index " << index << ", start " << p);
+        REQUIRE(p + 4 < 40); // the last label, byte p + 4, lies in the training part
+        CHECK(w.input == ids_of(text, p, 4));
+        CHECK(w.label == ids_of(text, p + 1, 4));
+        ++hits[p];
+    }
+    // Every start in [0, 40 - 4 - 1] is drawn (2000 draws over 36 starts: each about 56 times).
+    for (std::size_t p = 0; p < 36; ++p) CHECK(hits[p] > 20);
+    for (std::size_t p = 36; p < 50; ++p) CHECK(hits[p] == 0);
+
+    // The same (seed, epoch, index), the same sample; another epoch or seed, other samples.
+    const TokenSampleSource other_seed = TokenFile::from_text(text, {.validation = 0.2}).train(4, 2000, 8);
+    std::size_t same_epoch = 0, same_seed = 0;
+    for (std::size_t index = 0; index < 100; ++index) {
+        CHECK(read_window(*source, index, 5) == read_window(*source, index, 5));
+        same_epoch += read_window(*source, index, 5) == read_window(*source, index, 6);
+        same_seed += read_window(*source, index, 5) == read_window(other_seed, index, 5);
+    }
+    CHECK(same_epoch < 15); // about 100 / 36 by chance
+    CHECK(same_seed < 15);
+}
+
+TEST_CASE("TokenFile's samples are the same whatever the batch size and the processes' share", "[cpu][data][tokens]")
+{
+    const TokenFile file = TokenFile::from_text(distinct_text(200));
+    const TokenSampleSource source = file.train(8, 60, 11);
+    for (std::size_t batch_size : {1, 7, 60}) {
+        for (std::size_t parts : {1, 3}) {
+            INFO("batch size " << batch_size << ", " << parts << " parts");
+            std::vector<std::unique_ptr<TokenLoader>> loaders;
+            for (std::size_t part = 0; part < parts; ++part) {
+                loaders.push_back(std::make_unique<TokenLoader>(source, batch_size, 11));
+                loaders.back()->only([part, parts](std::size_t n) { return parallel::share(n, parts, part); });
+            }
+            for (std::uint64_t epoch : {0, 2}) {
+                std::vector<std::size_t> order(60);
+                epoch_order(11, epoch, order);
+                for (auto& l : loaders) l->start_epoch(epoch);
+                for (std::size_t k = 0; k < loaders[0]->batches_per_epoch(); ++k) {
+                    for (std::size_t part = 0; part < parts; ++part) {
+                        const auto batch = loaders[part]->next();
+                        REQUIRE(batch);
+                        const auto mine = parallel::share(batch->size, parts, part);
+                        for (std::size_t i = mine.offset; i < mine.offset + mine.count; ++i) {
+                            const Window w = read_window(source, order[k * batch_size + i], epoch);
+                            REQUIRE(std::vector<std::int32_t>(batch->inputs + i * 8, batch->inputs + (i + 1) * 8) == w.input);
+                            REQUIRE(std::vector<std::int32_t>(batch->labels + i * 8, batch->labels + (i + 1) * 8) == w.label);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("TokenFile's validation windows are consecutive, the same every epoch, and counted right", "[cpu][data][tokens]")
+{
+    const std::string text = distinct_text(100);
+    const TokenFile file = TokenFile::from_text(text, {.validation = 0.25});
+    REQUIRE(file.train_size() == 75);
+    REQUIRE(file.validation_size() == 25);
+    for (std::size_t T : {1, 4, 5, 12, 24}) {
+        INFO("T = " << T);
+        const TokenDataset set = file.validation(T);
+        const TokenSampleSource source = file.validation_source(T);
+        REQUIRE(set.count == 24 / T);
+        CHECK(source.count == set.count);
+        CHECK(set.input_size == T);
+        CHECK(set.label_size == T);
+        set.check_sizes("the validation set");
+        for (std::size_t k = 0; k < set.count; ++k) {
+            INFO("window " << k);
+            const std::vector<std::int32_t> input(set.inputs.begin() + std::ptrdiff_t(k * T),
+                                                  set.inputs.begin() + std::ptrdiff_t((k + 1) * T));
+            const std::vector<std::int32_t> label(set.labels.begin() + std::ptrdiff_t(k * T),
+                                                  set.labels.begin() + std::ptrdiff_t((k + 1) * T));
+            CHECK(input == ids_of(text, 75 + k * T, T));
+            CHECK(label == ids_of(text, 76 + k * T, T));
+            CHECK(read_window(source, k, 0) == Window{input, label});
+            CHECK(read_window(source, k, 9) == Window{input, label});
+        }
+        const TokenDataset again = file.validation(T);
+        CHECK(again.inputs == set.inputs);
+        CHECK(again.labels == set.labels);
+    }
+    REQUIRE_ERROR(file.validation(25), "a window of T + 1 = 25 + 1 bytes does not fit in the validation part's 25 bytes");
+}
+
+TEST_CASE("TokenFile reads a file, or several one after another", "[cpu][data][tokens]")
+{
+    TempDir dir;
+    std::vector<std::uint8_t> all(256);
+    std::iota(all.begin(), all.end(), std::uint8_t{0});
+    write_bytes(dir / "all", all);
+    write_bytes(dir / "abc", {'a', 'b', 'c'});
+    const TokenFile file(dir / "all", {.validation = 0.5});
+    CHECK(file.size() == 256);
+    CHECK(TokenFile::encode(file.text()) == std::vector<std::int32_t>(all.begin(), all.end()));
+    CHECK(file.train_size() == 128);
+    const TokenFile both = TokenFile::from_files({dir / "abc", dir / "all", dir / "abc"}, {.validation = 0.0});
+    CHECK(both.size() == 262);
+    CHECK(both.text().substr(0, 4) == std::string_view("abc\0", 4));
+    CHECK(both.text().substr(258) == "\xff" "abc");
+    CHECK(both.validation_size() == 0);
+}
+
+TEST_CASE("TokenFile refuses what it cannot train on, saying what to do", "[cpu][data][tokens]")
+{
+    TempDir dir;
+    SECTION("files")
+    {
+        const fs::path missing = dir / "no-such-text.txt";
+        REQUIRE_ERROR(TokenFile(missing), missing.string() + " not found");
+        REQUIRE_ERROR(TokenFile(dir.path()), dir.path().string() + " is a directory");
+        write_bytes(dir / "empty", {});
+        REQUIRE_ERROR(TokenFile(dir / "empty"), (dir / "empty").string() + " is empty");
+        REQUIRE_ERROR(TokenFile::from_files({dir / "empty", dir / "empty"}), "all empty");
+        REQUIRE_ERROR(TokenFile::from_files({}), "at least one file");
+        REQUIRE_ERROR(TokenFile::from_text(""), "the text is empty");
+        write_bytes(dir / "long", iota_bytes(100));
+        REQUIRE_ERROR(TokenFile(dir / "long", {.max_bytes = 99}), "longer than 99 bytes (TokenFileOptions::max_bytes)");
+        CHECK(TokenFile(dir / "long", {.max_bytes = 100}).size() == 100);
+        CHECK(TokenFile(dir / "long", {.max_bytes = ~std::uint64_t{0}}).size() == 100);   // no bound
+        REQUIRE_ERROR(TokenFile::from_files({dir / "long", dir / "long"}, {.max_bytes = 150}), "longer than 150");
+        REQUIRE_ERROR(TokenFile::from_text(std::string(100, 'x'), {.max_bytes = 99}), "more than 99");
+        // An endless input is read up to the bound, not forever.
+        if (fs::exists("/dev/zero")) REQUIRE_ERROR(TokenFile("/dev/zero", {.max_bytes = 3000000}), "longer than 3000000");
+    }
+    SECTION("fractions")
+    {
+        for (double bad : {1.0, -0.1, 1.5, std::nan("")}) {
+            INFO(bad);
+            REQUIRE_ERROR(TokenFile::from_text("some text", {.validation = bad}), "validation fraction must be in [0, 1)");
+        }
+        REQUIRE_ERROR(TokenFile::from_text("some text", {.validation = 1.0}), "[0, 1), not 1");
+    }
+    SECTION("windows that do not fit")
+    {
+        const TokenFile file = TokenFile::from_text(distinct_text(10), {.validation = 0.5});
+        REQUIRE_ERROR(file.train(5, 10, 1), "a window of T + 1 = 5 + 1 bytes does not fit in the training part's 5 bytes "
+                                            "(the first of 10 bytes, validation = 0.5): give a longer text, a shorter context T");
+        REQUIRE_ERROR(file.validation(5), "the validation part's 5 bytes (the last of 10 bytes");
+        REQUIRE_ERROR(file.validation_source(5), "validation part's 5 bytes");
+        CHECK(file.train(4, 10, 1).count == 10);
+        CHECK(file.validation(4).count == 1);
+        REQUIRE_ERROR(file.train(0, 10, 1), "T must be at least 1");
+        REQUIRE_ERROR(file.train(4, 0, 1), "samples_per_epoch must be in [1, 2^32], not 0");
+        const TokenFile whole = TokenFile::from_text(distinct_text(10), {.validation = 0.0});
+        CHECK(whole.train(9, 1, 1).count == 1);
+        REQUIRE_ERROR(whole.validation(4), "no validation part (validation = 0 of 10 bytes holds out none)");
+        REQUIRE_ERROR(TokenFile::from_text("0123456789", {.validation = 0.04}).validation_source(4),
+                      "no validation part (validation = 0.04 of 10 bytes");
+    }
+}
+
+TEST_CASE("TokenFile's encode and decode round-trip every byte", "[cpu][data][tokens]")
+{
+    std::string all(256, '\0');
+    for (std::size_t i = 0; i < 256; ++i) all[i] = char(static_cast<unsigned char>(i));
+    const std::vector<std::int32_t> ids = TokenFile::encode(all);
+    REQUIRE(ids.size() == 256);
+    for (std::size_t i = 0; i < 256; ++i) CHECK(ids[i] == std::int32_t(i));
+    CHECK(TokenFile::decode(ids) == all);
+    CHECK(TokenFile::decode(TokenFile::encode("hello, world\n")) == "hello, world\n");
+    CHECK(TokenFile::decode({}).empty());
+    REQUIRE_ERROR(TokenFile::decode(std::vector<std::int32_t>{104, 256}), "id 256 at position 1 is not a byte");
+    REQUIRE_ERROR(TokenFile::decode(std::vector<std::int32_t>{-1}), "id -1 at position 0");
+    CHECK(TokenFile::printable("a\\b\n\tc\x01\xff~") == "a\\\\b\\n\\tc\\x01\\xFF~");
 }

@@ -49,6 +49,7 @@
 #include "replica/data/loader.hpp"
 #include "replica/data/source.hpp"
 #include "replica/data/synthetic.hpp"
+#include "replica/data/token_file.hpp"
 // data/image.hpp and data/image_folder.hpp need libpng and libjpeg: include them yourself (replica-images).
 
 #include "replica/parallel/auto_parallel.hpp"
