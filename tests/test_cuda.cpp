@@ -343,7 +343,106 @@ TEST_CASE("CUDA transformer layers equal CPU ones: LayerNorm, GELU's tanh form, 
     same_on_cpu_and_gpu<CausalSelfAttention<2>, Shape<5, 8>>();
     same_on_cpu_and_gpu<CausalSelfAttention<4>, Shape<8, 16>>();
     same_on_cpu_and_gpu<CausalSelfAttention<3>, Shape<33, 12>>(2);
-    same_on_cpu_and_gpu<CausalSelfAttention<2>, Shape<200, 16>>(2);   // rows of weights longer than a block
+    same_on_cpu_and_gpu<CausalSelfAttention<2>, Shape<200, 16>>(2);   // several tiles of positions
+}
+
+namespace {
+
+template <class T>
+std::vector<float> widened(const std::vector<T>& v)
+{
+    std::vector<float> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) r[i] = core::to_float(v[i]);
+    return r;
+}
+
+// The attention kernels of the GPU against the CPU's on the same T inputs (qkv, do in [-1, 1] rounded to
+// T): forward's o and lse; backward's dqkv, both backends from the CPU's o and lse, so that each pass is
+// compared alone. The GPU runs twice: the same bits. o and dqkv are rounded to T once on each side, from
+// floats a few float steps apart: at most one step of T apart (2^-7 of a value in bf16, 2^-10 in fp16),
+// hence `tolerance`; lse is float on both sides.
+template <class T>
+void attention_same_on_cpu_and_gpu(std::size_t n, std::size_t t, std::size_t hd, std::size_t heads, double tolerance)
+{
+    INFO(core::storage_name<T> << ": n " << n << ", t " << t << ", head size " << hd << ", heads " << heads);
+    const std::size_t d = hd * heads;
+    std::vector<T> qkv(n * t * 3 * d), d_o(n * t * d), o(n * t * d), dqkv(n * t * 3 * d);
+    const auto qkv_f = random_vector(qkv.size(), 11, 2.0f), d_o_f = random_vector(d_o.size(), 12);
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = core::from_float<T>(qkv_f[i]);
+    for (std::size_t i = 0; i < d_o.size(); ++i) d_o[i] = core::from_float<T>(d_o_f[i]);
+    std::vector<float> lse(n * heads * t);
+    backend::cpu::Context cpu;
+    std::vector<float> cpu_scratch(backend::cpu::attention_scratch<T>(cpu, n, t, d, heads));
+    backend::cpu::attention_forward(cpu, static_cast<const T*>(qkv.data()), o.data(), lse.data(), n, t, d, heads,
+                                    cpu_scratch.data());
+    backend::cpu::attention_backward(cpu, static_cast<const T*>(qkv.data()), static_cast<const T*>(o.data()),
+                                     static_cast<const float*>(lse.data()), static_cast<const T*>(d_o.data()),
+                                     dqkv.data(), n, t, d, heads, cpu_scratch.data());
+
+    cuda::Context gpu{Device::cuda(0)};
+    struct Run {
+        std::vector<T> o, dqkv;
+        std::vector<float> lse;
+    };
+    auto run = [&] {
+        auto dev = [&](const auto& host) {
+            auto b = gpu.allocate<std::remove_cvref_t<decltype(host[0])>>(host.size());
+            gpu.upload(b.data(), host.data(), host.size());
+            return b;
+        };
+        auto qkv_d = dev(qkv), d_o_d = dev(d_o), o_in = dev(o);
+        auto lse_in = dev(lse);
+        auto o_d = gpu.allocate<T>(o.size()), dqkv_d = gpu.allocate<T>(dqkv.size());
+        auto lse_d = gpu.allocate<float>(lse.size());
+        auto scratch = gpu.allocate<float>(cuda::attention_scratch<T>(gpu, n, t, d, heads) + 1);
+        cuda::attention_forward(gpu, static_cast<const T*>(qkv_d.data()), o_d.data(), lse_d.data(), n, t, d, heads,
+                                scratch.data());
+        cuda::attention_backward(gpu, static_cast<const T*>(qkv_d.data()), static_cast<const T*>(o_in.data()),
+                                 static_cast<const float*>(lse_in.data()), static_cast<const T*>(d_o_d.data()),
+                                 dqkv_d.data(), n, t, d, heads, scratch.data());
+        Run r{std::vector<T>(o.size()), std::vector<T>(dqkv.size()), std::vector<float>(lse.size())};
+        gpu.download(r.o.data(), o_d.data(), r.o.size());
+        gpu.download(r.dqkv.data(), dqkv_d.data(), r.dqkv.size());
+        gpu.download(r.lse.data(), lse_d.data(), r.lse.size());
+        gpu.synchronize();
+        return r;
+    };
+    const Run a = run(), b = run();
+    CHECK(relative_error(widened(o), widened(a.o)) < tolerance);
+    CHECK(relative_error(lse, a.lse) < 1e-5);
+    CHECK(relative_error(widened(dqkv), widened(a.dqkv)) < tolerance);
+    CHECK(differences(widened(a.o), widened(b.o)) == "");   // widening is exact: the same floats are the same bits
+    CHECK(differences(a.lse, b.lse) == "");
+    CHECK(differences(widened(a.dqkv), widened(b.dqkv)) == "");
+}
+
+template <class T>
+void attention_shapes_same_on_cpu_and_gpu(double tolerance)
+{
+    // (t, head size, heads), n = 2: tiles are 64 positions (32 in backward for heads over 64 features).
+    constexpr std::size_t shapes[][3] = {{1, 64, 2},  {37, 8, 2},   {37, 128, 2}, {130, 64, 1}, {130, 20, 3},
+                                         {64, 64, 2}, {65, 32, 4},  {70, 100, 2}, {301, 64, 2}, {300, 128, 1}};
+    for (const auto& s : shapes) attention_same_on_cpu_and_gpu<T>(2, s[0], s[1], s[2], tolerance);
+}
+
+} // namespace
+
+TEST_CASE("CUDA attention kernels equal the CPU's in float bf16 and fp16 for head sizes 8 to 128 and positions no "
+          "multiple of a tile; the same bits every run",
+          "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    attention_shapes_same_on_cpu_and_gpu<float>(1e-5);
+    attention_shapes_same_on_cpu_and_gpu<core::bf16>(1e-2);
+    attention_shapes_same_on_cpu_and_gpu<core::fp16>(1e-2);
+}
+
+TEST_CASE("CUDA attention takes more positions than the former kernels' bound of 6080 and equals the CPU's",
+          "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    // Sums of up to 6200 terms in another order than the CPU's: a looser bound than the short rows'.
+    attention_same_on_cpu_and_gpu<float>(1, 6200, 8, 1, 1e-4);
 }
 
 TEST_CASE("A small transformer trains the same on CPU and GPU", "[cuda][transformer]")

@@ -1,17 +1,31 @@
 #pragma once
 // Causal scaled dot-product attention on the GPU, the CPU backend's contract and layouts
 // (backend/cpu/attention.hpp): qkv (n, t, 3d) with each position's q, k, v; o (n, t, d); the softmax's
-// log-sum-exp (n, heads, t). Direct kernels, one block a (sample, head, position), the scores of one
-// row in shared memory: forward writes o and the log-sum-exp of query i; backward recomputes the
-// weights from them, one kernel for dq (block: query i, over keys j <= i), one for dk and dv (block:
-// key j, over queries i >= j). No atomics: every result is the same on every run. Values T (float,
-// bf16, fp16) computed in float; sums in a tree fixed by the block size, or in position order.
-// Shared memory bounds t: 6,080 positions (attention_limit). No scratch.
+// log-sum-exp (n, heads, t), natural log. Tiled kernels in the manner of FlashAttention-2: no (t, t)
+// matrix exists anywhere, only (B, B) tiles of it in shared memory, so t has no bound.
+//   forward   block: B queries of one (sample, head), over the key tiles at or before its own (online
+//             softmax: a running maximum and sum a row, the output rescaled when the maximum grows);
+//             writes o and lse.
+//   backward  delta_i = do_i . o_i into scratch (a warp a row); then one kernel for dk and dv (block: B
+//             keys, over the query tiles at or after its own) and one for dq (block: B queries, over
+//             the key tiles at or before its own), each recomputing the weights p_ij = exp(s_ij - lse_i)
+//             and ds_ij = p_ij (do_i . v_j - delta_i) scale.
+// A block is 256 threads, a 16 x 16 grid: thread (ty, tx) holds rows ty + 16 a of the block's tile and
+// columns tx + 16 b (of the scores) or tx + 16 m (of the head's features), sums in registers. Tiles are
+// float in shared memory, rows padded to HD + 1; HD, the head size rounded up to 32, 64 or 128, and B
+// are template arguments. No atomics: each block owns its outputs, every sum is in a fixed order
+// (features and positions in order, the row reductions in a butterfly fixed by the warp), so every
+// result is the same on every run. Values T (float, bf16, fp16) computed in float, rounded once.
+// Scratch: delta, n heads t floats.
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
 
+#include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/core/config.hpp"
@@ -21,134 +35,330 @@
 namespace REPLICA_NAMESPACE::backend::cuda {
 
 namespace kernels {
-inline constexpr int kAttentionThreads = 128;
+inline constexpr int kAttentionThreads = 256;   // a 16 x 16 grid
+inline constexpr int kAttentionMaxHead = 128;
 
-struct Max {
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct Add {
-    __device__ float operator()(float a, float b) const { return a + b; }
-};
+// Tile rows: the forward's, and the backward's (four tiles of HD + 1 and two of B a block).
+template <int HD>
+inline constexpr int kAttentionForwardRows = 64;
+template <int HD>
+inline constexpr int kAttentionBackwardRows = HD > 64 ? 32 : 64;
 
-template <class T>
-__device__ inline float dot(const T* a, const T* b, unsigned count)
+// Rows [first, first + B) of one head's q, k, v (base: the sample's first row, at the part and head;
+// stride: a row's values) into a (B, HD + 1) float tile; rows at or past t and columns at or past hd
+// are zeros, so that masked products are finite.
+template <int HD, int B, class T>
+__device__ inline void attention_load(float* tile, const T* base, std::size_t stride, unsigned first, unsigned t,
+                                      unsigned hd)
 {
-    float s = 0.0f;
-    for (unsigned c = 0; c < count; ++c) s += core::to_float(a[c]) * core::to_float(b[c]);
-    return s;
-}
-
-// Block (s * heads + h) * t + i. Shared: the block's lanes, then the row's t weights.
-template <class T>
-__global__ void attention_forward(const T* qkv, T* o, float* lse, unsigned t, unsigned d, unsigned heads, float scale)
-{
-    extern __shared__ float shared[];
-    float* lane = shared;
-    float* p = shared + blockDim.x;
-    const unsigned i = blockIdx.x % t, h = (blockIdx.x / t) % heads;
-    const std::size_t s = blockIdx.x / (std::size_t(t) * heads), row = 3 * std::size_t(d), hd = d / heads;
-    const T* base = qkv + s * t * row;
-    const T* q = base + i * row + h * hd;
-    float most = -INFINITY;
-    for (unsigned j = threadIdx.x; j <= i; j += blockDim.x) {   // the causal mask: keys after i are never read
-        p[j] = dot(q, base + j * row + d + h * hd, unsigned(hd)) * scale;
-        most = fmaxf(most, p[j]);
-    }
-    most = detail::block_reduce(lane, most, Max{});
-    __syncthreads();
-    float sum = 0.0f;
-    for (unsigned j = threadIdx.x; j <= i; j += blockDim.x) sum += (p[j] = expf(p[j] - most));
-    sum = detail::block_reduce(lane, sum, Add{});   // its last barrier orders the p[j] writes before the reads below
-    for (unsigned c = threadIdx.x; c < hd; c += blockDim.x) {
-        float acc = 0.0f;
-        for (unsigned j = 0; j <= i; ++j) acc += p[j] * core::to_float(base[j * row + 2 * d + h * hd + c]);
-        o[(s * t + i) * d + h * hd + c] = core::from_float<T>(acc / sum);
-    }
-    if (threadIdx.x == 0) lse[blockIdx.x] = most + logf(sum);
-}
-
-// dq_i = scale sum_{j <= i} ds_ij k_j, ds_ij = p_ij (do_i . v_j - do_i . o_i). Block as forward's.
-template <class T>
-__global__ void attention_backward_query(const T* qkv, const T* o, const float* lse, const T* d_o, T* dqkv, unsigned t,
-                                         unsigned d, unsigned heads, float scale)
-{
-    extern __shared__ float shared[];
-    float* lane = shared;
-    float* ds = shared + blockDim.x;
-    const unsigned i = blockIdx.x % t, h = (blockIdx.x / t) % heads;
-    const std::size_t s = blockIdx.x / (std::size_t(t) * heads), row = 3 * std::size_t(d), hd = d / heads;
-    const T* base = qkv + s * t * row;
-    const T* q = base + i * row + h * hd;
-    const T* doi = d_o + (s * t + i) * d + h * hd;
-    float part = 0.0f;
-    for (unsigned c = threadIdx.x; c < hd; c += blockDim.x)
-        part += core::to_float(doi[c]) * core::to_float(o[(s * t + i) * d + h * hd + c]);
-    const float delta = detail::block_reduce(lane, part, Add{}), l = lse[blockIdx.x];
-    for (unsigned j = threadIdx.x; j <= i; j += blockDim.x) {
-        const float p = expf(dot(q, base + j * row + d + h * hd, unsigned(hd)) * scale - l);
-        ds[j] = p * (dot(doi, base + j * row + 2 * d + h * hd, unsigned(hd)) - delta) * scale;
-    }
-    __syncthreads();
-    for (unsigned c = threadIdx.x; c < hd; c += blockDim.x) {
-        float acc = 0.0f;
-        for (unsigned j = 0; j <= i; ++j) acc += ds[j] * core::to_float(base[j * row + d + h * hd + c]);
-        dqkv[(s * t + i) * row + h * hd + c] = core::from_float<T>(acc);
+    for (unsigned e = threadIdx.x; e < unsigned(B * HD); e += kAttentionThreads) {
+        const unsigned r = e / HD, c = e % HD;
+        tile[r * (HD + 1) + c] = first + r < t && c < hd ? core::to_float(base[(first + r) * stride + c]) : 0.0f;
     }
 }
 
-// dk_j = scale sum_{i >= j} ds_ij q_i, dv_j = sum_{i >= j} p_ij do_i. Block (s * heads + h) * t + j.
-// Shared: the lanes, then p and ds for each query (2 t).
-template <class T>
-__global__ void attention_backward_key(const T* qkv, const T* o, const float* lse, const T* d_o, T* dqkv, unsigned t,
-                                       unsigned d, unsigned heads, float scale)
+// The maximum, or the sum, of v over the 16 threads of a row (tx), the same bits in each.
+__device__ inline float attention_row_max(float v)
 {
+    for (int lane = 8; lane > 0; lane /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, lane));
+    return v;
+}
+__device__ inline float attention_row_sum(float v)
+{
+    for (int lane = 8; lane > 0; lane /= 2) v += __shfl_xor_sync(0xffffffffu, v, lane);
+    return v;
+}
+
+// Block: query tile (the last first) of (sample, head) blockIdx.x / tiles. Shared: q (B, HD + 1), the
+// key tile then the value tile (B, HD + 1), the weights (B, B).
+template <class T, int HD, int B>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_forward(const T* qkv, T* o, float* lse, unsigned t, unsigned d, unsigned heads, unsigned hd, float scale)
+{
+    constexpr int R = B / 16, C = HD / 16, P = HD + 1;
     extern __shared__ float shared[];
-    float* p = shared + blockDim.x;
-    float* ds = p + t;
-    const unsigned j = blockIdx.x % t, h = (blockIdx.x / t) % heads;
-    const std::size_t s = blockIdx.x / (std::size_t(t) * heads), row = 3 * std::size_t(d), hd = d / heads;
-    const T* base = qkv + s * t * row;
-    const T* k = base + j * row + d + h * hd;
-    const T* v = base + j * row + 2 * d + h * hd;
-    const std::size_t rows = (s * heads + h) * t;   // this (sample, head)'s log-sum-exp
-    for (unsigned i = j + threadIdx.x; i < t; i += blockDim.x) {
-        const T* doi = d_o + (s * t + i) * d + h * hd;
-        const float pij = expf(dot(base + i * row + h * hd, k, unsigned(hd)) * scale - lse[rows + i]);
-        const float delta = dot(doi, o + (s * t + i) * d + h * hd, unsigned(hd));
-        p[i] = pij;
-        ds[i] = pij * (dot(doi, v, unsigned(hd)) - delta) * scale;
+    float* q = shared;
+    float* kv = q + B * P;
+    float* w = kv + B * P;
+    const unsigned tiles = (t + B - 1) / B, tile = tiles - 1 - blockIdx.x % tiles, sh = blockIdx.x / tiles;
+    const unsigned h = sh % heads, tx = threadIdx.x % 16, ty = threadIdx.x / 16, first = tile * B;
+    const std::size_t s = sh / heads, row = 3 * std::size_t(d);
+    const T* base = qkv + s * t * row + h * hd;
+    attention_load<HD, B>(q, base, row, first, t, hd);
+    float most[R], sum[R], acc[R][C];
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+        most[a] = -INFINITY;
+        sum[a] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < C; ++m) acc[a][m] = 0.0f;
     }
-    __syncthreads();
-    for (unsigned c = threadIdx.x; c < hd; c += blockDim.x) {
-        float dk = 0.0f, dv = 0.0f;
-        for (unsigned i = j; i < t; ++i) {
-            dk += ds[i] * core::to_float(base[i * row + h * hd + c]);
-            dv += p[i] * core::to_float(d_o[(s * t + i) * d + h * hd + c]);
+    for (unsigned kt = 0; kt <= tile; ++kt) {   // the causal mask: later key tiles are never read
+        const unsigned key0 = kt * B;
+        __syncthreads();   // q loaded; the last tile's values and weights read
+        attention_load<HD, B>(kv, base + d, row, key0, t, hd);
+        __syncthreads();
+        float sc[R][R] = {};
+        for (unsigned c = 0; c < hd; ++c)
+#pragma unroll
+            for (int a = 0; a < R; ++a)
+#pragma unroll
+                for (int b = 0; b < R; ++b) sc[a][b] += q[(ty + 16 * a) * P + c] * kv[(tx + 16 * b) * P + c];
+#pragma unroll
+        for (int a = 0; a < R; ++a) {
+            const unsigned i = first + ty + 16 * a;
+            float tile_most = -INFINITY;
+#pragma unroll
+            for (int b = 0; b < R; ++b) {
+                const unsigned j = key0 + tx + 16 * b;
+                sc[a][b] = j <= i && j < t ? sc[a][b] * scale : -INFINITY;
+                tile_most = fmaxf(tile_most, sc[a][b]);
+            }
+            const float next = fmaxf(most[a], attention_row_max(tile_most));   // finite: key 0 is in tile 0
+            const float alpha = expf(most[a] - next);
+            float part = 0.0f;
+#pragma unroll
+            for (int b = 0; b < R; ++b) {
+                const float e = expf(sc[a][b] - next);
+                w[(ty + 16 * a) * B + tx + 16 * b] = e;
+                part += e;
+            }
+            sum[a] = sum[a] * alpha + attention_row_sum(part);
+            most[a] = next;
+#pragma unroll
+            for (int m = 0; m < C; ++m) acc[a][m] *= alpha;
         }
-        dqkv[(s * t + j) * row + d + h * hd + c] = core::from_float<T>(dk);
-        dqkv[(s * t + j) * row + 2 * d + h * hd + c] = core::from_float<T>(dv);
+        __syncthreads();   // the keys read, the weights written
+        attention_load<HD, B>(kv, base + 2 * std::size_t(d), row, key0, t, hd);
+        __syncthreads();
+        const unsigned keys = min(unsigned(B), t - key0);
+        for (unsigned j = 0; j < keys; ++j)
+#pragma unroll
+            for (int a = 0; a < R; ++a) {
+                const float p = w[(ty + 16 * a) * B + j];
+#pragma unroll
+                for (int m = 0; m < C; ++m) acc[a][m] += p * kv[j * P + tx + 16 * m];
+            }
+    }
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+        const unsigned i = first + ty + 16 * a;
+        if (i >= t) continue;
+        T* out = o + (s * t + i) * d + h * hd;
+#pragma unroll
+        for (int m = 0; m < C; ++m)
+            if (tx + 16 * m < hd) out[tx + 16 * m] = core::from_float<T>(acc[a][m] / sum[a]);
+        if (tx == 0) lse[std::size_t(sh) * t + i] = most[a] + logf(sum[a]);
+    }
+}
+
+// delta (n, heads, t): do_i . o_i of each head, a warp a row, 8 rows a block.
+template <class T>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_delta(const T* o, const T* d_o, float* delta, unsigned t, unsigned d, unsigned heads, unsigned hd,
+                    std::size_t rows)
+{
+    const std::size_t r = blockIdx.x * std::size_t(kAttentionThreads / 32) + threadIdx.x / 32;
+    if (r >= rows) return;   // the whole warp
+    const unsigned lane = threadIdx.x % 32, i = unsigned(r % t);
+    const std::size_t sh = r / t, at = ((sh / heads) * t + i) * d + (sh % heads) * hd;
+    float v = 0.0f;
+    for (unsigned c = lane; c < hd; c += 32) v += core::to_float(d_o[at + c]) * core::to_float(o[at + c]);
+    for (int half = 16; half > 0; half /= 2) v += __shfl_xor_sync(0xffffffffu, v, half);
+    if (lane == 0) delta[r] = v;
+}
+
+// dk_j = scale sum_{i >= j} ds_ij q_i, dv_j = sum_{i >= j} p_ij do_i, in query order. Block: key tile
+// blockIdx.x % tiles of (sample, head) blockIdx.x / tiles. Shared: k, v, q, do (B, HD + 1), p and ds
+// (B keys, B queries), lse and delta (B).
+template <class T, int HD, int B>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_backward_key(const T* qkv, const T* d_o, const float* lse, const float* delta, T* dqkv, unsigned t,
+                           unsigned d, unsigned heads, unsigned hd, float scale)
+{
+    constexpr int R = B / 16, C = HD / 16, P = HD + 1;
+    extern __shared__ float shared[];
+    float* k = shared;
+    float* v = k + B * P;
+    float* q = v + B * P;
+    float* g = q + B * P;
+    float* p = g + B * P;
+    float* ds = p + B * B;
+    float* l = ds + B * B;
+    float* dl = l + B;
+    const unsigned tiles = (t + B - 1) / B, tile = blockIdx.x % tiles, sh = blockIdx.x / tiles;
+    const unsigned h = sh % heads, tx = threadIdx.x % 16, ty = threadIdx.x / 16, key0 = tile * B;
+    const std::size_t s = sh / heads, row = 3 * std::size_t(d);
+    const T* base = qkv + s * t * row + h * hd;
+    const T* grad = d_o + s * t * d + h * hd;
+    const float* rows = lse + std::size_t(sh) * t;
+    const float* deltas = delta + std::size_t(sh) * t;
+    attention_load<HD, B>(k, base + d, row, key0, t, hd);
+    attention_load<HD, B>(v, base + 2 * std::size_t(d), row, key0, t, hd);
+    float dk[R][C] = {}, dv[R][C] = {};
+    for (unsigned qt = tile; qt < tiles; ++qt) {   // the causal mask: earlier query tiles see none of these keys
+        const unsigned q0 = qt * B;
+        __syncthreads();   // the last tile's q, do, p, ds read
+        attention_load<HD, B>(q, base, row, q0, t, hd);
+        attention_load<HD, B>(g, grad, d, q0, t, hd);
+        for (unsigned e = threadIdx.x; e < unsigned(B); e += kAttentionThreads) {
+            l[e] = q0 + e < t ? rows[q0 + e] : 0.0f;
+            dl[e] = q0 + e < t ? deltas[q0 + e] : 0.0f;
+        }
+        __syncthreads();
+        float sc[R][R] = {}, dp[R][R] = {};
+        for (unsigned c = 0; c < hd; ++c)
+#pragma unroll
+            for (int a = 0; a < R; ++a)
+#pragma unroll
+                for (int b = 0; b < R; ++b) {
+                    sc[a][b] += q[(tx + 16 * b) * P + c] * k[(ty + 16 * a) * P + c];
+                    dp[a][b] += g[(tx + 16 * b) * P + c] * v[(ty + 16 * a) * P + c];
+                }
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int b = 0; b < R; ++b) {
+                const unsigned j = key0 + ty + 16 * a, i = q0 + tx + 16 * b;
+                const float pij = j <= i && i < t ? expf(sc[a][b] * scale - l[tx + 16 * b]) : 0.0f;
+                p[(ty + 16 * a) * B + tx + 16 * b] = pij;
+                ds[(ty + 16 * a) * B + tx + 16 * b] = pij * (dp[a][b] - dl[tx + 16 * b]) * scale;
+            }
+        __syncthreads();
+        const unsigned queries = min(unsigned(B), t - q0);
+        for (unsigned i = 0; i < queries; ++i)
+#pragma unroll
+            for (int a = 0; a < R; ++a) {
+                const float pa = p[(ty + 16 * a) * B + i], sa = ds[(ty + 16 * a) * B + i];
+#pragma unroll
+                for (int m = 0; m < C; ++m) {
+                    dv[a][m] += pa * g[i * P + tx + 16 * m];
+                    dk[a][m] += sa * q[i * P + tx + 16 * m];
+                }
+            }
+    }
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+        const unsigned j = key0 + ty + 16 * a;
+        if (j >= t) continue;
+        T* out = dqkv + (s * t + j) * row + h * hd;
+#pragma unroll
+        for (int m = 0; m < C; ++m)
+            if (tx + 16 * m < hd) {
+                out[d + tx + 16 * m] = core::from_float<T>(dk[a][m]);
+                out[2 * std::size_t(d) + tx + 16 * m] = core::from_float<T>(dv[a][m]);
+            }
+    }
+}
+
+// dq_i = scale sum_{j <= i} ds_ij k_j, in key order. Block: query tile (the last first) of (sample,
+// head) blockIdx.x / tiles. Shared: q, do, k, v (B, HD + 1), ds (B queries, B keys), lse and delta (B).
+template <class T, int HD, int B>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_backward_query(const T* qkv, const T* d_o, const float* lse, const float* delta, T* dqkv, unsigned t,
+                             unsigned d, unsigned heads, unsigned hd, float scale)
+{
+    constexpr int R = B / 16, C = HD / 16, P = HD + 1;
+    extern __shared__ float shared[];
+    float* q = shared;
+    float* g = q + B * P;
+    float* k = g + B * P;
+    float* v = k + B * P;
+    float* ds = v + B * P;
+    float* l = ds + B * B;
+    float* dl = l + B;
+    const unsigned tiles = (t + B - 1) / B, tile = tiles - 1 - blockIdx.x % tiles, sh = blockIdx.x / tiles;
+    const unsigned h = sh % heads, tx = threadIdx.x % 16, ty = threadIdx.x / 16, first = tile * B;
+    const std::size_t s = sh / heads, row = 3 * std::size_t(d);
+    const T* base = qkv + s * t * row + h * hd;
+    attention_load<HD, B>(q, base, row, first, t, hd);
+    attention_load<HD, B>(g, d_o + s * t * d + h * hd, d, first, t, hd);
+    for (unsigned e = threadIdx.x; e < unsigned(B); e += kAttentionThreads) {
+        l[e] = first + e < t ? lse[std::size_t(sh) * t + first + e] : 0.0f;
+        dl[e] = first + e < t ? delta[std::size_t(sh) * t + first + e] : 0.0f;
+    }
+    float dq[R][C] = {};
+    for (unsigned kt = 0; kt <= tile; ++kt) {   // the causal mask
+        const unsigned key0 = kt * B;
+        __syncthreads();   // q, do, lse, delta loaded; the last tile's k and ds read
+        attention_load<HD, B>(k, base + d, row, key0, t, hd);
+        attention_load<HD, B>(v, base + 2 * std::size_t(d), row, key0, t, hd);
+        __syncthreads();
+        float sc[R][R] = {}, dp[R][R] = {};
+        for (unsigned c = 0; c < hd; ++c)
+#pragma unroll
+            for (int a = 0; a < R; ++a)
+#pragma unroll
+                for (int b = 0; b < R; ++b) {
+                    sc[a][b] += q[(ty + 16 * a) * P + c] * k[(tx + 16 * b) * P + c];
+                    dp[a][b] += g[(ty + 16 * a) * P + c] * v[(tx + 16 * b) * P + c];
+                }
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int b = 0; b < R; ++b) {
+                const unsigned i = first + ty + 16 * a, j = key0 + tx + 16 * b;
+                const float pij = j <= i && i < t ? expf(sc[a][b] * scale - l[ty + 16 * a]) : 0.0f;
+                ds[(ty + 16 * a) * B + tx + 16 * b] = pij * (dp[a][b] - dl[ty + 16 * a]) * scale;
+            }
+        __syncthreads();
+        const unsigned keys = min(unsigned(B), t - key0);
+        for (unsigned j = 0; j < keys; ++j)
+#pragma unroll
+            for (int a = 0; a < R; ++a) {
+                const float sa = ds[(ty + 16 * a) * B + j];
+#pragma unroll
+                for (int m = 0; m < C; ++m) dq[a][m] += sa * k[j * P + tx + 16 * m];
+            }
+    }
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+        const unsigned i = first + ty + 16 * a;
+        if (i >= t) continue;
+        T* out = dqkv + (s * t + i) * row + h * hd;
+#pragma unroll
+        for (int m = 0; m < C; ++m)
+            if (tx + 16 * m < hd) out[tx + 16 * m] = core::from_float<T>(dq[a][m]);
     }
 }
 } // namespace kernels
 
 namespace detail {
-// Shared bytes of a block: its lanes and two floats a position.
-inline std::size_t attention_shared(std::size_t t) { return (kernels::kAttentionThreads + 2 * t) * sizeof(float); }
-inline void attention_limit(std::size_t t)
+inline void attention_check(std::size_t d, std::size_t heads)
 {
-    core::require(attention_shared(t) <= 48 * 1024,
-                  "CausalSelfAttention on the GPU holds a row of weights in shared memory: at most " +
-                      std::to_string((48 * 1024 / sizeof(float) - kernels::kAttentionThreads) / 2) + " positions, not " +
-                      std::to_string(t));
+    core::require(d / heads <= std::size_t(kernels::kAttentionMaxHead),
+                  "CausalSelfAttention on the GPU takes heads of at most " + std::to_string(kernels::kAttentionMaxHead) +
+                      " features (D / Heads), not " + std::to_string(d / heads) + ": use more heads");
+}
+
+// f(HD) for the head size hd: the tile width, 32, 64 or 128, that holds it.
+template <class F>
+void with_head_tile(std::size_t hd, F&& f)
+{
+    if (hd <= 32) f(std::integral_constant<int, 32>{});
+    else if (hd <= 64) f(std::integral_constant<int, 64>{});
+    else f(std::integral_constant<int, 128>{});
+}
+
+// Launches kernel on blocks x 256 threads with `bytes` of dynamic shared memory, raising the kernel's
+// limit where bytes pass the default 48 KiB.
+template <class... Params, class... Args>
+void attention_launch(void (*kernel)(Params...), const char* name, unsigned blocks, std::size_t bytes,
+                      cudaStream_t stream, Args... args)
+{
+    if (bytes > 48 * 1024)
+        REPLICA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    kernel<<<blocks, kernels::kAttentionThreads, bytes, stream>>>(args...);
+    check_launch(name);
 }
 } // namespace detail
 
-// No scratch: the weights are recomputed in shared memory.
+// The floats of delta, do_i . o_i a (sample, head, position), that backward keeps in scratch.
 template <class T = float>
-std::size_t attention_scratch(const Context&, std::size_t, std::size_t, std::size_t, std::size_t)
+std::size_t attention_scratch(const Context&, std::size_t n, std::size_t t, std::size_t, std::size_t heads)
 {
     static_assert(core::Storage<T>, "activations are float, core::bf16 or core::fp16");
-    return 0;
+    return n * heads * t;
 }
 
 // o (n, t, d) and lse (n, heads, t) assigned.
@@ -156,29 +366,43 @@ template <core::Storage T>
 void attention_forward(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t, std::size_t d,
                        std::size_t heads, float*)
 {
-    if (n == 0) return;
-    detail::attention_limit(t);
-    const float scale = 1.0f / std::sqrt(float(d / heads));
-    kernels::attention_forward<<<unsigned(n * heads * t), kernels::kAttentionThreads, detail::attention_shared(t),
-                                 ctx.stream()>>>(qkv, o, lse, unsigned(t), unsigned(d), unsigned(heads), scale);
-    detail::check_launch("attention_forward");
+    if (n == 0 || t == 0) return;
+    detail::attention_check(d, heads);
+    const std::size_t hd = d / heads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    detail::with_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionForwardRows<HD>;
+        const std::size_t bytes = (2 * B * (HD + 1) + B * B) * sizeof(float);
+        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
+        detail::attention_launch(&kernels::attention_forward<T, HD, B>, "attention_forward", blocks, bytes, ctx.stream(),
+                                 qkv, o, lse, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale);
+    });
 }
 
-// dqkv (n, t, 3d) assigned, from forward's qkv, o, lse and the gradient of o.
+// dqkv (n, t, 3d) assigned, from forward's qkv, o, lse and the gradient of o; scratch: delta.
 template <core::Storage T>
 void attention_backward(const Context& ctx, const T* qkv, const T* o, const float* lse, const T* d_o, T* dqkv,
-                        std::size_t n, std::size_t t, std::size_t d, std::size_t heads, float*)
+                        std::size_t n, std::size_t t, std::size_t d, std::size_t heads, float* scratch)
 {
-    if (n == 0) return;
-    detail::attention_limit(t);
-    const float scale = 1.0f / std::sqrt(float(d / heads));
-    const unsigned blocks = unsigned(n * heads * t);
-    kernels::attention_backward_query<<<blocks, kernels::kAttentionThreads, detail::attention_shared(t), ctx.stream()>>>(
-        qkv, o, lse, d_o, dqkv, unsigned(t), unsigned(d), unsigned(heads), scale);
-    detail::check_launch("attention_backward_query");
-    kernels::attention_backward_key<<<blocks, kernels::kAttentionThreads, detail::attention_shared(t), ctx.stream()>>>(
-        qkv, o, lse, d_o, dqkv, unsigned(t), unsigned(d), unsigned(heads), scale);
-    detail::check_launch("attention_backward_key");
+    if (n == 0 || t == 0) return;
+    detail::attention_check(d, heads);
+    const std::size_t hd = d / heads, rows = n * heads * t;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    constexpr unsigned warps = kernels::kAttentionThreads / 32;
+    detail::attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + warps - 1) / warps), 0,
+                             ctx.stream(), o, d_o, scratch, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), rows);
+    const float* delta = scratch;
+    detail::with_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionBackwardRows<HD>;
+        const std::size_t bytes = (4 * B * (HD + 1) + 2 * B * B + 2 * B) * sizeof(float);
+        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
+        detail::attention_launch(&kernels::attention_backward_key<T, HD, B>, "attention_backward_key", blocks, bytes,
+                                 ctx.stream(), qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads),
+                                 unsigned(hd), scale);
+        detail::attention_launch(&kernels::attention_backward_query<T, HD, B>, "attention_backward_query", blocks,
+                                 bytes - B * B * sizeof(float), ctx.stream(), qkv, d_o, lse, delta, dqkv, unsigned(t),
+                                 unsigned(d), unsigned(heads), unsigned(hd), scale);
+    });
 }
 
 } // namespace replica::backend::cuda
