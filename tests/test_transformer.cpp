@@ -256,6 +256,10 @@ TEST_CASE("A 2-layer GPT with its head tied against nanoGPT's: logits, loss, gra
 
 namespace {
 using TwoBlockGpt = GPT<2, 2, 16, 8, 24>;
+// Every op of a GPT decodes one position at a time; a convolution, which mixes positions, does not.
+static_assert(layers::decodes_of<TinyGpt::chain> && layers::decodes_of<TwoBlockGpt::chain>);
+static_assert(TinyGpt::chain::decode_cache == 2 * 16 * 32);   // one attention's keys and values
+static_assert(!layers::decodes_of<Sequential<Input<Tokens<8>>, Embedding<16, 8>, Conv1d<8, 1>, Linear<16>>::chain>);
 
 // Model M's logits at the last position of `window` (at most Context ids, from position 0): predict on
 // the window padded with id 0, whose causal mask keeps the padding out of the window's positions.
@@ -359,6 +363,16 @@ TEST_CASE("generate: the same seed gives the same ids, another seed others; Data
     CHECK(generate(net, prompt, 12, {.temperature = 1.0f, .top_k = 20, .seed = 11}) == a);
     CHECK(generate(net, prompt, 12, {.temperature = 1.0f, .top_k = 20, .seed = 12}) != a);
     for (std::int32_t id : a) CHECK((id >= 0 && id < 64));
+    // Each draw is keyed on its position in the output: the Decoder's logits and a Sampler, by hand.
+    {
+        Decoder<TinyGpt> decoder{net};
+        Sampler sample{{.temperature = 1.0f, .top_k = 20, .seed = 11}};
+        std::vector<std::int32_t> by_hand = prompt;
+        std::span<const float> logits;
+        for (std::int32_t id : prompt) logits = decoder.push(id);
+        while (by_hand.size() < a.size()) logits = decoder.push(by_hand.emplace_back(sample(logits, by_hand.size())));
+        CHECK(by_hand == a);
+    }
     // Trained under DataParallel, from its parameters: the single model's ids.
     DataParallel<TinyGpt, Threaded> dp{cpus(2), 8};
     TinyGpt single{Device::cpu(), 8};

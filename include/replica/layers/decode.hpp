@@ -19,7 +19,8 @@
 // result equals the op's forward at that position of a sequence that holds the same ids at 0 .. p,
 // within float rounding: decoding runs its own loops, products summed in double in a fixed order
 // (no BLAS, no threads), so that the same parameters and ids give the same bits on every run.
-// An op without decode makes generate a compile error that names it.
+// A composite (Chain, Residual) decodes its parts, and says whether they all can in `static constexpr
+// bool decodes`; an op without decode makes generate a compile error that names it.
 
 #include <cstddef>
 #include <type_traits>
@@ -40,6 +41,12 @@ struct DecodeArgs {
 template <class O>
 concept Decodes = requires(const DecodeArgs& a) { O::decode(a); };
 
+// Whether every op of O decodes: a composite's decodes, or a leaf's decode.
+template <class O>
+inline constexpr bool decodes_of = [] {
+    if constexpr (requires { O::decodes; }) return bool(O::decodes);
+    else return Decodes<O>;
+}();
 template <class O>
 inline constexpr std::size_t decode_cache_of = [] {
     if constexpr (requires { O::decode_cache; }) return std::size_t(O::decode_cache);

@@ -124,6 +124,7 @@ public:
         return std::max({std::size_t{0}, (I + 1 < N ? row_size<typename op_t<I>::output_shape> : 0)...});
     }(seq{});
     static constexpr std::size_t decode_cache = parts::decode_cache_offset[N];
+    static constexpr bool decodes = parts::decodes;
     static constexpr std::size_t decode_scratch = 2 * decode_row + parts::decode_scratch;
     static void decode(const DecodeArgs& a)
     {

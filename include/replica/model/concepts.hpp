@@ -25,6 +25,7 @@ using layers::BackwardArgs;
 using layers::Build;
 using layers::decode_cache_of;
 using layers::decode_scratch_of;
+using layers::decodes_of;
 using layers::DecodeArgs;
 using layers::Decodes;
 using layers::ForwardArgs;

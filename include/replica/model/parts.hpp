@@ -109,6 +109,7 @@ public:
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
     static constexpr std::array<std::size_t, N + 1> decode_cache_offset = core::prefix_sums<decode_cache_of<Ops>...>;
     static constexpr std::size_t decode_scratch = std::max({std::size_t{0}, decode_scratch_of<Ops>...});
+    static constexpr bool decodes = (true && ... && decodes_of<Ops>);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
 
@@ -251,8 +252,9 @@ public:
     static void decode(const DecodeArgs& a, const float* x, float* y, float* scratch)
     {
         static_assert(Decodes<op<I>>,
-                      "this layer cannot run one position at a time (it has no decode, layers/decode.hpp), so "
-                      "generate cannot run the model: the layer is the op named in the instantiation below");
+                      "generate runs a token model one position at a time, and this layer has no decode "
+                      "(layers/decode.hpp): it is op I of the Ops in the instantiation above (a layer that mixes "
+                      "positions, such as a convolution, cannot)");
         if constexpr (Decodes<op<I>>)
             op<I>::decode(DecodeArgs{.params = a.params + param_offset[param_home<I>],
                                      .x = x,

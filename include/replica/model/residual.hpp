@@ -92,6 +92,7 @@ struct Residual {
         // Scratch: [the body's row | the shortcut's row (projected) | the parts' scratch].
         static constexpr std::size_t decode_rows = row_size<Out> * (projected ? 2 : 1);
         static constexpr std::size_t decode_cache = parts::decode_cache_offset.back();
+        static constexpr bool decodes = parts::decodes;
         static constexpr std::size_t decode_scratch = decode_rows + parts::decode_scratch;
         static void decode(const DecodeArgs& a)
         {
