@@ -80,7 +80,8 @@ class Decoder {
                   "Decoder and generate need a token model: Sequential<Input<Tokens<Context>>, Embedding<Vocab, "
                   "Dim>, ...>");
     using chain = typename M::chain;
-    static_assert(chain::output_shape::rank == 2 && layers::row_size<typename chain::output_shape> == M::vocabulary,
+    static_assert(!M::reads_tokens || (chain::output_shape::rank == 2 &&
+                                       layers::row_size<typename chain::output_shape> == M::vocabulary),
                   "Decoder and generate read next-token logits: the model's output must be (positions, Vocab), "
                   "Vocab its Embedding's (a TiedHead, or a Linear<Vocab>, last)");
 
