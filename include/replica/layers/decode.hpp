@@ -66,10 +66,10 @@ inline constexpr std::size_t row_size = S::size / S::dims[0];
 inline float decode_dot(const float* a, const float* b, std::size_t n)
 {
     double s[4] = {0.0, 0.0, 0.0, 0.0};
-    std::size_t i = 0;
-    for (; i + 4 <= n; i += 4)
+    const std::size_t whole = n - n % 4;
+    for (std::size_t i = 0; i < whole; i += 4)
         for (std::size_t j = 0; j < 4; ++j) s[j] += double(a[i + j]) * double(b[i + j]);
-    for (; i < n; ++i) s[0] += double(a[i]) * double(b[i]);
+    for (std::size_t i = whole; i < n; ++i) s[0] += double(a[i]) * double(b[i]);
     return float((s[0] + s[1]) + (s[2] + s[3]));
 }
 
