@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -251,4 +252,219 @@ TEST_CASE("A 2-layer GPT with its head tied against nanoGPT's: logits, loss, gra
     const std::vector<float> wte(after.begin(), after.begin() + 24 * 16);
     CHECK(relative_error(wte, f.at("wrong_untied_after")) > 1e-3);
     CHECK(relative_error(wte, {f.at("after").begin(), f.at("after").begin() + 24 * 16}) < 1e-4);
+}
+
+namespace {
+using TwoBlockGpt = GPT<2, 2, 16, 8, 24>;
+// Every op of a GPT decodes one position at a time; a convolution, which mixes positions, does not.
+static_assert(layers::decodes_of<TinyGpt::chain> && layers::decodes_of<TwoBlockGpt::chain>);
+static_assert(TinyGpt::chain::decode_cache == 2 * 16 * 32);   // one attention's keys and values
+static_assert(!layers::decodes_of<Sequential<Input<Tokens<8>>, Embedding<16, 8>, Conv1d<8, 1>, Linear<16>>::chain>);
+
+// Model M's logits at the last position of `window` (at most Context ids, from position 0): predict on
+// the window padded with id 0, whose causal mask keeps the padding out of the window's positions.
+template <class M>
+std::vector<float> predicted_logits(M& net, std::span<const std::int32_t> window)
+{
+    constexpr std::size_t C = M::input_shape::size, V = M::vocabulary;
+    std::vector<std::int32_t> ids(C, 0);
+    std::copy(window.begin(), window.end(), ids.begin());
+    const std::vector<float> all = predict(net, ids.data(), 1);
+    const auto row = all.begin() + std::ptrdiff_t((window.size() - 1) * V);
+    return {row, row + std::ptrdiff_t(V)};
+}
+
+// max |got - want| over max |want|.
+double row_error(std::span<const float> got, const std::vector<float>& want)
+{
+    double most = 0.0, scale = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        most = std::max(most, std::abs(double(got[i]) - double(want[i])));
+        scale = std::max(scale, std::abs(double(want[i])));
+    }
+    return most / scale;
+}
+
+template <class M>
+std::vector<std::int32_t> random_ids(std::size_t n, std::uint64_t seed)
+{
+    std::vector<std::int32_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i)
+        ids[i] = std::int32_t(core::random_bits(seed, core::Stream::synthetic, 9, i, 0) % M::vocabulary);
+    return ids;
+}
+
+// A model of seed `seed` after 3 Adam steps on token batches (LayerNorm's weights and biases moved off 1, 0).
+template <class M>
+M trained_gpt(std::uint64_t seed)
+{
+    M net{Device::cpu(), seed};
+    const TokenBatches<M> data(12, seed);
+    Adam opt{{.lr = 0.01f}};
+    for (std::size_t s = 0; s < 3; ++s) REQUIRE(std::isfinite(train_step(net, opt, data.batch(4 * s, 4, 4 * s))));
+    return net;
+}
+
+// Greedy ids after the prompt, each from predict on the whole sequence so far.
+template <class M>
+std::vector<std::int32_t> greedy_by_predict(M& net, std::vector<std::int32_t> ids, std::size_t n)
+{
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::vector<float> l = predicted_logits(net, ids);
+        ids.push_back(std::int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+    }
+    return ids;
+}
+} // namespace
+
+TEST_CASE("Decoding one position at a time equals predict at every position: TinyGpt and a 2-block GPT",
+          "[cpu][transformer][generate]")
+{
+    auto check = [](auto net) {
+        using M = decltype(net);
+        constexpr std::size_t C = M::input_shape::size;
+        const std::vector<std::int32_t> ids = random_ids<M>(C, 3);
+        Decoder<M> decoder{net};
+        for (std::size_t round = 0; round < 2; ++round) {   // and again after reset()
+            decoder.reset();
+            for (std::size_t p = 0; p < C; ++p) {
+                const std::span<const float> got = decoder.push(ids[p]);
+                REQUIRE(got.size() == M::vocabulary);
+                const double e = row_error(got, predicted_logits(net, std::span(ids).first(p + 1)));
+                CAPTURE(round, p, e);
+                CHECK(e < 1e-5);
+            }
+        }
+    };
+    check(trained_gpt<TinyGpt>(5));
+    check(trained_gpt<TwoBlockGpt>(6));
+}
+
+TEST_CASE("generate with top_k = 1, or a temperature near 0, is greedy as predict on the whole prefix computes it",
+          "[cpu][transformer][generate]")
+{
+    TinyGpt net = trained_gpt<TinyGpt>(7);
+    const std::vector<std::int32_t> prompt = {3, 17, 42};
+    const std::vector<std::int32_t> want = greedy_by_predict(net, prompt, 8);
+    CHECK(generate(net, prompt, 8, {.top_k = 1, .seed = 1}) == want);
+    CHECK(generate(net, prompt, 8, {.temperature = 5.0f, .top_k = 1, .seed = 2}) == want);
+    CHECK(generate(net, prompt, 8, {.temperature = 1e-6f, .seed = 3}) == want);
+    CHECK(generate(net, prompt, 0) == prompt);
+}
+
+TEST_CASE("generate: the same seed gives the same ids, another seed others; DataParallel's model the same",
+          "[cpu][transformer][generate]")
+{
+    TinyGpt net = trained_gpt<TinyGpt>(8);
+    const std::vector<std::int32_t> prompt = {1, 2};
+    const std::vector<std::int32_t> a = generate(net, prompt, 12, {.temperature = 1.0f, .top_k = 20, .seed = 11});
+    REQUIRE(a.size() == 14);
+    CHECK(std::equal(prompt.begin(), prompt.end(), a.begin()));
+    CHECK(generate(net, prompt, 12, {.temperature = 1.0f, .top_k = 20, .seed = 11}) == a);
+    CHECK(generate(net, prompt, 12, {.temperature = 1.0f, .top_k = 20, .seed = 12}) != a);
+    for (std::int32_t id : a) CHECK((id >= 0 && id < 64));
+    // Each draw is keyed on its position in the output: the Decoder's logits and a Sampler, by hand.
+    {
+        Decoder<TinyGpt> decoder{net};
+        Sampler sample{{.temperature = 1.0f, .top_k = 20, .seed = 11}};
+        std::vector<std::int32_t> by_hand = prompt;
+        std::span<const float> logits;
+        for (std::int32_t id : prompt) logits = decoder.push(id);
+        while (by_hand.size() < a.size()) logits = decoder.push(by_hand.emplace_back(sample(logits, by_hand.size())));
+        CHECK(by_hand == a);
+    }
+    // Trained under DataParallel, from its parameters: the single model's ids.
+    DataParallel<TinyGpt, Threaded> dp{cpus(2), 8};
+    TinyGpt single{Device::cpu(), 8};
+    const TokenBatches<TinyGpt> data(8, 8);
+    Adam o1{{.lr = 0.01f}}, o2{{.lr = 0.01f}};
+    for (std::size_t s = 0; s < 2; ++s) {
+        train_step(dp, o1, data.batch(4 * s, 4, 4 * s));
+        train_step(single, o2, data.batch(4 * s, 4, 4 * s));
+    }
+    const GenerateOptions greedy{.top_k = 1};
+    CHECK(generate(dp, prompt, 10, greedy) == generate(single, prompt, 10, greedy));
+    CHECK(generate(dp, prompt, 10, greedy) == greedy_by_predict(single, prompt, 10));
+}
+
+TEST_CASE("Sampling draws each id with softmax(logits / temperature) over the top_k, ties to the lower id",
+          "[cpu][transformer][generate]")
+{
+    const std::vector<float> logits = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 2.5f};
+    constexpr std::size_t draws = 40000;
+    for (const auto& [t, k] : {std::pair{1.0f, std::size_t{0}}, std::pair{1.7f, std::size_t{0}}, std::pair{0.8f, std::size_t{3}}}) {
+        CAPTURE(t, k);
+        std::vector<double> p(logits.size(), 0.0);
+        std::vector<std::size_t> order = {5, 2, 1, 4, 0, 3};   // by logit, largest first
+        double total = 0.0;
+        for (std::size_t i = 0; i < (k ? k : logits.size()); ++i) total += p[order[i]] = std::exp(logits[order[i]] / t);
+        for (double& q : p) q /= total;
+        std::vector<std::size_t> counts(logits.size(), 0);
+        Sampler sample{{.temperature = t, .top_k = k, .seed = 21}};
+        for (std::size_t d = 0; d < draws; ++d) ++counts[std::size_t(sample(logits, d))];
+        double chi2 = 0.0;
+        for (std::size_t i = 0; i < p.size(); ++i) {
+            if (p[i] == 0.0) CHECK(counts[i] == 0);
+            else chi2 += (double(counts[i]) - draws * p[i]) * (double(counts[i]) - draws * p[i]) / (draws * p[i]);
+        }
+        CAPTURE(chi2);
+        CHECK(chi2 < 40.0);   // 5 degrees of freedom at most: P(chi2 > 40) < 1e-6
+    }
+    // Ties: the lower id first.
+    const std::vector<float> tied = {1.0f, 2.0f, 2.0f, 0.0f};
+    Sampler greedy{{.top_k = 1, .seed = 4}};
+    for (std::size_t d = 0; d < 50; ++d) CHECK(greedy(tied, d) == 1);
+}
+
+TEST_CASE("Beyond the context the window keeps its last Context / 2 ids, renumbered from 0, as predict computes them",
+          "[cpu][transformer][generate]")
+{
+    TinyGpt net = trained_gpt<TinyGpt>(9);
+    constexpr std::size_t C = 16;
+    const std::vector<std::int32_t> ids = random_ids<TinyGpt>(3 * C + 5, 4);
+    Decoder<TinyGpt> decoder{net};
+    std::vector<std::int32_t> window;   // the rule, as the header states it
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (window.size() == C) window.erase(window.begin(), window.end() - std::ptrdiff_t(C / 2 - 1));
+        window.push_back(ids[i]);
+        const std::span<const float> got = decoder.push(ids[i]);
+        REQUIRE(std::vector<std::int32_t>(decoder.window().begin(), decoder.window().end()) == window);
+        const double e = row_error(got, predicted_logits(net, window));
+        CAPTURE(i, e);
+        CHECK(e < 1e-5);
+    }
+    // generate goes on past the context, and reads a prompt longer than it the same way.
+    const std::vector<std::int32_t> prompt = {5, 6};
+    const std::vector<std::int32_t> long_text = generate(net, prompt, C + 10, {.temperature = 0.9f, .seed = 5});
+    CHECK(long_text.size() == C + 12);
+    const std::vector<std::int32_t> longer = generate(net, long_text, 4, {.top_k = 1});
+    REQUIRE(longer.size() == C + 16);
+    window.clear();
+    for (std::int32_t id : long_text) {
+        if (window.size() == C) window.erase(window.begin(), window.end() - std::ptrdiff_t(C / 2 - 1));
+        window.push_back(id);
+    }
+    const std::vector<float> l = predicted_logits(net, window);
+    CHECK(longer[C + 12] == std::int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+}
+
+TEST_CASE("generate refuses an empty prompt, ids outside the vocabulary, temperature <= 0 or not finite, top_k > Vocab",
+          "[cpu][transformer][generate]")
+{
+    TinyGpt net{Device::cpu(), 1};
+    const std::vector<std::int32_t> empty;
+    CHECK_THROWS_WITH(generate(net, empty, 3), Catch::Contains("prompt is empty"));
+    CHECK_THROWS_WITH(generate(net, std::vector<std::int32_t>{1, 2, 64}, 3),
+                      Catch::Contains("position 2") && Catch::Contains("token id 64"));
+    CHECK_THROWS_WITH(generate(net, std::vector<std::int32_t>{-1}, 3), Catch::Contains("token id -1"));
+    const std::vector<std::int32_t> prompt = {1};
+    CHECK_THROWS_WITH(generate(net, prompt, 3, {.temperature = 0.0f}), Catch::Contains("temperature"));
+    CHECK_THROWS_AS(generate(net, prompt, 3, {.temperature = -1.0f}), Error);
+    CHECK_THROWS_AS(generate(net, prompt, 3, {.temperature = std::nanf("")}), Error);
+    CHECK_THROWS_AS(generate(net, prompt, 3, {.temperature = INFINITY}), Error);
+    CHECK_THROWS_WITH(generate(net, prompt, 3, {.top_k = 65}), Catch::Contains("top_k 65"));
+    CHECK(generate(net, prompt, 3, {.top_k = 64}).size() == 4);
+    Decoder<TinyGpt> decoder{net};
+    CHECK_THROWS_WITH(decoder.push(64), Catch::Contains("token id 64"));
+    CHECK_THROWS_AS(Decoder<TinyGpt>(std::vector<float>(10)), Error);
 }

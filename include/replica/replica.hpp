@@ -34,6 +34,7 @@
 #include "replica/train/adam.hpp"
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/clip.hpp"
+#include "replica/train/generate.hpp"
 #include "replica/train/history.hpp"
 #include "replica/train/loss_scale.hpp"
 #include "replica/train/schedule.hpp"

@@ -14,7 +14,7 @@ namespace REPLICA_NAMESPACE::core {
 
 // What a random number is for; part of the counter so that streams never overlap.
 enum class Stream : std::uint32_t { init = 1, dropout = 2, shuffle = 3, synthetic = 4, augment = 5, split = 6,
-                                    text_window = 7 };
+                                    text_window = 7, sample = 8 };
 
 REPLICA_HOST_DEVICE std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> c,
                                                            std::array<std::uint32_t, 2> k)

@@ -12,10 +12,13 @@
 //                1 / (1 - P); the identity in evaluation. The mask is keyed on (seed, layer, global
 //                sample index, element): the same on 1 or N replicas.
 
+#include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -39,11 +42,18 @@ struct ReLU {
         {
             if (a.dx) relu_backward(ctx, a.y, a.dy, a.dx, a.n * In::size);
         }
+        // One position of a sequence (layers/decode.hpp), as every elementwise layer here.
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_map<In>(a, [](float v) { return std::max(v, 0.0f); });
+        }
     };
 };
 
 // A parameter-free elementwise layer whose kernels a rule names: Rule::forward(ctx, x, y, count) and
-// Rule::backward(ctx, x, y, dy, dx, count) (from the input, the output, or both).
+// Rule::backward(ctx, x, y, dy, dx, count) (from the input, the output, or both); Rule::value(v), the
+// function of one value, decodes (layers/decode.hpp).
 template <class Rule>
 struct Elementwise {
     template <class In, class T = float>
@@ -63,11 +73,17 @@ struct Elementwise {
         {
             if (a.dx) Rule::backward(ctx, a.x, a.y, a.dy, a.dx, a.n * In::size);
         }
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_map<In>(a, [](float v) { return Rule::value(v); });
+        }
     };
 };
 
 namespace detail {
 struct SigmoidRule {   // dx = dy * y * (1 - y), from the output
+    static float value(float v) { return 1.0f / (1.0f + std::exp(-v)); }
     template <class Ctx, class T>
     static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { sigmoid_forward(ctx, x, y, n); }
     template <class Ctx, class T>
@@ -77,6 +93,7 @@ struct SigmoidRule {   // dx = dy * y * (1 - y), from the output
     }
 };
 struct TanhRule {   // dx = dy * (1 - y^2), from the output
+    static float value(float v) { return std::tanh(v); }
     template <class Ctx, class T>
     static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { tanh_forward(ctx, x, y, n); }
     template <class Ctx, class T>
@@ -95,6 +112,7 @@ template <GeluApprox A>
 struct GeluRule;
 template <>
 struct GeluRule<GeluApprox::none> {   // dx = dy * (Phi(x) + x * phi(x)), from the input
+    static float value(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); }
     template <class Ctx, class T>
     static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { gelu_forward(ctx, x, y, n); }
     template <class Ctx, class T>
@@ -105,6 +123,10 @@ struct GeluRule<GeluApprox::none> {   // dx = dy * (Phi(x) + x * phi(x)), from t
 };
 template <>
 struct GeluRule<GeluApprox::tanh> {   // the derivative of the tanh form, from the input
+    static float value(float v)
+    {
+        return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    }
     template <class Ctx, class T>
     static void forward(Ctx& ctx, const T* x, T* y, std::size_t n) { gelu_tanh_forward(ctx, x, y, n); }
     template <class Ctx, class T>
@@ -150,6 +172,12 @@ struct Dropout {
             else
                 copy(ctx, a.dy, a.dx, a.n * In::size);
         }
+        // Decoding evaluates: the identity.
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_map<In>(a, [](float v) { return v; });
+        }
     };
 };
 
@@ -173,6 +201,11 @@ struct Identity {
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             if (a.dx) copy(ctx, a.dy, a.dx, a.n * In::size);
+        }
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_map<In>(a, [](float v) { return v; });
         }
     };
 };

@@ -9,12 +9,17 @@
 // U(-1/sqrt(D), 1/sqrt(D)). Kept from forward to backward: qkv and o (4 T D values a sample); saved: the
 // softmax's log-sum-exp of each (head, position) (Heads T floats), from which backward recomputes the
 // weights. Scratch: the gradients of o and qkv, and the backend's own (attention_scratch).
+// Decoding (layers/decode.hpp) keeps each position's k and v in its cache, (L, D) keys then (L, D)
+// values, and attends from the new position's q to those of positions 0 .. position.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -79,6 +84,38 @@ struct CausalSelfAttention {
                                L, D, Heads, own_scratch(a.scratch, a.n));
             linear_backward(ctx, int(D), int(3 * D), a.weights, a.x, static_cast<const T*>(dqkv), a.dx, a.dparams,
                             a.dparams + qkv_weights, a.n * L);
+        }
+
+        static constexpr std::size_t decode_cache = 2 * L * D;       // keys (L, D), then values (L, D)
+        static constexpr std::size_t decode_scratch = 4 * D + L;     // qkv (3D), o (D), weights (L)
+        static void decode(const DecodeArgs& a)
+        {
+            constexpr std::size_t hd = D / Heads;
+            float* qkv = a.scratch;
+            float* o = a.scratch + 3 * D;
+            float* p = a.scratch + 4 * D;
+            float* keys = a.cache;
+            float* values = a.cache + L * D;
+            decode_linear(a.params, a.params + qkv_weights, a.x, qkv, D, 3 * D);
+            std::copy(qkv + D, qkv + 2 * D, keys + a.position * D);
+            std::copy(qkv + 2 * D, qkv + 3 * D, values + a.position * D);
+            const float scale = 1.0f / std::sqrt(float(hd));
+            for (std::size_t h = 0; h < Heads; ++h) {
+                const float* q = qkv + h * hd;
+                float most = -std::numeric_limits<float>::infinity();
+                for (std::size_t j = 0; j <= a.position; ++j) {
+                    p[j] = decode_dot(q, keys + j * D + h * hd, hd) * scale;
+                    most = std::max(most, p[j]);
+                }
+                double sum = 0.0;
+                for (std::size_t j = 0; j <= a.position; ++j) sum += double(p[j] = std::exp(p[j] - most));
+                for (std::size_t e = 0; e < hd; ++e) {
+                    double acc = 0.0;
+                    for (std::size_t j = 0; j <= a.position; ++j) acc += double(p[j]) * double(values[j * D + h * hd + e]);
+                    o[h * hd + e] = float(acc / sum);
+                }
+            }
+            decode_linear(a.params + qkv_count, a.params + qkv_count + out_weights, o, a.y, D, D);
         }
 
     private:

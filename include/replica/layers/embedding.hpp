@@ -25,6 +25,7 @@
 
 #include "replica/core/config.hpp"
 #include "replica/core/rng.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -73,6 +74,12 @@ struct Embedding {
         {
             embedding_backward(ctx, token_ids(a.x), a.dy, a.dparams, a.n * positions, Vocab, Dim, a.accumulate_params);
         }
+        // One position (layers/decode.hpp): row id of the table, the id at a.x (checked by the caller).
+        static void decode(const DecodeArgs& a)
+        {
+            const float* row = a.params + std::size_t(*token_ids(a.x)) * Dim;
+            for (std::size_t d = 0; d < Dim; ++d) a.y[d] = row[d];
+        }
     };
 };
 
@@ -107,6 +114,11 @@ struct PositionEmbedding {
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             position_embedding_backward(ctx, a.dy, a.dx, a.dparams, a.n, positions, Context, D);
+        }
+        static void decode(const DecodeArgs& a)
+        {
+            const float* row = a.params + a.position * D;
+            for (std::size_t d = 0; d < D; ++d) a.y[d] = a.x[d] + row[d];
         }
     };
 };

@@ -12,9 +12,11 @@
 #include <array>
 #include <bit>
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -74,6 +76,21 @@ struct LayerNorm {
             const float* rstd = a.saved + a.n * rows;
             layer_norm_backward(ctx, a.x, a.dy, weight(a.params), mean, rstd, a.dx, affine ? a.dparams : nullptr,
                                 affine ? a.dparams + F : nullptr, a.n * rows, F);
+        }
+        // One position of a sequence (layers/decode.hpp): forward's arithmetic on its row.
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            float sum = 0.0f;
+            for (std::size_t f = 0; f < F; ++f) sum += a.x[f];
+            const float m = sum / float(F);
+            float squares = 0.0f;
+            for (std::size_t f = 0; f < F; ++f) squares += (a.x[f] - m) * (a.x[f] - m);
+            const float s = 1.0f / std::sqrt(squares / float(F) + eps);
+            for (std::size_t f = 0; f < F; ++f) {
+                const float h = (a.x[f] - m) * s;
+                a.y[f] = affine ? h * a.params[f] + a.params[F + f] : h;
+            }
         }
 
     private:

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -47,6 +48,12 @@ struct Linear {
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             linear_backward(ctx, int(N), int(Out), a.weights, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n * rows);
+        }
+        // One position of a sequence (layers/decode.hpp).
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_linear(a.params, a.params + weight_count, a.x, a.y, N, Out);
         }
         // Forward followed by a ReLU, which then does not run: on a GPU the product adds the bias and
         // applies the ReLU as it writes (one kernel instead of three).

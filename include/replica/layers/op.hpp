@@ -64,6 +64,9 @@
 // own; it declares `static constexpr bool accumulates_param_gradient = true`. The parameters are one
 // block, counted, initialised, updated and saved once.
 //
+// Optional, for text generation: `static void decode(const DecodeArgs&)` with decode_cache and
+// decode_scratch, one position of a sequence on the host (layers/decode.hpp).
+//
 // An op made of ops (a Chain, a Concat) also takes a hook (core/hook.hpp) in backward, and calls it
 // as each part's parameter gradients become final.
 //

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::layers {
@@ -55,6 +56,12 @@ struct TiedHead {
         {
             linear_backward(ctx, int(D), int(V), a.weights, a.x, a.dy, a.dx, a.dparams, static_cast<float*>(nullptr),
                             a.n * rows);
+        }
+        // One position (layers/decode.hpp): a.params is the table (the chain passes its home's).
+        static void decode(const DecodeArgs& a)
+            requires(In::rank == 2)
+        {
+            decode_linear(a.params, nullptr, a.x, a.y, D, V);
         }
     };
 };

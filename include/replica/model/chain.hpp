@@ -8,7 +8,8 @@
 // in `saved`. Backward walks the layers in reverse with two ping-pong gradient buffers in scratch,
 // and calls hook(param_offset[i]) once layer i's parameter gradients are final, so that DataParallel
 // can reduce them while the rest runs. A model may keep its converted input in scratch too
-// (may_hold_input).
+// (may_hold_input). Decoding one position (layers/decode.hpp) runs the ops in order, each one's row
+// into one of two row buffers in its scratch, each op's cache at its decode_cache_offset.
 
 #include <algorithm>
 #include <array>
@@ -117,6 +118,24 @@ public:
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
         return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});
     }(seq{});
+
+    // Decoding one position (layers/decode.hpp): [two row buffers | the ops' scratch].
+    static constexpr std::size_t decode_row = []<std::size_t... I>(std::index_sequence<I...>) {
+        return std::max({std::size_t{0}, (I + 1 < N ? row_size<typename op_t<I>::output_shape> : 0)...});
+    }(seq{});
+    static constexpr std::size_t decode_cache = parts::decode_cache_offset[N];
+    static constexpr bool decodes = parts::decodes;
+    static constexpr std::size_t decode_scratch = 2 * decode_row + parts::decode_scratch;
+    static void decode(const DecodeArgs& a)
+    {
+        float* rows[2] = {a.scratch, a.scratch + decode_row};
+        const float* x = a.x;
+        core::static_for<N>([&](auto i) {
+            float* y = i + 1 == N ? a.y : rows[i % 2];
+            parts::template decode<i>(a, x, y, a.scratch + 2 * decode_row);
+            x = y;
+        });
+    }
 
     explicit Chain(const Build& b) : parts_(b) {}
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "replica/core/config.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/layers/op.hpp"
 
 namespace REPLICA_NAMESPACE::model {
@@ -22,6 +23,11 @@ namespace REPLICA_NAMESPACE::model {
 // The op contract (layers/op.hpp), as models and their machinery name it.
 using layers::BackwardArgs;
 using layers::Build;
+using layers::decode_cache_of;
+using layers::decode_scratch_of;
+using layers::decodes_of;
+using layers::DecodeArgs;
+using layers::Decodes;
 using layers::ForwardArgs;
 using layers::FusesReluWithHook;
 using layers::init_uniform;
@@ -30,6 +36,7 @@ using layers::LeafOp;
 using layers::floats_for;
 using layers::Op;
 using layers::Pass;
+using layers::row_size;
 using layers::init_statistics_of;
 using layers::update_statistics_of;
 using layers::options_signature_of;

@@ -3,7 +3,8 @@
 // side by side (Concat): the parts, built once with consecutive layer ids; their parameters laid out
 // one after another in the composite's slice (param_offset), their saved state likewise
 // (saved_offset), their kept activations after the composite's own (kept_offset), their statistics
-// (statistics_offset) and sync point ids (sync_offset); each part's arguments within the
+// (statistics_offset) and sync point ids (sync_offset), their decoding caches (decode_cache_offset,
+// layers/decode.hpp); each part's arguments within the
 // composite's; the calls that pass a part the hook's sync points when it has any; initialisation; the update (and the
 // reproducible mode's update of statistics); and the parameter sync of parts that hold replicas.
 
@@ -19,6 +20,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/hook.hpp"
 #include "replica/core/meta.hpp"
+#include "replica/layers/decode.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/param_layout.hpp"
 
@@ -108,6 +110,9 @@ public:
         return h;
     }();
     static constexpr std::uint32_t layer_count = std::uint32_t(id_offset[N]);
+    static constexpr std::array<std::size_t, N + 1> decode_cache_offset = core::prefix_sums<decode_cache_of<Ops>...>;
+    static constexpr std::size_t decode_scratch = std::max({std::size_t{0}, decode_scratch_of<Ops>...});
+    static constexpr bool decodes = (true && ... && decodes_of<Ops>);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
 
@@ -252,6 +257,24 @@ public:
     {
         if constexpr (syncs_of<op<I>> > 0) get<I>().backward_relu(ctx, pass, a, dz, core::SyncOnly<Hook>{&hook});
         else get<I>().backward_relu(ctx, pass, a, dz);
+    }
+
+    // Part I's decode (layers/decode.hpp) of row x into row y, within the composite's a; scratch: the
+    // part's decode_scratch floats.
+    template <std::size_t I>
+    static void decode(const DecodeArgs& a, const float* x, float* y, float* scratch)
+    {
+        static_assert(Decodes<op<I>>,
+                      "generate runs a token model one position at a time, and this layer has no decode "
+                      "(layers/decode.hpp): it is op I of the Ops in the instantiation above (a layer that mixes "
+                      "positions, such as a convolution, cannot)");
+        if constexpr (Decodes<op<I>>)
+            op<I>::decode(DecodeArgs{.params = a.params + param_offset[param_home<I>],
+                                     .x = x,
+                                     .y = y,
+                                     .position = a.position,
+                                     .cache = a.cache + decode_cache_offset[I],
+                                     .scratch = scratch});
     }
 
     // A replica with no samples in a step with sync points (Chain::idle_forward): each part that has

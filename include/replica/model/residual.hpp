@@ -88,6 +88,25 @@ struct Residual {
         static constexpr bool spans_devices = parts::spans_devices;
         static constexpr bool wants_channels_last = parts::wants_channels_last;
 
+        // Decoding one position (layers/decode.hpp): y = x + body(x), or shortcut(x) + body(x).
+        // Scratch: [the body's row | the shortcut's row (projected) | the parts' scratch].
+        static constexpr std::size_t decode_rows = row_size<Out> * (projected ? 2 : 1);
+        static constexpr std::size_t decode_cache = parts::decode_cache_offset.back();
+        static constexpr bool decodes = parts::decodes;
+        static constexpr std::size_t decode_scratch = decode_rows + parts::decode_scratch;
+        static void decode(const DecodeArgs& a)
+        {
+            float* body = a.scratch;
+            parts::template decode<0>(a, a.x, body, a.scratch + decode_rows);
+            const float* other = a.x;
+            if constexpr (projected) {
+                float* shortcut = a.scratch + row_size<Out>;
+                parts::template decode<1>(a, a.x, shortcut, a.scratch + decode_rows);
+                other = shortcut;
+            }
+            for (std::size_t f = 0; f < row_size<Out>; ++f) a.y[f] = other[f] + body[f];
+        }
+
         explicit op(const Build& b) : parts_(b) {}
 
         // [the shortcut's input gradient (In values, gradient_apart) | the parts' scratch]
