@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The character-level GPT demo of examples/train_gpt.cpp in PyTorch, for a side-by-side run on the CPU.
+
+The same model (models::CharGPT: 4 pre-LN blocks of 4 heads, width 128, context 64, vocabulary 256, the
+head tied to the token embedding, GELU's tanh form, no dropout), the same data (the bytes of the given
+text files, concatenated in the order given; the last --validation fraction held out; training windows
+of 65 bytes at uniform random offsets; validation: the held-out bytes cut into consecutive windows of
+64 inputs and 64 labels), the same optimisation (AdamW with weight decay on matrices and embeddings
+only, betas 0.9 and 0.95, gradients clipped to norm 1, a linear warm-up then cosine decay to a tenth of
+the rate, per step) and the same report: the validation loss in nats and bits per character at each
+evaluation and the wall time of training (evaluations excluded). The windows are drawn by PyTorch's
+generator, not replica's: the same distribution, not the same samples.
+
+    /usr/bin/python3 bench/pytorch_gpt.py --threads 2 --steps 600 --json /usr/share/games/fortunes/fortunes ...
+
+Debian's python3-torch (1.13) has no scaled_dot_product_attention: attention is written out with the
+causal mask, as nanoGPT's fallback does.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LAYERS, HEADS, DIM, CONTEXT, VOCAB = 4, 4, 128, 64, 256
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(DIM, 3 * DIM)
+        self.c_proj = nn.Linear(DIM, DIM)
+        self.register_buffer("mask", torch.tril(torch.ones(CONTEXT, CONTEXT, dtype=torch.bool)))
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (z.view(n, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // HEADS)
+        scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
+        return self.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(n, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(DIM), Attention(), nn.LayerNorm(DIM)
+        self.c_fc, self.c_proj = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(CONTEXT, DIM)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(DIM)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+def lr_at(step, steps, warmup, base):
+    """replica's Schedule::cosine(steps, base / 10).with_warmup(warmup), evaluated per step."""
+    cosine = base / 10 + (base - base / 10) * (1 + math.cos(math.pi * min(step, steps) / steps)) / 2
+    return cosine * min(1.0, step / warmup) if warmup > 0 else cosine
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", help="the text, as train_gpt reads it")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=60, help="steps of linear warm-up")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--validation", type=float, default=0.05)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="one JSON object at the end")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+
+    text = b"".join(open(f, "rb").read() for f in a.files)
+    held = int(len(text) * a.validation)
+    data = torch.tensor(list(text), dtype=torch.long)
+    train, val = data[:len(text) - held], data[len(text) - held:]
+    windows = (len(val) - 1) // CONTEXT
+    val_x = val[:windows * CONTEXT].view(windows, CONTEXT)
+    val_y = val[1:windows * CONTEXT + 1].view(windows, CONTEXT)
+
+    net = GPT()
+    decay = [q for q in net.parameters() if q.dim() >= 2]
+    plain = [q for q in net.parameters() if q.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95))
+
+    def evaluate():
+        net.eval()
+        total = 0.0
+        with torch.no_grad():
+            for i in range(0, windows, 64):
+                logits = net(val_x[i:i + 64])
+                total += float(F.cross_entropy(logits.reshape(-1, VOCAB), val_y[i:i + 64].reshape(-1), reduction="sum"))
+        net.train()
+        return total / (windows * CONTEXT)
+
+    record, train_seconds = [], 0.0
+    for step in range(a.steps):
+        start = time.perf_counter()
+        offsets = torch.randint(0, len(train) - CONTEXT, (a.batch,))
+        x = torch.stack([train[o:o + CONTEXT] for o in offsets])
+        y = torch.stack([train[o + 1:o + CONTEXT + 1] for o in offsets])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a.steps, a.warmup, a.lr)
+        loss = F.cross_entropy(net(x).reshape(-1, VOCAB), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        train_seconds += time.perf_counter() - start
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            v = evaluate()
+            record.append({"step": step + 1, "train_loss": float(loss), "val_loss": v, "val_bits": v / math.log(2),
+                           "train_seconds": train_seconds})
+            if not a.json:
+                print(f"step {step + 1:5d}  train {float(loss):.4f}  validation {v:.4f} nats "
+                      f"({v / math.log(2):.3f} bits) per character  {train_seconds:.1f} s", flush=True)
+    if a.json:
+        print(json.dumps({"framework": "pytorch", "torch": torch.__version__, "threads": a.threads,
+                          "steps": a.steps, "batch": a.batch, "train_bytes": len(train), "val_windows": windows,
+                          "train_seconds": train_seconds, "val_loss": record[-1]["val_loss"], "record": record}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
