@@ -35,7 +35,7 @@ namespace {
 
 struct Settings {
     std::vector<std::string> text;
-    std::size_t steps = 600, batch_size = 32, eval_every = 100, warmup = 60, sample_length = 400, top_k = 0;
+    std::size_t steps = 2000, batch_size = 32, eval_every = 250, warmup = 100, sample_length = 400, top_k = 0;
     float lr = 2e-3f, weight_decay = 0.1f, temperature = 0.8f, validation = 0.05f;
     std::uint64_t seed = 1;
     std::string prompt = "\n", checkpoint;

@@ -498,6 +498,33 @@ TEST_CASE("CUDA embeddings equal the CPU's: a gather forward, the tables' gradie
     CHECK(std::all_of(a[1].end() - 2 * dim, a[1].end(), [](float v) { return v == 0.0f; }));   // rows no id names
 }
 
+TEST_CASE("A bf16 GPT (tied head, attention kernels on bf16) trains as the CPU's bf16 rounding of it; on replicas sharing the GPU too",
+          "[cuda][tokens][precision]")
+{
+    REQUIRE_GPU();
+    using Net = with_precision<TinyGpt, bf16>;
+    const TokenBatches<Net> data(3 * 8, 23);
+    auto steps = [&](auto& model) {
+        SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+        std::vector<float> losses;
+        for (std::size_t s = 0; s < 3; ++s) losses.push_back(train_step(model, opt, data.batch(s * 8, 8, s * 8)));
+        return losses;
+    };
+    // The CPU rounds where the GPU stores: the runs differ by summation orders and their effect on later
+    // roundings (one bf16 ulp is 2^-8 of a value).
+    Net cpu{Device::cpu(), 5}, gpu{Device::cuda(0), 5};
+    const auto la = steps(cpu), lb = steps(gpu);
+    for (std::size_t s = 0; s < 3; ++s) CHECK(std::abs(la[s] - lb[s]) < 2e-2 * std::abs(la[s]));
+    CHECK(norm_relative(parameters(cpu), parameters(gpu)) < 2e-2);
+    DataParallel<Net, Threaded> two{std::vector<Device>(2, Device::cuda(0)), 5};
+    steps(two);
+    CHECK(norm_relative(parameters(two), parameters(gpu)) < 2e-2);
+    // Far from the float model's start: bf16 changed what was computed, not nothing.
+    TinyGpt plain{Device::cuda(0), 5};
+    steps(plain);
+    CHECK(differences(parameters(plain), parameters(gpu)) != "");
+}
+
 TEST_CASE("A small GPT trains the same on CPU and GPU; replicas sharing the GPU as one, the reproducible mode bit for bit",
           "[cuda][tokens]")
 {

@@ -335,3 +335,39 @@ TEST_CASE("Token data sets: the loader's batches hold the ids, and the Trainer f
     REQUIRE(h.epochs.size() == 2);
     CHECK(std::isfinite(h.epochs.back().train_loss));
 }
+
+TEST_CASE("A GPT's checkpoint (the tied table once, AdamW's state) goes on to the same bits, and loads into DataParallel",
+          "[cpu][tokens][checkpoint]")
+{
+    const TokenBatches<TinyGpt> data(4 * 6, 31);
+    const TempDir dir;
+    const auto file = dir / "gpt.ckpt";
+    auto step = [&](auto& model, AdamW& opt, std::size_t s) {
+        return train_step(model, opt, data.batch(s * 6, 6, s * 6));
+    };
+    TinyGpt whole{Device::cpu(), 3};
+    AdamW opt{{.lr = 3e-3f, .weight_decay = 0.1f}};
+    step(whole, opt, 0);
+    step(whole, opt, 1);
+    save_checkpoint(file, whole, {.epoch = 1, .step = 2, .seed = 3}, opt);
+    step(whole, opt, 2);
+    step(whole, opt, 3);
+
+    TinyGpt resumed{Device::cpu(), 9};
+    AdamW fresh{{.lr = 3e-3f, .weight_decay = 0.1f}};
+    const CheckpointState state = load_checkpoint(file, resumed, fresh);
+    CHECK(state.step == 2);
+    // The state holds two floats per parameter: the head adds none of its own.
+    CHECK(resumed.optimizer_state().size() == 2 * TinyGpt::param_count);
+    step(resumed, fresh, 2);
+    step(resumed, fresh, 3);
+    CHECK(differences(parameters(resumed), parameters(whole)) == "");
+
+    DataParallel<TinyGpt, Threaded> dp{cpus(2), 9};
+    AdamW other{{.lr = 3e-3f, .weight_decay = 0.1f}};
+    load_checkpoint(file, dp, other);
+    TinyGpt plain{Device::cpu(), 9};
+    AdamW again{{.lr = 3e-3f, .weight_decay = 0.1f}};
+    load_checkpoint(file, plain, again);
+    CHECK(differences(parameters(dp), parameters(plain)) == "");
+}

@@ -252,7 +252,8 @@ private:
             record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             const bool last = epoch + 1 == options_.epochs;
             if (validation_set.count && options_.validate_every && ((epoch + 1) % options_.validate_every == 0 || last)) {
-                const Metrics m = evaluate(model_, validation_set);
+                // In batches of the global batch: no more activation memory than training holds.
+                const Metrics m = evaluate(model_, validation_set, global_batch());
                 record.validation_loss = m.loss;
                 record.validation_accuracy = m.accuracy;
             }
