@@ -122,8 +122,10 @@ private:
     template <class Tag, std::size_t... J>
     static consteval std::array<std::size_t, 2> tagged(std::index_sequence<J...>)
     {
+        const bool is[] = {std::is_same_v<typename detail::tag_of<op<J>>::type, Tag>..., false};
         std::size_t count = 0, at = 0;
-        ((std::is_same_v<typename detail::tag_of<op<J>>::type, Tag> ? (++count, at = J) : 0), ...);
+        for (std::size_t j = 0; j < sizeof...(J); ++j)
+            if (is[j]) ++count, at = j;
         return {count, at};
     }
     // The part before I whose op's tag is op I's tied_to, checked: exactly one, owning parameters that
