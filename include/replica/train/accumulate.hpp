@@ -57,6 +57,16 @@ public:
     // Whether the current update changes the parameters.
     bool updates_now() const { return calls_ % k_ == 0; }
 
+    // A wrapped optimizer that looks at the whole gradient first (ClipGradNorm) looks at the mean of
+    // the k batches instead, on every k-th update in apply, as it would at one batch k times as large.
+    // This member says so to the model, which calls it with each batch's whole gradient (and refuses a
+    // model that updates slice by slice, a nested DataParallel): it leaves that gradient as it is.
+    template <class Ctx>
+        requires requires(const Opt& o, Ctx& c, float* g, std::size_t n) { o.prepare(c, g, n); }
+    void prepare(Ctx&, float*, std::size_t) const
+    {
+    }
+
     // The slice's state: the sum (one float a trainable parameter, at its state index), then the
     // wrapped optimizer's, which reads the sum as its gradient (GradientAt::state).
     template <class Ctx>
@@ -71,6 +81,7 @@ public:
         const bool last = updates_now();
         accumulate_gradient(ctx, grad, sum, segments, last, 1.0f / float(k_));
         if (!last) return;
+        if constexpr (requires { opt_.prepare(ctx, sum, trainable); }) opt_.prepare(ctx, sum, trainable);
         opt_.apply(ctx, w, sum, state + trainable, segments, core::GradientAt::state);
         fill(ctx, sum, 0.0f, trainable);
     }
