@@ -45,6 +45,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/rng.hpp"
 #include "replica/layers/decode.hpp"
+#include "replica/model/concepts.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -55,17 +56,6 @@ struct GenerateOptions {
 };
 
 namespace detail {
-// The Sequential a model runs: M, or the replicas' of a DataParallel.
-template <class M>
-struct decoded_model {
-    using type = M;
-};
-template <class M>
-    requires requires { typename M::replica_type; }
-struct decoded_model<M> {
-    using type = typename M::replica_type;
-};
-
 inline std::string id_text(std::int32_t id, std::size_t vocabulary)
 {
     return "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocabulary) + ")";
@@ -75,7 +65,7 @@ inline std::string id_text(std::int32_t id, std::size_t vocabulary)
 // The next-token logits of a token model, one pushed id at a time (see the top: the window).
 template <class Model>
 class Decoder {
-    using M = typename detail::decoded_model<Model>::type;
+    using M = typename model::replica_of<Model>::type;   // the Sequential it runs: its replicas' for a DataParallel
     static_assert(requires { M::reads_tokens; } && M::reads_tokens,
                   "Decoder and generate need a token model: Sequential<Input<Tokens<Context>>, Embedding<Vocab, "
                   "Dim>, ...>");
