@@ -1,6 +1,10 @@
 #pragma once
 // Small models for the tests: the same kinds of network as the standard ones, sized for a CI machine.
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "replica/replica.hpp"
 
 namespace replica::testing {
@@ -68,6 +72,12 @@ using TinyTransformer = Sequential<Input<6, 8>, Linear<8>, LayerNorm<>, CausalSe
 // A small GPT: token ids in, embeddings of tokens and positions, a pre-norm attention block and MLP
 // block, a final LayerNorm and a per-position head over the vocabulary that shares the token table.
 using TinyGpt = models::GPT<1, 4, 32, 16, 64>;   // its head tied to the token embedding
+
+// Models to cut into pipeline stages, six layers each: an MLP with dropout (keyed on the global
+// sample: the same on any cut), and an untied GPT of two blocks (token ids in, a label per position).
+using PipeMlp = Sequential<Input<12>, Linear<16>, ReLU, Dropout<0.2>, Linear<16>, GELU, Linear<5>>;
+using PipeGpt = Sequential<Input<Tokens<8>>, Embedding<32, 16>, PositionEmbedding<8>, TransformerBlock<2, 16>,
+                           TransformerBlock<2, 16>, LayerNorm<>, Linear<32>, SequenceCrossEntropy>;
 
 // Deterministic token ids of model M and next-token labels: label t is id t + 1 (the last a fresh draw).
 template <class M>
@@ -154,6 +164,31 @@ std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed
     SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
     for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), options);
     return parameters(model);
+}
+
+// The parameters whose gradient is zero in exact arithmetic (attention's key biases: a constant added
+// to every key of a query changes no softmax): float noise there, which Adam scales up to steps of
+// the learning rate in any summation order. True for those whose gradient on a batch is below 1e-7 of
+// the largest.
+template <class M, class Data>
+std::vector<bool> zero_gradient(const Data& data, Device device = Device::cpu())
+{
+    M m{device, 5};
+    const auto b = data.batch(0, 10, 0);
+    m.forward_backward({.seed = b.seed, .first_sample = 0}, b.inputs, b.labels, b.size, 0.1f);
+    const std::vector<float> g = m.gradients();
+    float largest = 0.0f;
+    for (float v : g) largest = std::max(largest, std::abs(v));
+    std::vector<bool> zero(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) zero[i] = std::abs(g[i]) < 1e-7f * largest;
+    return zero;
+}
+inline std::vector<float> without(const std::vector<float>& v, const std::vector<bool>& drop)
+{
+    std::vector<float> kept;
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (!drop[i]) kept.push_back(v[i]);
+    return kept;
 }
 
 // Largest |a - b| / (|a| + |b| + floor) over elements: a relative error that stays meaningful near 0.

@@ -747,6 +747,66 @@ void nested_matches_plain(std::size_t batch)
 }
 } // namespace
 
+TEST_CASE("A Pipeline on stages sharing the GPU equals the plain GPU model: 2 and 3 stages, both schedules, bf16",
+          "[cuda][same-gpu][pipeline]")
+{
+    REQUIRE_GPU();
+    const TokenBatches<PipeGpt> data(50, 3);
+    auto five_steps = [&](auto& model) {
+        AdamW opt{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}};
+        for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+        return parameters(model);
+    };
+    const std::vector<bool> noise = zero_gradient<PipeGpt>(data, Device::cuda(0));   // key biases, absent tokens
+    PipeGpt plain{Device::cuda(0), 5};
+    const std::vector<float> want = without(five_steps(plain), noise);
+    {
+        Pipeline<PipeGpt, Cuts<3>, OneFOneB> two{shared_gpu(2), 5, {.micro_batches = 4}};
+        CHECK(norm_relative(want, without(five_steps(two), noise)) < 1e-5);
+        Pipeline<PipeGpt, Cuts<2, 4>, GPipe> three{shared_gpu(3), 5, {.micro_batches = 3}};
+        CHECK(norm_relative(want, without(five_steps(three), noise)) < 1e-5);
+        std::vector<float> a(10 * PipeGpt::output_shape::size), b(a.size());
+        plain.predict(data.inputs.data(), 10, a.data());
+        three.predict(data.inputs.data(), 10, b.data());
+        CHECK(norm_relative(a, b) < 1e-5);
+    }
+    // One micro-batch: the plain model's kernels on the same shapes, the same bits; and in bf16.
+    Pipeline<PipeGpt, Cuts<3, 5>, OneFOneB> whole{shared_gpu(3), 5, {.micro_batches = 1}};
+    CHECK(differences(five_steps(whole), parameters(plain)) == "");
+    using Bf16Gpt = with_precision<PipeGpt, bf16>;
+    Bf16Gpt plain16{Device::cuda(0), 5};
+    Pipeline<Bf16Gpt, Cuts<3>, GPipe> whole16{shared_gpu(2), 5, {.micro_batches = 1}};
+    CHECK(differences(five_steps(whole16), five_steps(plain16)) == "");
+    Pipeline<Bf16Gpt, Cuts<3>, OneFOneB> piped16{shared_gpu(2), 5, {.micro_batches = 4}};
+    const std::vector<float> p16 = without(five_steps(piped16), noise);
+    CHECK(norm_relative(without(parameters(plain16), noise), p16) < 2e-2);   // bf16 activations: other roundings
+}
+
+TEST_CASE("ZeRO-1 on replicas sharing the GPU gives the unsharded bits, both policies, bf16 too",
+          "[cuda][same-gpu][zero]")
+{
+    REQUIRE_GPU();
+    const TokenBatches<PipeGpt> data(50, 3);
+    auto five_steps = [&](auto& model) {
+        ClipGradNorm opt{AdamW{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}}, 0.5f};
+        for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+        return std::pair{parameters(model), model.optimizer_state()};
+    };
+    auto check = [&]<class Model>(std::type_identity<Model>, std::size_t replicas) {
+        CAPTURE(replicas);
+        Model whole{shared_gpu(replicas), 5};
+        Model sharded{shared_gpu(replicas), 5, {.shard = Shard::optimizer_state}};
+        const auto want = five_steps(whole), got = five_steps(sharded);
+        CHECK(differences(got.first, want.first) == "");
+        CHECK(differences(got.second, want.second) == "");
+        for (std::size_t r = 0; r < replicas; ++r) CHECK(differences(sharded.replica(r).parameters(), want.first) == "");
+        CHECK(sharded.optimizer_state_floats(0) < want.second.size());
+    };
+    check(std::type_identity<DataParallel<PipeGpt, Threaded>>{}, 2);
+    check(std::type_identity<DataParallel<PipeGpt, SingleThread>>{}, 3);
+    check(std::type_identity<DataParallel<with_precision<PipeGpt, bf16>, Threaded>>{}, 2);
+}
+
 TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<LeNet>(63); }
 TEST_CASE("DataParallel over GPUs matches one GPU: AlexNet-style", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<SmallAlexNetPlain>(13); }
 TEST_CASE("DataParallel over GPUs matches one GPU: GoogLeNet-style (Concat, Dropout)", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<ConcatDropoutNet>(11); }

@@ -57,6 +57,7 @@
 #include "replica/parallel/communicator.hpp"
 #include "replica/parallel/data_parallel.hpp"
 #include "replica/parallel/dispatch.hpp"
+#include "replica/parallel/pipeline.hpp"
 #include "replica/parallel/scaling.hpp"
 
 #include "replica/models/models.hpp"

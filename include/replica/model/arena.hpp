@@ -27,12 +27,16 @@ public:
 
     std::size_t capacity() const { return capacity_; }
     std::size_t bytes() const { return memory_.size() * sizeof(float); }
+    bool owns_input() const { return owns_input_; }
 
-    // Room for n samples, replacing the memory (nothing queued may still use it).
+    // Room for n samples, replacing the memory (nothing queued may still use it). own_input: the input
+    // region exists even where the chain could keep the input in its scratch (a pipeline stage's slots,
+    // whose inputs must outlive the other slots' passes).
     template <class Ctx>
-    void allocate(Ctx& ctx, const Chain& chain, std::size_t n)
+    void allocate(Ctx& ctx, const Chain& chain, std::size_t n, bool own_input = false)
     {
-        keeps_input_ = reduced && !chain.holds_input();
+        owns_input_ = own_input;
+        keeps_input_ = reduced && (own_input || !chain.holds_input());
         memory_ = ctx.template allocate<float>(layout(n).back() + chain.scratch_size(ctx, n));
         capacity_ = n;
     }
@@ -68,6 +72,7 @@ private:
     core::Buffer<float> memory_;
     std::size_t capacity_ = 0;
     bool keeps_input_ = false;   // the input region exists
+    bool owns_input_ = false;    // allocated with own_input
 };
 
 } // namespace replica::model

@@ -60,6 +60,11 @@ struct chain_fuses_relu<true> {
     static constexpr bool fuses_relu = true;
 };
 
+template <class O>
+struct input_shape_of {
+    using type = typename O::input_shape;
+};
+
 template <class Tuple>
 struct parts_of;
 template <class... Os>
@@ -90,6 +95,9 @@ public:
     using storage = T;
 
     static constexpr auto param_offset = parts::param_offset;
+    // The layer whose parameters layer I uses: I, or for a tied layer (TiedHead) the one it shares.
+    template <std::size_t I>
+    static constexpr std::size_t param_home = parts::template param_home<I>;
     static constexpr auto id_offset = parts::id_offset;
     static constexpr std::array<std::size_t, N + 1> act_offset = act_offsets_(seq{});
 
@@ -114,6 +122,10 @@ public:
         if constexpr (N == 0) return false;
         else return last_fuses_relu_ && takes_addend_of<op_t<N - 1>> && writes_relu_gradient_of<op_t<N - 1>>;
     }();
+    // The shape that reaches layer I; for I == size(), the output's.
+    template <std::size_t I>
+    using shape_before = typename std::conditional_t<(I < N), detail::input_shape_of<op_t<std::min(I, N - 1)>>,
+                                                     std::type_identity<output_shape>>::type;
     // The largest activation that flows backward between two layers (ping-pong buffer size).
     static constexpr std::size_t max_inner = []<std::size_t... I>(std::index_sequence<I...>) {
         return std::max({std::size_t{0}, (I + 1 < N ? op_t<I>::output_shape::size : 0)...});

@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "replica/backend/backend.hpp"
@@ -34,6 +35,14 @@
 #include "replica/parallel/scaling.hpp"
 
 namespace REPLICA_NAMESPACE::parallel {
+
+// What the replicas keep a shard of, instead of a whole copy each (DataParallelOptions::shard).
+//   none             every replica keeps the whole optimizer state and applies the whole update.
+//   optimizer_state  ZeRO-1: replica r keeps the state of its 1/R of the trainable parameters and
+//                    updates only them, after the gradient's all-reduce as before; then every
+//                    replica copies the others' updated ranges. The same floats as `none` (the
+//                    update is element by element), 1/R of the state's memory a replica.
+enum class Shard { none, optimizer_state };
 
 struct DataParallelOptions {
     // Gradients are all-reduced in buckets of about this many floats, from the last layer's back.
@@ -49,6 +58,8 @@ struct DataParallelOptions {
     // Several processes (parallel/mpi.hpp): this process's replicas are part of every process's.
     // Every process must hold the same number of replicas. Not owned; must outlive the DataParallel.
     ProcessGroup* processes = nullptr;
+    // Shard::optimizer_state: ZeRO-1 (above). One process only; no nested DataParallel in M.
+    Shard shard = Shard::none;
 };
 
 namespace detail {
@@ -109,7 +120,7 @@ public:
     // One replica of M on each device, all initialised from `seed`.
     explicit DataParallel(std::vector<Device> devices = backend::default_devices(), std::uint64_t seed = 0,
                           DataParallelOptions options = {})
-        : devices_(detail::check_replica_devices(std::move(devices))), options_(options),
+        : devices_(detail::check_replica_devices(std::move(devices))), options_(check_options(options)),
           set_(detail::buckets_of<M>(options), devices_.size(), devices_.front(), M::syncs)
     {
         replicas_.reserve(devices_.size());
@@ -119,7 +130,7 @@ public:
 
     // Replicates an existing model (its parameters and optimizer state) over `devices`.
     DataParallel(M&& model, std::vector<Device> devices, DataParallelOptions options = {})
-        : devices_(detail::check_replica_devices(std::move(devices))), options_(options),
+        : devices_(detail::check_replica_devices(std::move(devices))), options_(check_options(options)),
           set_(detail::buckets_of<M>(options), devices_.size(), devices_.front(), M::syncs)
     {
         const auto w = model.parameters();
@@ -132,10 +143,11 @@ public:
                 replicas_.emplace_back(std::vector<Device>{d});
                 replicas_.back().set_parameters(w);
                 replicas_.back().set_statistics(stats);
-                if (!state.empty()) replicas_.back().set_optimizer_state(state);
+                if (!state.empty() && !sharded()) replicas_.back().set_optimizer_state(state);
             }
         }
         start();
+        if (sharded() && !state.empty()) set_optimizer_state(state);
     }
 
     // ---- as a layer: Sequential<Input<...>, DataParallel<Features, Threaded>, Classifier> ----
@@ -379,7 +391,17 @@ public:
 
     std::vector<float> parameters() const { return replicas_.front().parameters(); }
     std::vector<float> gradients() const { return replicas_.front().gradients(); }
-    std::vector<float> optimizer_state() const { return replicas_.front().optimizer_state(); }
+    // M's optimizer state; sharded, the replicas' shards one after the other, which is the same vector.
+    std::vector<float> optimizer_state() const
+    {
+        if (!sharded()) return replicas_.front().optimizer_state();
+        std::vector<float> all;
+        for (const auto& m : replicas_) {
+            const auto part = m.optimizer_state();
+            all.insert(all.end(), part.begin(), part.end());
+        }
+        return all;
+    }
     // Replica 0's statistics: with BatchStats::global every replica's are the same.
     std::vector<float> statistics() const { return replicas_.front().statistics(); }
     void set_statistics(std::span<const float> s)
@@ -393,8 +415,21 @@ public:
     }
     void set_optimizer_state(std::span<const float> s)
     {
-        for (auto& r : replicas_) r.set_optimizer_state(s);
+        if (!sharded()) {
+            for (auto& r : replicas_) r.set_optimizer_state(s);
+            return;
+        }
+        core::require(trainable_count > 0 ? s.size() % trainable_count == 0 : s.empty(),
+                      "set_optimizer_state: " + std::to_string(s.size()) + " values is not a whole number for each of the " +
+                          std::to_string(trainable_count) + " trainable parameters");
+        const std::size_t per = trainable_count ? s.size() / trainable_count : 0;
+        for (std::size_t r = 0; r < replicas_.size(); ++r) {
+            const Share part = share(trainable_count, replicas_.size(), r);
+            replicas_[r].set_shard_state(s.subspan(part.offset * per, part.count * per));
+        }
     }
+    // Floats of optimizer state replica r holds (1/R of M's sharded; all of it otherwise).
+    std::size_t optimizer_state_floats(std::size_t r) const { return replicas_[r].optimizer_state().size(); }
 
     // ---- the training contract (model/concepts.hpp) ----
 
@@ -413,6 +448,11 @@ public:
     template <class Opt>
     double step(const model::StepInput<input_element>& in, const Opt& opt, const model::StepInput<input_element>* next = nullptr)
     {
+        if (sharded()) {   // every replica's next step reads every shard's update: nothing queued ahead
+            const double l = forward_backward(in.pass, in.x, in.labels, in.n, in.loss_scale);
+            update(opt);
+            return l;
+        }
         return ahead_.step(
             in, next,
             [&](const model::StepInput<input_element>& s, bool update_first) {
@@ -456,6 +496,10 @@ public:
     template <class Opt>
     void update(const Opt& opt)
     {
+        if (sharded()) {
+            update_sharded(opt);
+            return;
+        }
         set_.each([&](std::size_t r) { replicas_[r].update(opt); });
     }
 
@@ -486,6 +530,38 @@ public:
     }
 
 private:
+    bool sharded() const { return options_.shard == Shard::optimizer_state; }
+    static DataParallelOptions check_options(DataParallelOptions o)
+    {
+        core::require(o.shard == Shard::none || !o.processes,
+                      "DataParallelOptions::shard: sharded optimizer state runs in one process; across processes, "
+                      "use Shard::none");
+        return o;
+    }
+    // ZeRO-1: each replica updates its shard, then copies every other replica's updated range.
+    template <class Opt>
+    void update_sharded(const Opt& opt)
+    {
+        static_assert(!M::chain::spans_devices,
+                      "DataParallelOptions::shard: a model holding a nested DataParallel cannot shard its optimizer state");
+        const std::size_t R = replicas_.size();
+        shard_ranges_.resize(R);
+        shard_done_.resize(R);
+        set_.each([&](std::size_t r) {
+            const Share part = share(trainable_count, R, r);
+            shard_ranges_[r] = replicas_[r].update_shard(opt, part.offset, part.offset + part.count);
+            shard_done_[r] = replicas_[r].visit([](auto& ctx) { return ctx.mark(); });
+        });
+        set_.each([&](std::size_t r) {
+            for (std::size_t q = 0; q < R; ++q) {
+                const auto [begin, end] = shard_ranges_[q];
+                if (q != r && begin < end)
+                    replicas_[r].copy_parameters_from(replicas_[q].parameter_data(), begin, end, shard_done_[q]);
+            }
+            replicas_[r].weights_follow_parameters();
+        });
+    }
+
     // Queues a step on every replica, each after before(replica) (the update of the step before), and
     // returns its slot (the replicas take slots in step; see Sequential::queue_forward_backward).
     template <class Before>
@@ -560,6 +636,8 @@ private:
     model::QueueAhead<input_element> ahead_;
     std::vector<std::int64_t*> exact_ptrs_;   // reproducible mode: each replica's exact accumulator
     std::vector<double> shard_loss_;
+    std::vector<std::pair<std::size_t, std::size_t>> shard_ranges_;   // ZeRO-1: each replica's updated range
+    std::vector<core::Event> shard_done_;                             // and the mark after its update
 };
 
 template <class T>
@@ -573,4 +651,5 @@ namespace REPLICA_NAMESPACE {
 using parallel::DataParallel;
 using parallel::DataParallelOptions;
 using parallel::GradientReduction;
+using parallel::Shard;
 } // namespace replica
