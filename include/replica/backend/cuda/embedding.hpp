@@ -10,6 +10,7 @@
 // workspace, grown once to the largest request and kept, so a warm step allocates nothing. The sort is
 // our own (8-bit digits, least significant first): CUB would bring libcu++'s global namespace `cuda`
 // into every program that includes the library, where `cuda::` already names replica::cuda.
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
