@@ -11,6 +11,7 @@ resnet18 and resnet50 are torchvision's definitions (torchvision.models.resnet18
     python3 bench/pytorch_bench.py --model lenet --gpus 0 --threads 1      # CPU reference
     python3 bench/pytorch_bench.py --model resnet50 --precision bf16 --modes all
     python3 bench/pytorch_bench.py --params
+    python3 bench/pytorch_bench.py --model gpt2 --modes eager,compile --json    # GPT-2 124M, bf16 (issue 44)
 
 Modes (--modes, one GPU or the CPU): eager, a plain loop; graph, the whole step (forward, backward,
 optimiser) captured once in a CUDA graph and replayed; compile, the model under
@@ -28,6 +29,16 @@ channels_last.
 With --json: one JSON object, the keys of train_bench plus precision, mode (the fastest), modes (each
 mode's median_ms, min_ms, samples_per_s and loss, or its error), tf32, channels_last, cudnn_benchmark,
 threads, torch (the version) and, for alexnet, note. It exits with status 1 when every mode failed.
+
+--model gpt2: GPT-2 124M as nanoGPT writes it (bench/pytorch_gpt.py's GPT: pre-LN blocks, GELU's tanh
+form, F.scaled_dot_product_attention(is_causal=True), the head tied to the token embedding) on sequences
+of 1024 synthetic token ids (seed 1, uniform over GPT-2's 50,257), bf16 autocast, AdamW (fused on the GPU,
+betas 0.9 and 0.95, weight decay 0.1 on matrices and embeddings), clipping at 1.0, --micro-batch
+sequences a micro-batch and --accumulate micro-batches an update (default: 524,288 tokens; tiny: 2), as
+train_bench --model gpt2. Modes eager and compile (torch.compile's default mode, the optimiser eager); a
+step is one update. Its JSON: tokens_per_s, median_ms, peak_memory_mib (torch.cuda.max_memory_allocated),
+reserved_memory_mib, mfu (6N + 6LCT FLOPs a token over --peak-tflops), per mode and for the fastest.
+--gpt-config tiny is a 2-layer GPT of width 64 for a check of the plumbing on the CPU.
 """
 
 import argparse
@@ -42,7 +53,7 @@ import time
 # spawned process (they import this module again).
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 
-MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50")
+MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50", "gpt2")
 NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn", "resnet18", "resnet50")
 TORCHVISION = ("resnet18", "resnet50")   # built by torchvision, which must be installed to run them
 DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "googlenet": 32, "textcnn": 128, "fcn": 16,
@@ -110,9 +121,18 @@ def parse_args(argv=None):
                    help="TF32 on GPUs; default is PyTorch's: cuDNN convolutions may use it, matmuls not")
     p.add_argument("--channels-last", action="store_true",
                    help="NHWC for the 2-D networks (default: off; always on with --precision bf16)")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16"),
                    help="bf16: forward and loss under torch.autocast to bfloat16, channels_last for the 2-D "
-                        "networks (default: fp32)")
+                        "networks (default: fp32; gpt2: bf16)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="gpt2: sequences of 1024 tokens a micro-batch (0: 16; tiny: 2)")
+    p.add_argument("--accumulate", type=int, default=0,
+                   help="gpt2: micro-batches an update (0: as many as make 524,288 tokens; tiny: 2)")
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="gpt2: the device's peak rate for the model FLOP utilisation (default: 989, H100 and "
+                        "H200 dense bf16)")
+    p.add_argument("--gpt-config", default="124m", choices=("124m", "tiny"),
+                   help="gpt2: GPT-2 124M, or a 2-layer GPT of width 64 and context 64 (the plumbing on a CPU)")
     p.add_argument("--modes", default="eager",
                    help="comma-separated, run in this order: eager, graph (the whole step replayed from a CUDA "
                         "graph), compile (torch.compile, mode reduce-overhead); all = eager,graph,compile "
@@ -131,6 +151,16 @@ def parse_args(argv=None):
     unknown = [m for m in s.modes if m not in MODES]
     if unknown or not s.modes or len(set(s.modes)) != len(s.modes):
         p.error(f"--modes {','.join(s.modes)}: give each of {', '.join(MODES)} at most once, comma-separated, or all")
+    if s.precision is None:
+        s.precision = "bf16" if s.model == "gpt2" else "fp32"
+    if s.model == "gpt2":
+        if s.micro_batch < 0 or s.accumulate < 0 or s.peak_tflops <= 0:
+            p.error("--micro-batch and --accumulate must not be negative, --peak-tflops must be positive")
+        if s.gpus > 1:
+            p.error("--model gpt2 runs on one GPU (--gpus 1) or the CPU (--gpus 0)")
+        if s.threads == 0:
+            s.threads = available_cpus()
+        return s
     s.batch = s.batch or DEFAULT_BATCH[network_of(s.model)]
     if global_batch(s.batch, max(s.gpus, 1), s.scaling) < max(s.gpus, 1):
         p.error(f"a global batch of {s.batch} leaves some of the {s.gpus} GPUs without samples")
@@ -489,9 +519,148 @@ def describe(r):
     return "\n".join(lines)
 
 
+def train_gpt2(s):
+    """--model gpt2: each of s.modes from the same initial weights; the record of the fastest, every mode's
+    figures (or its error) under "modes"."""
+    import inspect
+
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pytorch_gpt
+
+    big = s.gpt_config == "124m"
+    cfg = pytorch_gpt.GPT2SMALL if big else pytorch_gpt.Config(2, 2, 64, 64, 512)
+    tokens = 50257 if big else cfg.vocab   # GPT-2's vocabulary; the table is padded to 50,304 rows
+    cuda = s.gpus > 0
+    if cuda:
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        tf32 = set_tf32(torch, s.tf32)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(s.threads)
+        tf32 = "n/a"
+    micro = s.micro_batch or (16 if big else 2)
+    k = s.accumulate or (max(1, (1 << 19) // (micro * cfg.context)) if big else 2)
+    tokens_per_step = k * micro * cfg.context
+    # 2k micro-batches of ids (seed 1), each label the id after it; step s takes micro-batches s k ..
+    # s k + k - 1 modulo 2k, copied to the GPU from pinned memory as they are needed.
+    ids = torch.randint(0, tokens, (2 * k, micro, cfg.context + 1), generator=torch.Generator().manual_seed(1))
+    xs, ys = ids[..., :-1].contiguous(), ids[..., 1:].contiguous()
+    if cuda:
+        xs, ys = xs.pin_memory(), ys.pin_memory()
+
+    def make_model():
+        torch.manual_seed(1)   # every mode starts from the same weights
+        return pytorch_gpt.GPT(cfg).to(device)
+
+    probe = make_model()
+    params = sum(q.numel() for q in probe.parameters())   # the tied table once
+    if big and params != 124475904:
+        raise SystemExit(f"pytorch_bench: GPT-2 has {params:,d} parameters here, replica's GPT2Small 124,475,904")
+    n = params - probe.wpe.weight.numel()   # without the position embedding
+    flops_per_token = 6 * n + 6 * cfg.layers * cfg.dim * cfg.context
+    attention = "sdpa" if probe.blocks[0].attn.fused else "written out"
+    del probe
+    fused = cuda and "fused" in inspect.signature(torch.optim.AdamW).parameters
+
+    def run(mode):
+        if mode == "graph":
+            raise RuntimeError("graph: not for gpt2 (its micro-batches accumulate outside one captured step)")
+        model = make_model()
+        decay = [q for q in model.parameters() if q.dim() >= 2]
+        plain = [q for q in model.parameters() if q.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
+                                lr=6e-4, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if fused else {}))
+        forward = model
+        if mode == "compile":
+            if not hasattr(torch, "compile"):
+                raise RuntimeError(f"torch.compile needs PyTorch 2.0 or later; this is {torch.__version__}")
+            forward = torch.compile(model)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        times, loss = [], float("nan")
+        for step in range(s.warmup + s.steps):
+            t0 = time.perf_counter()
+            total = torch.zeros((), device=device)
+            for m in range(k):
+                i = (step * k + m) % (2 * k)
+                x, y = xs[i].to(device, non_blocking=True), ys[i].to(device, non_blocking=True)
+                with autocast_of(torch, s, device):
+                    logits = forward(x)
+                    micro_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+                (micro_loss / k).backward()
+                total += micro_loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss = float(total) / k   # waits for the step
+            if step >= s.warmup:
+                times.append((time.perf_counter() - t0) * 1000.0)
+        med = median(times)
+        rate = tokens_per_step / (med / 1000.0)
+        r = {"median_ms": med, "min_ms": min(times), "tokens_per_s": rate,
+             "mfu": flops_per_token * rate / (s.peak_tflops * 1e12), "loss": loss}
+        if cuda:
+            r["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            r["reserved_memory_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
+        del forward, model, opt
+        return r
+
+    modes = {}
+    for mode in s.modes:
+        try:
+            modes[mode] = run(mode)
+        except Exception as e:   # a mode that cannot run here is reported, the others still run
+            modes[mode] = {"error": error_text(e)}
+    ran = [m for m in modes if "error" not in modes[m]]
+    best = min(ran, key=lambda m: modes[m]["median_ms"]) if ran else None
+    record = {"library": "pytorch", "torch": torch.__version__, "model": "gpt2", "config": s.gpt_config,
+              "precision": s.precision, "device": str(device) if cuda else "cpu", "tf32": tf32,
+              "threads": None if cuda else s.threads, "attention": attention, "fused_adamw": fused,
+              "sequence": cfg.context, "micro_batch": micro, "accumulate": k, "tokens_per_step": tokens_per_step,
+              "steps": s.steps, "warmup": s.warmup, "parameters": params, "flops_per_token": flops_per_token,
+              "peak_tflops": s.peak_tflops, "mode": best, "modes": modes}
+    if best is not None:
+        record.update(modes[best])
+    else:
+        record["error"] = "every mode failed"
+    return record
+
+
+def describe_gpt2(r):
+    lines = [f"pytorch gpt2 ({r['config']}) on {r['device']}: {r['micro_batch']} x {r['sequence']} tokens a "
+             f"micro-batch, {r['accumulate']} a step ({r['tokens_per_step']} tokens), {r['precision']}, attention "
+             f"{r['attention']}, fused AdamW {'on' if r['fused_adamw'] else 'off'}"]
+    for mode, m in r["modes"].items():
+        if "error" in m:
+            lines.append(f"  {mode:8s} failed: {m['error']}")
+        else:
+            memory = f", peak memory {m['peak_memory_mib']:.0f} MiB" if "peak_memory_mib" in m else ""
+            lines.append(f"  {mode:8s} median step {m['median_ms']:.1f} ms (min {m['min_ms']:.1f}), "
+                         f"{m['tokens_per_s']:.0f} tokens/s, MFU {100 * m['mfu']:.1f}%, loss {m['loss']:.4f}{memory}")
+    if len(r["modes"]) > 1:
+        lines.append(f"  fastest: {r['mode']}" if r["mode"] else "  every mode failed")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     s = parse_args(argv)
     import torch
+
+    if s.model == "gpt2":
+        if s.gpus > 0 and not torch.cuda.is_available():
+            raise SystemExit("pytorch_bench: no CUDA device; use --gpus 0 for a CPU run")
+        result = train_gpt2(s)
+        print(json.dumps(result) if s.json else describe_gpt2(result), flush=True)
+        if result["mode"] is None:
+            print(f"pytorch_bench: {result['error']}", file=sys.stderr)
+            return 1
+        return 0
 
     counts = check_networks()
     if s.params:

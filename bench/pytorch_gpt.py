@@ -14,7 +14,8 @@ generator, not replica's: the same distribution, not the same samples.
     /usr/bin/python3 bench/pytorch_gpt.py --threads 2 --steps 2000 --json /usr/share/games/fortunes/fortunes ...
 
 Debian's python3-torch (1.13) has no scaled_dot_product_attention: attention is written out with the
-causal mask, as nanoGPT's fallback does.
+causal mask there, as nanoGPT's fallback does. The model (Config, GPT) is also bench/pytorch_bench.py's
+GPT-2 124M.
 """
 
 import argparse
@@ -27,30 +28,48 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-LAYERS, HEADS, DIM, CONTEXT, VOCAB = 4, 4, 128, 64, 256
+class Config:
+    """A GPT's shape: models::GPT<Layers, Heads, Dim, Context, Vocab>."""
+
+    def __init__(self, layers, heads, dim, context, vocab):
+        self.layers, self.heads, self.dim, self.context, self.vocab = layers, heads, dim, context, vocab
+
+
+CHARGPT = Config(4, 4, 128, 64, 256)           # models::CharGPT
+GPT2SMALL = Config(12, 12, 768, 1024, 50304)   # models::GPT2Small: GPT-2 124M, its vocabulary padded to 50,304
+CONTEXT, VOCAB = CHARGPT.context, CHARGPT.vocab   # the demo trains CharGPT
 
 
 class Attention(nn.Module):
-    def __init__(self):
+    """Causal self-attention: F.scaled_dot_product_attention(is_causal=True) where PyTorch has it (2.0 on),
+    else written out with the causal mask, as nanoGPT's fallback does."""
+
+    def __init__(self, c):
         super().__init__()
-        self.c_attn = nn.Linear(DIM, 3 * DIM)
-        self.c_proj = nn.Linear(DIM, DIM)
-        self.register_buffer("mask", torch.tril(torch.ones(CONTEXT, CONTEXT, dtype=torch.bool)))
+        self.heads = c.heads
+        self.c_attn = nn.Linear(c.dim, 3 * c.dim)
+        self.c_proj = nn.Linear(c.dim, c.dim)
+        self.fused = hasattr(F, "scaled_dot_product_attention")
+        if not self.fused:
+            self.register_buffer("mask", torch.tril(torch.ones(c.context, c.context, dtype=torch.bool)))
 
     def forward(self, x):
         n, t, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
-        q, k, v = (z.view(n, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // HEADS)
-        scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
-        return self.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(n, t, d))
+        q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+            y = scores.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(n, t, d))
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, c):
         super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(DIM), Attention(), nn.LayerNorm(DIM)
-        self.c_fc, self.c_proj = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c.dim), Attention(c), nn.LayerNorm(c.dim)
+        self.c_fc, self.c_proj = nn.Linear(c.dim, 4 * c.dim), nn.Linear(4 * c.dim, c.dim)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -58,16 +77,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    """Pre-LN blocks, learned positions, GELU's tanh form, a final LayerNorm, the head tied to the token
+    embedding; the logits (n, t, vocab)."""
+
+    def __init__(self, c=CHARGPT):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(CONTEXT, DIM)
+        self.wte, self.wpe = nn.Embedding(c.vocab, c.dim), nn.Embedding(c.context, c.dim)
         nn.init.normal_(self.wte.weight, std=0.02)
         nn.init.normal_(self.wpe.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(DIM)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.ln_f = nn.LayerNorm(c.dim)
 
     def forward(self, ids):
-        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
         for b in self.blocks:
             x = b(x)
         return self.ln_f(x) @ self.wte.weight.t()
@@ -104,7 +126,7 @@ def main():
     val_x = val[:windows * CONTEXT].view(windows, CONTEXT)
     val_y = val[1:windows * CONTEXT + 1].view(windows, CONTEXT)
 
-    net = GPT()
+    net = GPT(CHARGPT)
     decay = [q for q in net.parameters() if q.dim() >= 2]
     plain = [q for q in net.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": plain, "weight_decay": 0.0}],

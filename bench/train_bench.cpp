@@ -4,6 +4,7 @@
 //   train_bench --model lenet --devices cpu:0 --steps 50
 //   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
 //   mpirun -np 2 train_bench --model alexnet-plain --json      # two processes, each with its share of the GPUs
+//   train_bench_cuda --model gpt2 --devices cuda:0 --json       # GPT-2 124M, bf16, 524,288 tokens an update
 //
 // Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it). On GPUs
 // both say how many candidates the autotuner timed and how many choices it took from the tuning
@@ -28,7 +29,9 @@ try {
     const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
     CLI::App app{"median training-step time of a standard network on synthetic data", "train_bench"};
     std::string model = "lenet", conv_path = "timed", precision = "fp32";
-    std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0;
+    std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0, micro_batch = 0,
+                accumulate = 0;
+    double peak_tflops = 989.0;
     int blas_threads = 0;
     bool data_parallel = false, eager = false, cudnn_heuristics = false, log_choices = false, json = false,
          channels_first = false, no_tuning_cache = false;
@@ -36,13 +39,22 @@ try {
     examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
     examples::ReproducibleFlags repro;
     app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
-                                     "textcnn, fcn, resnet18, resnet50 or resnet20")
+                                     "textcnn, fcn, resnet18, resnet50, resnet20 or gpt2 (GPT-2 124M: sequences of "
+                                     "1024 tokens, AdamW clipped at 1.0, gradient accumulation; one device)")
         ->check(CLI::IsMember({"lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50",
-                               "resnet20"}))
+                               "resnet20", "gpt2"}))
         ->capture_default_str();
     examples::count_option(app, "--batch", batch, "batch size (0: the network's default); global with strong "
                                                   "scaling, per device with weak", 0, 1u << 16);
-    examples::count_option(app, "--steps", steps, "timed steps", 1, 1000000);
+    examples::count_option(app, "--micro-batch", micro_batch, "gpt2: sequences of 1024 tokens a micro-batch (0: 16)", 0,
+                           1u << 16);
+    examples::count_option(app, "--accumulate", accumulate, "gpt2: micro-batches an update (0: as many as make 524,288 "
+                                                            "tokens)", 0, 1u << 20);
+    app.add_option("--peak-tflops", peak_tflops, "gpt2: the device's peak rate for the model FLOP utilisation (989: "
+                                                 "H100 and H200, dense bf16)")
+        ->check(CLI::Range(1e-6, 1e9))
+        ->capture_default_str();
+    examples::count_option(app, "--steps", steps, "timed steps (gpt2: updates)", 1, 1000000);
     examples::count_option(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
     dev.add(app, "all (every GPU, or the CPU)", {"single", "threaded", "auto"});
     examples::count_option(app, "--blas-threads", blas_threads, "OpenBLAS threads for CPU runs (0: leave as is)", 0, 1024);
@@ -79,12 +91,15 @@ try {
     app.add_option("--tuning-cache-dir", tuning_cache_dir,
                    "GPUs: the tuning cache's folder (default: $REPLICA_CACHE_DIR, else $XDG_CACHE_HOME/replica, "
                    "else $HOME/.cache/replica)");
-    app.add_option("--precision", precision, "the activations' type: fp32 or bf16 (fp32 master parameters in "
-                                             "both; bf16 in train_bench_cuda)")
+    auto* precision_option =
+        app.add_option("--precision", precision, "the activations' type: fp32 or bf16 (fp32 master parameters in "
+                                                 "both; bf16 in train_bench_cuda; gpt2: bf16 in train_bench_cuda, fp32 "
+                                                 "in train_bench, the default there)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
     app.add_flag("--json", json, "print one JSON object");
     if (int code = examples::parse(app, argc, argv)) return code - 1;
+    if (model == "gpt2" && precision_option->count() == 0) precision = train_bench::gpt2_precision;
 #if defined(REPLICA_CUDA)
     const auto path = std::ranges::find(conv_paths, conv_path);
     backend::cuda::default_options().graphs = !eager;
@@ -100,11 +115,12 @@ try {
     Settings s{model, batch, steps, warmup, devices, dev.dispatch_choice(), dev.scaling_choice(), json, blas_threads,
                StepOptions{.reproducible = repro.reproducible, .micro_shard = repro.micro_shard},
                processes.get(), bucket_floats, first_bucket_floats, data_parallel, precision,
-               dev.gradient_reduction_choice()};
-    for (auto family : {train_bench::run_classic, train_bench::run_inception, train_bench::run_residual})
+               dev.gradient_reduction_choice(), micro_batch, accumulate, peak_tflops};
+    for (auto family : {train_bench::run_classic, train_bench::run_inception, train_bench::run_residual,
+                        train_bench::run_gpt})
         if (const auto code = family(s)) return *code;
     throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn, fcn, resnet18, "
-                "resnet50 or resnet20");
+                "resnet50, resnet20 or gpt2");
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -32,6 +32,10 @@ struct Settings {
     bool data_parallel;                  // a DataParallel even over one device (what its machinery costs)
     std::string precision;               // the activations' type: fp32, bf16 or fp16
     GradientReduction gradient_reduction;  // DataParallelOptions::gradient_reduction
+    // gpt2 (train_bench_gpt.cpp): sequences a micro-batch (0: 16), micro-batches an update (0: as many
+    // as make 524,288 tokens), and the device's peak rate for the model FLOP utilisation.
+    std::size_t micro_batch = 0, accumulate = 0;
+    double peak_tflops = 989.0;
 };
 
 inline DataParallelOptions data_parallel_options(const Settings& s)
@@ -186,5 +190,13 @@ int run_in(const Settings& s)
 std::optional<int> run_classic(const Settings& s);     // lenet, alexnet, alexnet-plain
 std::optional<int> run_inception(const Settings& s);   // googlenet, textcnn, fcn
 std::optional<int> run_residual(const Settings& s);    // resnet18, resnet50, resnet20
+std::optional<int> run_gpt(const Settings& s);         // gpt2
+
+// The one precision gpt2 is built in, in this program (train_bench_gpt.cpp): its default.
+#if defined(REPLICA_CUDA)
+inline constexpr const char* gpt2_precision = "bf16";
+#else
+inline constexpr const char* gpt2_precision = "fp32";
+#endif
 
 } // namespace train_bench
