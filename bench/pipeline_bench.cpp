@@ -109,11 +109,13 @@ try {
         const double expected = 1.0 / double(m + 1);
         {
             Pipeline<Net, Cuts<4>, GPipe> p{devices, 0, {.micro_batches = m}};
-            row("GPipe m=" + std::to_string(m), measure(p, data, batch, steps), expected, p.activation_bytes());
+            const Result r = measure(p, data, batch, steps);   // before activation_bytes: the slots it made
+            row("GPipe m=" + std::to_string(m), r, expected, p.activation_bytes());
         }
         {
             Pipeline<Net, Cuts<4>, OneFOneB> p{devices, 0, {.micro_batches = m}};
-            row("1F1B m=" + std::to_string(m), measure(p, data, batch, steps), expected, p.activation_bytes());
+            const Result r = measure(p, data, batch, steps);
+            row("1F1B m=" + std::to_string(m), r, expected, p.activation_bytes());
         }
     }
     if (json) std::printf("{\"batch\":%zu,\"steps\":%zu,\"devices\":\"%s\",\"rows\":[%s]}\n", batch, steps, devices_text.c_str(), rows.c_str());

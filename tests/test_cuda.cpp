@@ -498,6 +498,54 @@ TEST_CASE("CUDA embeddings equal the CPU's: a gather forward, the tables' gradie
     CHECK(std::all_of(a[1].end() - 2 * dim, a[1].end(), [](float v) { return v == 0.0f; }));   // rows no id names
 }
 
+TEST_CASE("LayerNorm's weight and bias gradients over thousands of rows equal the CPU's, the same bits every run; "
+          "ClipGradNorm's norm over millions of values too", "[cuda][transformer][clip]")
+{
+    REQUIRE_GPU();
+    backend::cpu::Context cpu;
+    cuda::Context gpu{Device::cuda(0)};
+    // 4100 rows of 96 features: 65 chunks of 64 rows, the last one partial.
+    constexpr std::size_t rows = 4100, features = 96;
+    const auto x = random_vector(rows * features, 31), dy = random_vector(rows * features, 32);
+    const auto w = random_vector(features, 33);
+    const auto ln = [&](auto& ctx) {
+        auto xd = ctx.template allocate<float>(x.size()), dyd = ctx.template allocate<float>(dy.size());
+        auto wd = ctx.template allocate<float>(features), grads = ctx.template allocate<float>(2 * features);
+        auto y = ctx.template allocate<float>(x.size()), stats = ctx.template allocate<float>(2 * rows);
+        ctx.upload(xd.data(), x.data(), x.size());
+        ctx.upload(dyd.data(), dy.data(), dy.size());
+        ctx.upload(wd.data(), w.data(), features);
+        layer_norm_forward(ctx, static_cast<const float*>(xd.data()), y.data(), static_cast<const float*>(wd.data()),
+                           static_cast<const float*>(nullptr), rows, features, 1e-5f, stats.data(), stats.data() + rows);
+        layer_norm_backward(ctx, static_cast<const float*>(xd.data()), static_cast<const float*>(dyd.data()),
+                            static_cast<const float*>(wd.data()), static_cast<const float*>(stats.data()),
+                            static_cast<const float*>(stats.data() + rows), static_cast<float*>(nullptr), grads.data(),
+                            grads.data() + features, rows, features);
+        std::vector<float> out(2 * features);
+        ctx.download(out.data(), grads.data(), out.size());
+        ctx.synchronize();
+        return out;
+    };
+    const auto want = ln(cpu), got = ln(gpu);
+    CHECK(max_relative_difference(want, got, 1e-2) < 2e-5);
+    CHECK(differences(ln(gpu), got) == "");
+    // 3,000,017 values whose norm exceeds the bound: scaled as the CPU's double sum says.
+    const auto g = random_vector(3'000'017, 34);
+    const auto clip = [&](auto& ctx, float max_norm) {
+        auto d = ctx.template allocate<float>(g.size());
+        ctx.upload(d.data(), g.data(), g.size());
+        clip_by_norm(ctx, d.data(), g.size(), max_norm);
+        std::vector<float> out(g.size());
+        ctx.download(out.data(), d.data(), out.size());
+        ctx.synchronize();
+        return out;
+    };
+    const auto clipped = clip(gpu, 10.0f);
+    CHECK(max_relative_difference(clip(cpu, 10.0f), clipped, 1e-3) < 1e-6);
+    CHECK(differences(clip(gpu, 10.0f), clipped) == "");
+    CHECK(differences(clip(gpu, 1e6f), g) == "");   // within the bound: untouched
+}
+
 TEST_CASE("The token embedding's gradient over GPT-2's vocabulary equals the CPU's bit for bit and is the same every run, "
           "for float, bf16 and fp16 gradients, assigned and accumulated", "[cuda][tokens]")
 {

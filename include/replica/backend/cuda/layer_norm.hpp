@@ -1,10 +1,13 @@
 #pragma once
 // Layer normalisation on the GPU, the CPU backend's contract (backend/cpu/layer_norm.hpp): `rows` rows
 // of `features` values, each normalised on its own. One block a row for the statistics, the output
-// and the input gradient (sums in a tree fixed by the block size); the weight and bias gradients one
-// thread a feature, summing the rows in order. Every result is the same on every run. x, y, dy, dx are
+// and the input gradient (sums in a tree fixed by the block size); the weight and bias gradients in
+// two passes: each chunk of kLayerNormChunk rows summed in order, a thread a feature, into the
+// context's workspace, then the chunks' sums added in chunk order. The grouping depends on the row
+// count only, so every result is the same on every run and on any number of replicas. x, y, dy, dx are
 // T (float, bf16, fp16), computed in float; the weight, bias, their gradients and the statistics float.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -12,6 +15,7 @@
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cuda {
@@ -71,18 +75,38 @@ __global__ void layer_norm_backward_input(const T* x, const T* dy, const float* 
     }
 }
 
-// Thread f: feature f over every row, in order.
+inline constexpr std::size_t kLayerNormChunk = 64;
+
+// Block (b, c), thread f of block b: feature f over chunk c's rows, in order, into partial's rows 2c
+// (weight) and 2c + 1 (bias).
 template <class T>
-__global__ void layer_norm_backward_params(const T* x, const T* dy, const float* mean, const float* rstd, float* dw,
-                                           float* db, std::size_t rows, unsigned features)
+__global__ void layer_norm_backward_params_chunks(const T* x, const T* dy, const float* mean, const float* rstd,
+                                                  float* partial, std::size_t rows, unsigned features)
+{
+    const unsigned f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= features) return;
+    const std::size_t begin = std::size_t(blockIdx.y) * kLayerNormChunk, end = min(rows, begin + kLayerNormChunk);
+    float sw = 0.0f, sb = 0.0f;
+    for (std::size_t r = begin; r < end; ++r) {
+        const float d = core::to_float(dy[r * features + f]);
+        sw += d * (core::to_float(x[r * features + f]) - mean[r]) * rstd[r];
+        sb += d;
+    }
+    partial[2 * std::size_t(blockIdx.y) * features + f] = sw;
+    partial[(2 * std::size_t(blockIdx.y) + 1) * features + f] = sb;
+}
+
+// Thread f: the chunks' sums of feature f, in chunk order.
+template <int = 0>
+__global__ void layer_norm_backward_params_total(const float* partial, std::size_t chunks, unsigned features, float* dw,
+                                                 float* db)
 {
     const unsigned f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= features) return;
     float sw = 0.0f, sb = 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) {
-        const float d = core::to_float(dy[r * features + f]);
-        sw += d * (core::to_float(x[r * features + f]) - mean[r]) * rstd[r];
-        sb += d;
+    for (std::size_t c = 0; c < chunks; ++c) {
+        sw += partial[2 * c * features + f];
+        sb += partial[(2 * c + 1) * features + f];
     }
     dw[f] = sw;
     db[f] = sb;
@@ -106,9 +130,18 @@ void layer_norm_backward(const Context& ctx, const T* x, const T* dy, const floa
                          std::type_identity_t<T>* dx, float* dw, float* db, std::size_t rows, std::size_t features)
 {
     if (dw) {
-        kernels::layer_norm_backward_params<<<detail::blocks_for(features), detail::kThreads, 0, ctx.stream()>>>(
-            x, dy, mean, rstd, dw, db, rows, unsigned(features));
-        detail::check_launch("layer_norm_backward_params");
+        const std::size_t chunks = (rows + kernels::kLayerNormChunk - 1) / kernels::kLayerNormChunk;
+        core::require(chunks <= 65535, "layer_norm_backward: at most 65535 x 64 rows a call");
+        float* partial = static_cast<float*>(ctx.workspace(std::max<std::size_t>(1, 2 * chunks * features) * sizeof(float)));
+        if (chunks > 0) {
+            const dim3 grid(unsigned(detail::blocks_for(features)), unsigned(chunks));
+            kernels::layer_norm_backward_params_chunks<<<grid, detail::kThreads, 0, ctx.stream()>>>(
+                x, dy, mean, rstd, partial, rows, unsigned(features));
+            detail::check_launch("layer_norm_backward_params_chunks");
+        }
+        kernels::layer_norm_backward_params_total<<<detail::blocks_for(features), detail::kThreads, 0, ctx.stream()>>>(
+            partial, chunks, unsigned(features), dw, db);
+        detail::check_launch("layer_norm_backward_params_total");
     }
     if (dx && rows > 0) {
         kernels::layer_norm_backward_input<<<unsigned(rows), kernels::kLayerNormThreads, 0, ctx.stream()>>>(

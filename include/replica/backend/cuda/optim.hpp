@@ -153,26 +153,56 @@ inline void accumulate_gradient(const Context& ctx, const float* grad, float* ac
 }
 
 namespace kernels {
-// One block: the sum of squares (double, a block tree of fixed shape), then the scale, in place.
+inline constexpr unsigned kClipBlocks = 256;
+
+// Block b: the sum of squares (double) of its part of g, the parts cut by count alone, in a block tree
+// of fixed shape, into squares[b].
 template <int = 0>
-__global__ void clip_by_norm(float* g, std::size_t count, float max_norm)
+__global__ void clip_squares(const float* g, std::size_t count, double* squares)
 {
     __shared__ double lane[detail::kThreads];
-    double squares = 0.0;
-    for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) squares += double(g[i]) * double(g[i]);
-    squares = detail::block_reduce(lane, squares, [](double a, double b) { return a + b; });
-    const double norm = sqrt(squares);
-    if (!(norm > double(max_norm))) return;
-    const float scale = float(double(max_norm) / (norm + 1e-6));
-    for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) g[i] *= scale;
+    const std::size_t per = (count + kClipBlocks - 1) / kClipBlocks;
+    const std::size_t begin = min(count, std::size_t(blockIdx.x) * per), end = min(count, begin + per);
+    double s = 0.0;
+    for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += double(g[i]) * double(g[i]);
+    s = detail::block_reduce(lane, s, [](double a, double b) { return a + b; });
+    if (threadIdx.x == 0) squares[blockIdx.x] = s;
+}
+
+// One block: the parts' sum (a tree of fixed shape), the norm, and the factor g is scaled by (1 when
+// the norm is within max_norm) into *scale.
+template <int = 0>
+__global__ void clip_factor(const double* squares, float max_norm, float* scale)
+{
+    __shared__ double lane[detail::kThreads];
+    double s = 0.0;
+    for (unsigned b = threadIdx.x; b < kClipBlocks; b += blockDim.x) s += squares[b];
+    s = detail::block_reduce(lane, s, [](double a, double b) { return a + b; });
+    if (threadIdx.x != 0) return;
+    const double norm = sqrt(s);
+    *scale = norm > double(max_norm) ? float(double(max_norm) / (norm + 1e-6)) : 1.0f;
+}
+
+template <int = 0>
+__global__ void clip_apply(float* g, std::size_t count, const float* scale)
+{
+    const float k = *scale;
+    if (k == 1.0f) return;
+    REPLICA_GRID_LOOP(i, count) g[i] *= k;
 }
 } // namespace kernels
 
-// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm). One block
-// reads the gradient twice: simple and deterministic, and small beside a step.
+// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm). The sum of
+// squares in double, over kClipBlocks parts of g (cut by count alone) and then over the parts, each in a
+// tree of fixed shape: the same bits on every run, and the whole GPU reads g. Its scratch is the
+// context's workspace.
 inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float max_norm)
 {
-    kernels::clip_by_norm<<<1, detail::kThreads, 0, ctx.stream()>>>(g, count, max_norm);
+    auto* squares = static_cast<double*>(ctx.workspace(kernels::kClipBlocks * sizeof(double) + sizeof(double)));
+    auto* scale = reinterpret_cast<float*>(squares + kernels::kClipBlocks);
+    kernels::clip_squares<<<kernels::kClipBlocks, detail::kThreads, 0, ctx.stream()>>>(g, count, squares);
+    kernels::clip_factor<<<1, detail::kThreads, 0, ctx.stream()>>>(squares, max_norm, scale);
+    if (count > 0) kernels::clip_apply<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, count, scale);
     detail::check_launch("clip_by_norm");
 }
 
