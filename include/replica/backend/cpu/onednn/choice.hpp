@@ -3,8 +3,9 @@
 // conv_forward / conv_backward here first, and runs its im2col + OpenBLAS code where they return false.
 //
 // ConvPath::onednn runs oneDNN wherever it has a primitive for the shape; ConvPath::automatic
-// chooses per pass (forward; the two gradients together) and plan key (shape, batch, bias, ReLU,
-// thread count):
+// chooses per pass (forward; the gradients together) by shape, batch, thread count and whether dx is
+// wanted, one choice for a layer with or without bias or fused ReLU (so that such variants, which
+// give the same values, give the same bits):
 // - outside backend::SerialHostKernels scopes, by timing: the first call of a key runs each
 //   candidate twice and keeps the faster's second time, process-wide (every context and replica of
 //   the process then runs the same code for that key);
@@ -35,10 +36,15 @@ inline bool rule_prefers_onednn(const ConvKey& k) { return k.kh * k.kw > 1 && k.
 
 namespace detail {
 struct ChoiceKey {
-    ConvKey conv;
+    ConvKey conv;   // bias and relu false
     bool backward;
     auto operator<=>(const ChoiceKey&) const = default;
 };
+inline ChoiceKey choice_key(ConvKey k, bool backward)
+{
+    k.bias = k.relu = false;
+    return {k, backward};
+}
 struct Choices {
     std::mutex mutex;
     std::map<ChoiceKey, bool> onednn;   // timed choices
@@ -104,7 +110,7 @@ bool conv_forward(Runtime& rt, const core::Window& g, int cout, const float* w, 
     ConvForward* plan = detail::plan_for<ConvForward>(rt, key);
     if (plan == nullptr) return false;
     auto run_onednn = [&] { plan->run(rt.stream(), w, b, x, y); };
-    if (!detail::prefers_onednn({key, false}, run_blas, run_onednn, [] {})) return false;
+    if (!detail::prefers_onednn(detail::choice_key(key, false), run_blas, run_onednn, [] {})) return false;
     use_threads(key.threads);
     run_onednn();
     return true;
@@ -128,7 +134,7 @@ bool conv_backward(Runtime& rt, const core::Window& g, int cout, const float* w,
         if (dx_before.empty()) dx_before.assign(dx, dx + dx_count);
         else std::memcpy(dx, dx_before.data(), dx_count * sizeof(float));
     };
-    if (!detail::prefers_onednn({key, true}, run_blas, run_onednn, restore)) return false;
+    if (!detail::prefers_onednn(detail::choice_key(key, true), run_blas, run_onednn, restore)) return false;
     use_threads(key.threads);
     run_onednn();
     return true;
