@@ -1103,8 +1103,7 @@ void onednn_matches_im2col(int cout, std::size_t n, std::mt19937_64& rng)
                 CHECK(close(a.dx, e.dx));
                 CHECK(close(a.dw, e.dw));
                 if (bias) CHECK(close(a.db, e.db));
-                if (relu)
-                    for (std::size_t i = 0; i < ys; ++i) CHECK_FALSE(a.y[i] < 0.0f);
+                if (relu) CHECK(std::none_of(a.y.begin(), a.y.end(), [](float v) { return v < 0.0f; }));
             }
     // Without an input gradient (a first layer's): dw alone, the same.
     const testing::ConvPathScope scope(ConvPath::onednn);

@@ -10,8 +10,8 @@
 // scratch are float. For bf16/fp16 the T operands are converted to float (im2col and the layout changes
 // read T; the weights are copied to scratch), the same float GEMMs as for float run on them, and each
 // stored output is rounded once, after the bias, the ReLU and col2im's sums, which stay float. The
-// chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call gives
-// on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
+// chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call on the
+// im2col path (ConvPath::blas) gives on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
 // the float weights and one chunk of the input-side tensor.
 
 #include <algorithm>

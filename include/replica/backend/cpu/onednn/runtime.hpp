@@ -18,9 +18,18 @@
 #error "replica/backend/cpu/onednn/ needs oneDNN: build with -DREPLICA_ONEDNN=1 and link -ldnnl (Meson: -Donednn=enabled)"
 #endif
 
-#include <omp.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
+
+// OpenMP's thread count, set per call below. Debian's oneDNN runs on libgomp, linked with it; a compiler
+// without OpenMP's header (Clang without libomp-dev) gets the two functions declared as libgomp has them.
+#if __has_include(<omp.h>)
+#include <omp.h>
+#else
+extern "C" {
+void omp_set_num_threads(int) noexcept;
+int omp_get_max_threads() noexcept;
+}
+#endif
 
 #include <cstddef>
 #include <map>
