@@ -7,12 +7,14 @@
 // wanted, one choice for a layer with or without bias or fused ReLU (so that such variants, which
 // give the same values, give the same bits):
 // - outside backend::SerialHostKernels scopes, by timing: the first call of a key runs each
-//   candidate twice and keeps the faster's second time, process-wide (every context and replica of
-//   the process then runs the same code for that key);
+//   candidate once untimed, then twice more, in turns, and keeps the faster by its better time (in
+//   turns and the better of two, so that a moment of load on a shared machine rarely decides),
+//   process-wide (every context and replica of the process then runs the same code for that key);
 // - inside one (replicas on their own threads, the reproducible mode), by rule_prefers_onednn, so
 //   that what runs, and with it every bit of the results, depends only on the shape: never on the
 //   timings of a run, the replica count or the machine's load.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -56,9 +58,8 @@ inline Choices& choices()
 }
 
 template <class F>
-double second_run_seconds(F&& run)
+double seconds(F&& run)
 {
-    run();
     const auto t0 = std::chrono::steady_clock::now();
     run();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -76,8 +77,13 @@ bool prefers_onednn(const ChoiceKey& key, Blas&& run_blas, Onednn&& run_onednn, 
         const std::lock_guard lock(c.mutex);
         if (auto it = c.onednn.find(key); it != c.onednn.end()) return it->second;
     }
-    const double blas = second_run_seconds([&] { restore(); run_blas(); });
-    const double onednn = second_run_seconds([&] { restore(); run_onednn(); });
+    auto blas_once = [&] { restore(); run_blas(); };
+    auto onednn_once = [&] { restore(); run_onednn(); };
+    blas_once();
+    onednn_once();
+    double blas = seconds(blas_once), onednn = seconds(onednn_once);
+    blas = std::min(blas, seconds(blas_once));
+    onednn = std::min(onednn, seconds(onednn_once));
     restore();
     const std::lock_guard lock(c.mutex);
     return c.onednn.emplace(key, onednn < blas).first->second;
