@@ -122,7 +122,8 @@ inline std::vector<backend::cpu::ConvPath> conv_paths()
 }
 inline const char* conv_path_name(backend::cpu::ConvPath path)
 {
-    return path == backend::cpu::ConvPath::blas ? "im2col" : path == backend::cpu::ConvPath::onednn ? "oneDNN" : "auto";
+    using backend::cpu::ConvPath;
+    return path == ConvPath::blas ? "im2col" : path == ConvPath::onednn ? "oneDNN" : path == ConvPath::timed ? "timed" : "auto";
 }
 
 } // namespace replica::testing

@@ -23,11 +23,13 @@
 namespace REPLICA_NAMESPACE::backend::cpu {
 
 // Which code runs the CPU's float convolutions (cpu/conv.hpp): `blas`, im2col and OpenBLAS products;
-// `onednn`, oneDNN's primitives (builds with REPLICA_ONEDNN); `automatic`, per layer shape and pass
-// whichever is faster (cpu/onednn/choice.hpp says how it is chosen), and `blas` in a build without
-// oneDNN. Process-wide; the default is `automatic`, or what the environment variable
-// REPLICA_CPU_CONV (auto, blas, onednn) says when the first convolution runs.
-enum class ConvPath { automatic, blas, onednn };
+// `onednn`, oneDNN's primitives (builds with REPLICA_ONEDNN); `automatic`, per layer shape by a rule
+// that takes the faster where it is clear (the same code, and so the same bits, in every run);
+// `timed`, per layer shape and pass whichever was faster when first timed in this process, which may
+// differ from run to run (cpu/onednn/choice.hpp). `blas` in a build without oneDNN. Process-wide; the
+// default is `automatic`, or what the environment variable REPLICA_CPU_CONV (auto, timed, blas,
+// onednn) says when the first convolution runs.
+enum class ConvPath { automatic, timed, blas, onednn };
 
 inline constexpr bool has_onednn =
 #if defined(REPLICA_ONEDNN)
@@ -42,12 +44,13 @@ inline ConvPath conv_path_from_environment()
     const char* v = std::getenv("REPLICA_CPU_CONV");
     const std::string s = v ? v : "auto";
     if (s == "auto" || s.empty()) return ConvPath::automatic;
+    if (s == "timed") return ConvPath::timed;
     if (s == "blas") return ConvPath::blas;
     if (s == "onednn") {
         core::require(has_onednn, "REPLICA_CPU_CONV=onednn, but this build has no oneDNN (Meson: -Donednn=enabled)");
         return ConvPath::onednn;
     }
-    throw Error("REPLICA_CPU_CONV is '" + s + "': say auto, blas or onednn");
+    throw Error("REPLICA_CPU_CONV is '" + s + "': say auto, timed, blas or onednn");
 }
 inline std::atomic<ConvPath>& conv_path_setting()
 {

@@ -2,17 +2,17 @@
 // Which code runs a float convolution's pass on the CPU (REPLICA_ONEDNN builds): cpu/conv.hpp calls
 // conv_forward / conv_backward here first, and runs its im2col + OpenBLAS code where they return false.
 //
-// ConvPath::onednn runs oneDNN wherever it has a primitive for the shape; ConvPath::automatic
-// chooses per pass (forward; the gradients together) by shape, batch, thread count and whether dx is
-// wanted, one choice for a layer with or without bias or fused ReLU (so that such variants, which
-// give the same values, give the same bits):
+// ConvPath::onednn runs oneDNN wherever it has a primitive for the shape. ConvPath::automatic
+// chooses by rule_prefers_onednn: what runs, and with it every bit of the results, depends only on
+// the shape, never on the timings of a run, the replica count or the machine's load (a run resumed
+// from a checkpoint continues bit for bit). ConvPath::timed chooses per pass (forward; the gradients
+// together) by shape, batch, thread count and whether dx is wanted, one choice for a layer with or
+// without bias or fused ReLU (so that such variants, which give the same values, give the same bits):
 // - outside backend::SerialHostKernels scopes, by timing: the first call of a key runs each
 //   candidate once untimed, then twice more, in turns, and keeps the faster by its better time (in
 //   turns and the better of two, so that a moment of load on a shared machine rarely decides),
 //   process-wide (every context and replica of the process then runs the same code for that key);
-// - inside one (replicas on their own threads, the reproducible mode), by rule_prefers_onednn, so
-//   that what runs, and with it every bit of the results, depends only on the shape: never on the
-//   timings of a run, the replica count or the machine's load.
+// - inside one (replicas on their own threads, the reproducible mode), by the rule, as automatic.
 
 #include <algorithm>
 #include <chrono>
@@ -70,8 +70,9 @@ double seconds(F&& run)
 template <class Blas, class Onednn, class Restore>
 bool prefers_onednn(const ChoiceKey& key, Blas&& run_blas, Onednn&& run_onednn, Restore&& restore)
 {
-    if (conv_path() == ConvPath::onednn) return true;
-    if (cpu::detail::serial_scopes() > 0) return rule_prefers_onednn(key.conv);
+    const ConvPath path = conv_path();
+    if (path == ConvPath::onednn) return true;
+    if (path == ConvPath::automatic || cpu::detail::serial_scopes() > 0) return rule_prefers_onednn(key.conv);
     Choices& c = choices();
     {
         const std::lock_guard lock(c.mutex);
