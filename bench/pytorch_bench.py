@@ -4,7 +4,8 @@
 Same synthetic data (uniform in [-1, 1), random integer labels, two distinct batches alternated), same
 loss (mean softmax cross-entropy; per pixel for fcn), same optimiser (SGD, lr 0.001, momentum 0.9), same
 report (median step time after warm-up), so that bench/run_table.py can set the two side by side.
-resnet18 and resnet50 are torchvision's definitions (torchvision.models.resnet18(num_classes=1000)).
+resnet18 and resnet50 are torchvision's definitions (torchvision.models.resnet18(num_classes=1000)); resnet20
+is the CIFAR layout of include/replica/models/resnet.hpp on 1x28x28 inputs (projection shortcuts).
 
     python3 bench/pytorch_bench.py --model googlenet --batch 128 --json
     python3 bench/pytorch_bench.py --model alexnet --gpus 2 --scaling weak --json
@@ -53,18 +54,19 @@ import time
 # spawned process (they import this module again).
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 
-MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50", "gpt2")
-NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn", "resnet18", "resnet50")
+MODELS = ("lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50", "resnet20", "gpt2")
+NETWORKS = ("lenet", "alexnet", "googlenet", "textcnn", "fcn", "resnet18", "resnet50", "resnet20")
 TORCHVISION = ("resnet18", "resnet50")   # built by torchvision, which must be installed to run them
 DEFAULT_BATCH = {"lenet": 64, "alexnet": 128, "googlenet": 32, "textcnn": 128, "fcn": 16,
-                 "resnet18": 256, "resnet50": 128}
+                 "resnet18": 256, "resnet50": 128, "resnet20": 128}
 # The parameter counts of replica's networks (include/replica/models/*.hpp); checked at start-up. The
 # ResNets' are torchvision's (v1.5: the bottleneck's stride on its 3x3), which issue 22 requires of ours.
 EXPECTED_PARAMS = {"lenet": 431080, "alexnet": 61100840, "googlenet": 6998552, "textcnn": 11348238, "fcn": 40917,
-                   "resnet18": 11689512, "resnet50": 25557032}
+                   "resnet18": 11689512, "resnet50": 25557032, "resnet20": 272186}
 INPUT_SHAPE = {"lenet": (1, 28, 28), "alexnet": (3, 224, 224), "googlenet": (3, 224, 224),
-               "textcnn": (69, 1014), "fcn": (3, 256, 256), "resnet18": (3, 224, 224), "resnet50": (3, 224, 224)}
-CLASSES = {"lenet": 10, "alexnet": 1000, "googlenet": 1000, "textcnn": 14, "fcn": 21, "resnet18": 1000,
+               "textcnn": (69, 1014), "fcn": (3, 256, 256), "resnet18": (3, 224, 224), "resnet50": (3, 224, 224),
+               "resnet20": (1, 28, 28)}
+CLASSES = {"lenet": 10, "alexnet": 1000, "googlenet": 1000, "textcnn": 14, "fcn": 21, "resnet18": 1000, "resnet20": 10,
            "resnet50": 1000}
 MODES = ("eager", "graph", "compile")
 LABEL_SHAPE = {"fcn": (256, 256)}   # per-pixel labels; the others have one label per sample
@@ -206,7 +208,27 @@ def build(name):
         def forward(self, x):
             return torch.cat([self.b1(x), self.b3(x), self.b5(x), self.bp(x)], 1)
 
+    class BasicBlock(nn.Module):
+        """Two 3x3 convolutions without bias, each with BatchNorm, ReLU between; the shortcut a 1x1
+        convolution and BatchNorm where the block changes the size or the channels; ReLU after the sum."""
+
+        def __init__(self, cin, c, stride):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(cin, c, 3, stride, 1, bias=False), nn.BatchNorm2d(c),
+                                      nn.ReLU(inplace=True), nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+            self.shortcut = (nn.Sequential(nn.Conv2d(cin, c, 1, stride, bias=False), nn.BatchNorm2d(c))
+                             if stride != 1 or cin != c else nn.Identity())
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.shortcut(x))
+
     relu = lambda: nn.ReLU(inplace=True)  # noqa: E731
+    if name == "resnet20":
+        stages = [BasicBlock(16, 16, 1), BasicBlock(16, 16, 1), BasicBlock(16, 16, 1),
+                  BasicBlock(16, 32, 2), BasicBlock(32, 32, 1), BasicBlock(32, 32, 1),
+                  BasicBlock(32, 64, 2), BasicBlock(64, 64, 1), BasicBlock(64, 64, 1)]
+        return nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), relu(), *stages,
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     if name == "lenet":
         return nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(800, 500), relu(), nn.Linear(500, 10))

@@ -17,7 +17,7 @@ ensure_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev zlib1g-dev libopenmpi-dev openmpi-bin libcli11-dev)
+base_packages=(meson ninja-build pkg-config g++ python3 libopenblas-dev libdnnl-dev zlib1g-dev libopenmpi-dev openmpi-bin libcli11-dev)
 # Image files (data::ImageFolder, the train_images example) and drawing the curves (scripts/plot-history).
 image_packages=(libpng-dev libjpeg62-turbo-dev)
 plot_packages=(python3-matplotlib)

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <vector>
 
+#include "replica/backend/cpu/context.hpp"
 #include "replica/core/error.hpp"
 
 namespace replica::testing {
@@ -95,6 +96,34 @@ inline double update_error(const std::vector<float>& w, const std::vector<float>
         moved += (double(expected[i]) - initial[i]) * (double(expected[i]) - initial[i]);
     }
     return std::sqrt(off / moved);
+}
+
+// While it lives, the CPU's float convolutions take `path` (backend/cpu/context.hpp); the setting
+// before comes back after.
+class ConvPathScope {
+public:
+    explicit ConvPathScope(backend::cpu::ConvPath path) : before_(backend::cpu::conv_path())
+    {
+        backend::cpu::set_conv_path(path);
+    }
+    ~ConvPathScope() { backend::cpu::set_conv_path(before_); }
+    ConvPathScope(const ConvPathScope&) = delete;
+    ConvPathScope& operator=(const ConvPathScope&) = delete;
+
+private:
+    backend::cpu::ConvPath before_;
+};
+
+// Each code a CPU convolution can take in this build: im2col, and oneDNN where the build has it.
+inline std::vector<backend::cpu::ConvPath> conv_paths()
+{
+    if (backend::cpu::has_onednn) return {backend::cpu::ConvPath::blas, backend::cpu::ConvPath::onednn};
+    return {backend::cpu::ConvPath::blas};
+}
+inline const char* conv_path_name(backend::cpu::ConvPath path)
+{
+    using backend::cpu::ConvPath;
+    return path == ConvPath::blas ? "im2col" : path == ConvPath::onednn ? "oneDNN" : path == ConvPath::timed ? "timed" : "auto";
 }
 
 } // namespace replica::testing

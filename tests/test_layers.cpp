@@ -25,6 +25,7 @@
 #include "catch.hpp"
 #include "reference.hpp"
 #include "seeds.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -433,18 +434,26 @@ constexpr double kForwardTolerance = 1e-5;   // relative, floored at 1e-5 absolu
 
 TEST_CASE("Conv2d gradients match finite differences", "[cpu][layers][gradient]")
 {
-    check_gradients<Conv2d<4, 3, 2, 1>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square, batch 3
-    check_gradients<Conv2d<3, 1>, Shape<4, 5, 5>>(2);
-    check_gradients<Conv2d<5, 3>, Shape<3, 6, 8>>(1);
-    check_gradients<Conv2d<2, 5, 3, 2>, Shape<2, 9, 7>>(2);
-    check_gradients<Conv2d<3, 2, 2>, Shape<2, 7, 7>>(3);      // the last row and column are never read
+    for (const auto path : testing::conv_paths()) {   // im2col, and oneDNN where built
+        const testing::ConvPathScope scope(path);
+        INFO(testing::conv_path_name(path));
+        check_gradients<Conv2d<4, 3, 2, 1>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square, batch 3
+        check_gradients<Conv2d<3, 1>, Shape<4, 5, 5>>(2);
+        check_gradients<Conv2d<5, 3>, Shape<3, 6, 8>>(1);
+        check_gradients<Conv2d<2, 5, 3, 2>, Shape<2, 9, 7>>(2);
+        check_gradients<Conv2d<3, 2, 2>, Shape<2, 7, 7>>(3);      // the last row and column are never read
+    }
 }
 
 TEST_CASE("Conv1d gradients match finite differences", "[cpu][layers][gradient]")
 {
-    check_gradients<Conv1d<4, 3>, Shape<2, 11>>(2);
-    check_gradients<Conv1d<3, 5, 2, 2>, Shape<3, 13>>(3);
-    check_gradients<Conv1d<2, 4, 3, 1>, Shape<2, 12>>(2);
+    for (const auto path : testing::conv_paths()) {   // im2col, and oneDNN where built
+        const testing::ConvPathScope scope(path);
+        INFO(testing::conv_path_name(path));
+        check_gradients<Conv1d<4, 3>, Shape<2, 11>>(2);
+        check_gradients<Conv1d<3, 5, 2, 2>, Shape<3, 13>>(3);
+        check_gradients<Conv1d<2, 4, 3, 1>, Shape<2, 12>>(2);
+    }
 }
 
 TEST_CASE("ConvTranspose2d gradients match finite differences", "[cpu][layers][gradient]")
@@ -1007,14 +1016,18 @@ void same_as_zero_bias(std::size_t n)
 TEST_CASE("Convolutions without bias: gradients match finite differences, alone and with a fused ReLU",
           "[cpu][layers][gradient][bias]")
 {
-    check_gradients<Conv2d<4, 3, 2, 1, Bias::none>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square
-    check_gradients<Conv2d<3, 1, 1, 0, Bias::none>, Shape<4, 5, 5>>(2);
-    check_gradients<Conv1d<3, 5, 2, 2, Bias::none>, Shape<3, 13>>(3);
-    check_gradients<Conv1d<4, 3, 1, 0, Bias::none>, Shape<2, 11>>(2);
-    check_gradients<ConvTranspose2d<3, 4, 2, 1, Bias::none>, Shape<2, 4, 5>>(2);
-    // The ReLU after them is fused (forward_relu, backward_relu): its rule still runs.
-    check_gradients<Sequential<Conv2d<4, 3, 2, 1, Bias::none>, ReLU>, Shape<2, 7, 6>>(3, {}, {.kinks = true});
-    check_gradients<Sequential<Conv1d<3, 5, 2, 2, Bias::none>, ReLU>, Shape<3, 13>>(3, {}, {.kinks = true});
+    for (const auto path : testing::conv_paths()) {   // im2col, and oneDNN where built
+        const testing::ConvPathScope scope(path);
+        INFO(testing::conv_path_name(path));
+        check_gradients<Conv2d<4, 3, 2, 1, Bias::none>, Shape<2, 7, 6>>(3);   // stride 2 + padding, non-square
+        check_gradients<Conv2d<3, 1, 1, 0, Bias::none>, Shape<4, 5, 5>>(2);
+        check_gradients<Conv1d<3, 5, 2, 2, Bias::none>, Shape<3, 13>>(3);
+        check_gradients<Conv1d<4, 3, 1, 0, Bias::none>, Shape<2, 11>>(2);
+        check_gradients<ConvTranspose2d<3, 4, 2, 1, Bias::none>, Shape<2, 4, 5>>(2);
+        // The ReLU after them is fused (forward_relu, backward_relu): its rule still runs.
+        check_gradients<Sequential<Conv2d<4, 3, 2, 1, Bias::none>, ReLU>, Shape<2, 7, 6>>(3, {}, {.kinks = true});
+        check_gradients<Sequential<Conv1d<3, 5, 2, 2, Bias::none>, ReLU>, Shape<3, 13>>(3, {}, {.kinks = true});
+    }
 }
 
 TEST_CASE("A convolution without bias equals one with a zero bias and touches its weights only",
@@ -1036,3 +1049,91 @@ TEST_CASE("A convolution without bias initialises its weights within 1/sqrt(fan_
     check_init<Conv1d<6, 5, 1, 0, Bias::none>, Shape<3, 20>>(3 * 5);
     check_init<ConvTranspose2d<5, 4, 2, 1, Bias::none>, Shape<3, 4, 4>>(5 * 4 * 4);
 }
+
+// =============================================================================================
+// oneDNN's convolutions against im2col's (builds with oneDNN): the same float passes both ways.
+
+#if defined(REPLICA_ONEDNN)
+namespace {
+// The passes of one window and filter count, both ways, in every variant (ReLU, bias, accumulating
+// dx). Each must make oneDNN plans: a shape oneDNN refused would run im2col under ConvPath::onednn
+// too, and compare im2col with itself.
+template <core::Window g>
+void onednn_matches_im2col(int cout, std::size_t n, std::mt19937_64& rng)
+{
+    using backend::cpu::ConvPath;
+    Ctx ctx;
+    const std::size_t xs = n * g.in_size(), ys = n * std::size_t(cout) * g.out_pixels(),
+                      ws = std::size_t(cout) * g.col_rows();
+    const auto x = uniform(xs, -1.0f, 1.0f, rng), w = uniform(ws, -0.5f, 0.5f, rng), b = uniform(cout, -0.5f, 0.5f, rng),
+               dy = uniform(ys, -1.0f, 1.0f, rng), dx0 = uniform(xs, -1.0f, 1.0f, rng);
+    std::vector<float> scratch(backend::cpu::conv_scratch_size<g, float>(ctx, cout, n));
+    struct Out {
+        std::vector<float> y, dx, dw, db;
+    };
+    // relu: the fused ReLU; bias: with a bias (and its gradient); accumulate: dx starts at dx0 and is added to.
+    auto run = [&](ConvPath path, bool relu, bool bias, bool accumulate) {
+        const testing::ConvPathScope scope(path);
+        Out o{std::vector<float>(ys, NAN), accumulate ? dx0 : std::vector<float>(xs, NAN), std::vector<float>(ws, NAN),
+              std::vector<float>(cout, NAN)};
+        backend::cpu::conv_forward<g>(ctx, cout, w.data(), bias ? b.data() : nullptr, x.data(), o.y.data(), n,
+                                      scratch.data(), relu);
+        backend::cpu::conv_backward<g>(ctx, cout, w.data(), x.data(), dy.data(), o.dx.data(), o.dw.data(),
+                                       bias ? o.db.data() : nullptr, n, scratch.data(), accumulate);
+        return o;
+    };
+    // Float rounding in another order: relative to the largest value of each result.
+    auto close = [](const std::vector<float>& a, const std::vector<float>& e) {
+        double largest = 0, error = 0;
+        for (std::size_t i = 0; i < e.size(); ++i) {
+            largest = std::max(largest, double(std::abs(e[i])));
+            error = std::max(error, std::isfinite(a[i]) ? double(std::abs(a[i] - e[i])) : INFINITY);
+        }
+        return error <= 1e-5 * std::max(largest, 1.0);
+    };
+    for (const bool relu : {false, true})
+        for (const bool bias : {false, true})
+            for (const bool accumulate : {false, true}) {
+                CAPTURE(relu, bias, accumulate);
+                const std::size_t made = ctx.onednn().plans_made();
+                const Out e = run(ConvPath::blas, relu, bias, accumulate), a = run(ConvPath::onednn, relu, bias, accumulate);
+                // oneDNN ran: new plans for both passes (the backward one's key has no ReLU: made with relu false)
+                if (!accumulate) CHECK(ctx.onednn().plans_made() == made + (relu ? 1 : 2));
+                CHECK(close(a.y, e.y));
+                CHECK(close(a.dx, e.dx));
+                CHECK(close(a.dw, e.dw));
+                if (bias) CHECK(close(a.db, e.db));
+                if (relu) CHECK(std::none_of(a.y.begin(), a.y.end(), [](float v) { return v < 0.0f; }));
+            }
+    // Timed (ConvPath::timed): each candidate runs several times on the first call of a shape; what a
+    // run changed that the pass reads (dx, added to) is put back, so the result is still one pass's.
+    {
+        const Out e = run(ConvPath::blas, true, true, true), t = run(ConvPath::timed, true, true, true);
+        CHECK(close(t.y, e.y));
+        CHECK(close(t.dx, e.dx));
+        CHECK(close(t.dw, e.dw));
+    }
+    // Without an input gradient (a first layer's): dw alone, the same.
+    const testing::ConvPathScope scope(ConvPath::onednn);
+    std::vector<float> dw(ws, NAN), db(cout, NAN);
+    backend::cpu::conv_backward<g>(ctx, cout, w.data(), x.data(), dy.data(), nullptr, dw.data(), db.data(), n,
+                                   scratch.data());
+    CHECK(close(dw, run(ConvPath::blas, false, true, false).dw));
+}
+} // namespace
+
+TEST_CASE("oneDNN's convolutions equal im2col's within float rounding: forward, input, weight and bias gradients",
+      "[cpu][layers][onednn]")
+{
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    std::mt19937_64 rng(seed);
+    using core::Window;
+    onednn_matches_im2col<Window{8, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}>(16, 3, rng);     // padding 1
+    onednn_matches_im2col<Window{8, 10, 9, 3, 3, 2, 2, 1, 1, 5, 5}>(16, 2, rng);    // stride 2, padding, non-square
+    onednn_matches_im2col<Window{16, 8, 8, 1, 1, 2, 2, 0, 0, 4, 4}>(8, 3, rng);     // 1x1, stride 2 (a projection)
+    onednn_matches_im2col<Window{3, 7, 7, 2, 2, 2, 2, 0, 0, 3, 3}>(4, 2, rng);      // the last row and column unread
+    onednn_matches_im2col<Window{1, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>(6, 4, rng);    // one input channel (LeNet's first)
+    onednn_matches_im2col<Window{4, 1, 20, 1, 5, 1, 2, 0, 2, 1, 10}>(6, 3, rng);    // 1-D, stride 2, padding 2
+}
+#endif

@@ -294,49 +294,53 @@ TEST_CASE("BatchNorm inside Concat branches: statistics over the global batch, a
 TEST_CASE("BatchNorm and Residual against PyTorch: forward, gradients, running estimates, 3 SGD steps",
           "[cpu][batchnorm][residual][pytorch]")
 {
-    const auto f = read_fixture("resnet.txt");
-    using Net = TorchResNet;
-    REQUIRE(f.at("initial").size() == Net::param_count);
-    REQUIRE(f.at("statistics").size() == Net::statistics_count);
-    constexpr std::size_t n = 6;
-    Net net{Device::cpu()};
-    net.set_parameters(to_float(f.at("initial")));
+    for (const auto path : conv_paths()) {   // im2col, and oneDNN where built
+        const ConvPathScope scope(path);
+        INFO(conv_path_name(path));
+        const auto f = read_fixture("resnet.txt");
+        using Net = TorchResNet;
+        REQUIRE(f.at("initial").size() == Net::param_count);
+        REQUIRE(f.at("statistics").size() == Net::statistics_count);
+        constexpr std::size_t n = 6;
+        Net net{Device::cpu()};
+        net.set_parameters(to_float(f.at("initial")));
 
-    // One training forward and backward of the layers, with the fixture's output gradient.
-    backend::cpu::Context ctx{Device::cpu()};
-    auto& chain = net.layers();
-    const auto x = to_float(f.at("x")), dy = to_float(f.at("dy"));
-    auto params = net.parameters(), statistics = net.statistics();
-    std::vector<float> y(n * 5), dx(n * Net::input_shape::size), dparams(Net::param_count),
-        saved(n * Net::chain::saved_size), kept(n * Net::chain::kept_size), scratch(chain.scratch_size(ctx, n));
-    chain.forward(ctx, model::Pass{}, model::ForwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
-                                                         .y = y.data(), .n = n, .saved = saved.data(), .kept = kept.data(),
-                                                         .scratch = scratch.data(), .statistics = statistics.data()});
-    chain.backward(ctx, model::Pass{}, model::BackwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
-                                                           .y = y.data(), .dy = dy.data(), .dx = dx.data(),
-                                                           .dparams = dparams.data(), .n = n, .saved = saved.data(),
-                                                           .kept = kept.data(), .scratch = scratch.data()});
-    const double ey = max_error(y, f.at("y")), edx = max_error(dx, f.at("dx")), edp = max_error(dparams, f.at("dparams")),
-                 est = max_error(statistics, f.at("statistics_after_forward"));
-    CAPTURE(ey, edx, edp, est);
-    CHECK(ey < 1e-5);
-    CHECK(edx < 1e-5);
-    CHECK(edp < 1e-4);
-    CHECK(est < 1e-5);
+        // One training forward and backward of the layers, with the fixture's output gradient.
+        backend::cpu::Context ctx{Device::cpu()};
+        auto& chain = net.layers();
+        const auto x = to_float(f.at("x")), dy = to_float(f.at("dy"));
+        auto params = net.parameters(), statistics = net.statistics();
+        std::vector<float> y(n * 5), dx(n * Net::input_shape::size), dparams(Net::param_count),
+            saved(n * Net::chain::saved_size), kept(n * Net::chain::kept_size), scratch(chain.scratch_size(ctx, n));
+        chain.forward(ctx, model::Pass{}, model::ForwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
+                                                             .y = y.data(), .n = n, .saved = saved.data(), .kept = kept.data(),
+                                                             .scratch = scratch.data(), .statistics = statistics.data()});
+        chain.backward(ctx, model::Pass{}, model::BackwardArgs<>{.params = params.data(), .weights = params.data(), .x = x.data(),
+                                                               .y = y.data(), .dy = dy.data(), .dx = dx.data(),
+                                                               .dparams = dparams.data(), .n = n, .saved = saved.data(),
+                                                               .kept = kept.data(), .scratch = scratch.data()});
+        const double ey = max_error(y, f.at("y")), edx = max_error(dx, f.at("dx")), edp = max_error(dparams, f.at("dparams")),
+                     est = max_error(statistics, f.at("statistics_after_forward"));
+        CAPTURE(ey, edx, edp, est);
+        CHECK(ey < 1e-5);
+        CHECK(edx < 1e-5);
+        CHECK(edp < 1e-4);
+        CHECK(est < 1e-5);
 
-    // Three SGD steps, the model's running estimates, and evaluation with them.
-    Net trained{Device::cpu()};
-    const auto losses = train_resnet_fixture(trained, f);
-    const double eloss = max_error(losses, f.at("losses")), ew = max_error(parameters(trained), f.at("final")),
-                 es = max_error(trained.statistics(), f.at("statistics"));
-    std::vector<float> eval(n * 5);
-    trained.predict(to_float(f.at("inputs")).data(), n, eval.data());
-    const double ee = max_error(eval, f.at("eval_y"));
-    CAPTURE(eloss, ew, es, ee);
-    CHECK(eloss < 1e-5);
-    CHECK(ew < 1e-4);
-    CHECK(es < 1e-4);
-    CHECK(ee < 1e-4);
+        // Three SGD steps, the model's running estimates, and evaluation with them.
+        Net trained{Device::cpu()};
+        const auto losses = train_resnet_fixture(trained, f);
+        const double eloss = max_error(losses, f.at("losses")), ew = max_error(parameters(trained), f.at("final")),
+                     es = max_error(trained.statistics(), f.at("statistics"));
+        std::vector<float> eval(n * 5);
+        trained.predict(to_float(f.at("inputs")).data(), n, eval.data());
+        const double ee = max_error(eval, f.at("eval_y"));
+        CAPTURE(eloss, ew, es, ee);
+        CHECK(eloss < 1e-5);
+        CHECK(ew < 1e-4);
+        CHECK(es < 1e-4);
+        CHECK(ee < 1e-4);
+    }
 }
 
 TEST_CASE("A Residual whose body ends in BatchNorm adds the other branch in BatchNorm's pass and keeps no copy of "

@@ -36,6 +36,17 @@ TEST_CASE("Reproducible mode: LeNet is bit-identical on 1-4 replicas and across 
     bit_identical_on_any_replica_count<LeNet>();
 }
 
+// Every convolution through oneDNN (ConvPath::onednn; the automatic choice takes it for LeNet's
+// second only): its primitives on one thread each, in plans made per context, give the same bits
+// whichever replica runs a shard.
+TEST_CASE("Reproducible mode with oneDNN's convolutions: LeNet is bit-identical on 1-4 replicas and across runs",
+          "[cpu][reproducible][onednn]")
+{
+    if (!backend::cpu::has_onednn) return;
+    const ConvPathScope onednn(backend::cpu::ConvPath::onednn);
+    bit_identical_on_any_replica_count<LeNet>();
+}
+
 TEST_CASE("Reproducible mode: Concat and Dropout are bit-identical on 1-4 replicas and across runs", "[cpu][reproducible]")
 {
     bit_identical_on_any_replica_count<ConcatDropoutNet>();

@@ -56,10 +56,12 @@ core::Buffer<T> host_buffer(std::size_t n)
     return core::Buffer<T>::host(n);
 }
 
-// While it lives, each call of the host's math library (BLAS) runs on one thread when `device` is a
-// CPU and `when` holds (nothing otherwise), and the old setting comes back after. CPU replicas driven by their own
-// threads then share the cores instead of oversubscribing them, and sums do not depend on how many
-// threads the library may use (the reproducible mode). The library's setting is process-wide.
+// While it lives, each call of the host's math libraries (BLAS, oneDNN) runs on one thread when
+// `device` is a CPU and `when` holds (nothing otherwise), and the old setting comes back after; the CPU
+// convolutions' choice of code is then a rule on the shape, not a timing (cpu/onednn/choice.hpp). CPU
+// replicas driven by their own threads then share the cores instead of oversubscribing them, and sums
+// do not depend on how many threads the libraries may use or on the timings of a run (the reproducible
+// mode). The setting is process-wide.
 class SerialHostKernels {
 public:
     explicit SerialHostKernels(const Device& device, bool when = true) : active_(when && device.is_cpu())
@@ -67,13 +69,17 @@ public:
         if (active_) {
             before_ = cpu::blas_threads();
             cpu::set_blas_threads(1);
+            ++cpu::detail::serial_scopes();
         }
     }
     SerialHostKernels(const SerialHostKernels&) = delete;
     SerialHostKernels& operator=(const SerialHostKernels&) = delete;
     ~SerialHostKernels()
     {
-        if (active_) cpu::set_blas_threads(before_);
+        if (active_) {
+            --cpu::detail::serial_scopes();
+            cpu::set_blas_threads(before_);
+        }
     }
 
 private:

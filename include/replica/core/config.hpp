@@ -19,3 +19,10 @@
 #else
 #define REPLICA_NAMESPACE replica::inline host_only
 #endif
+
+// oneDNN for the CPU backend's convolutions (backend/cpu/onednn/): builds that find it define
+// REPLICA_ONEDNN (Meson does, through dependency('replica')). C++ translation units only: under nvcc
+// the CPU replicas of a CUDA build keep im2col, and oneDNN's headers stay out of nvcc's way.
+#if defined(REPLICA_CUDA) && defined(REPLICA_ONEDNN)
+#undef REPLICA_ONEDNN
+#endif

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +16,64 @@
 #include "replica/core/event.hpp"
 #include "replica/core/tensor.hpp"
 
+#if defined(REPLICA_ONEDNN)
+#include "replica/backend/cpu/onednn/runtime.hpp"
+#endif
+
 namespace REPLICA_NAMESPACE::backend::cpu {
+
+// Which code runs the CPU's float convolutions (cpu/conv.hpp): `blas`, im2col and OpenBLAS products;
+// `onednn`, oneDNN's primitives (builds with REPLICA_ONEDNN); `automatic`, per layer shape by a rule
+// that takes the faster where it is clear (the same code, and so the same bits, in every run);
+// `timed`, per layer shape and pass whichever was faster when first timed in this process, which may
+// differ from run to run (cpu/onednn/choice.hpp). `blas` in a build without oneDNN. Process-wide; the
+// default is `automatic`, or what the environment variable REPLICA_CPU_CONV (auto, timed, blas,
+// onednn) says when the first convolution runs.
+enum class ConvPath { automatic, timed, blas, onednn };
+
+inline constexpr bool has_onednn =
+#if defined(REPLICA_ONEDNN)
+    true;
+#else
+    false;
+#endif
+
+namespace detail {
+inline ConvPath conv_path_from_environment()
+{
+    const char* v = std::getenv("REPLICA_CPU_CONV");
+    const std::string s = v ? v : "auto";
+    if (s == "auto" || s.empty()) return ConvPath::automatic;
+    if (s == "timed") return ConvPath::timed;
+    if (s == "blas") return ConvPath::blas;
+    if (s == "onednn") {
+        core::require(has_onednn, "REPLICA_CPU_CONV=onednn, but this build has no oneDNN (Meson: -Donednn=enabled)");
+        return ConvPath::onednn;
+    }
+    throw Error("REPLICA_CPU_CONV is '" + s + "': say auto, timed, blas or onednn");
+}
+inline std::atomic<ConvPath>& conv_path_setting()
+{
+    static std::atomic<ConvPath> path{conv_path_from_environment()};
+    return path;
+}
+// How many backend::SerialHostKernels scopes are open, in any thread: while any is, choices that
+// must not depend on timing (cpu/onednn/choice.hpp) are made by rule.
+inline std::atomic<int>& serial_scopes()
+{
+    static std::atomic<int> scopes{0};
+    return scopes;
+}
+} // namespace detail
+
+inline ConvPath conv_path() { return has_onednn ? detail::conv_path_setting().load() : ConvPath::blas; }
+// Throws where `path` is ConvPath::onednn in a build without oneDNN.
+inline void set_conv_path(ConvPath path)
+{
+    core::require(path != ConvPath::onednn || has_onednn,
+                  "ConvPath::onednn in a build without oneDNN (Meson: -Donednn=enabled)");
+    detail::conv_path_setting() = path;
+}
 
 // OpenBLAS picks its kernels by CPU model when it loads; a model newer than the library falls back to
 // generic SSE3 kernels, several times slower. Say so once, with the fix.
@@ -69,6 +127,15 @@ public:
         return workspace_->data();
     }
 
+#if defined(REPLICA_ONEDNN)
+    // The oneDNN engine and the primitives made in this context (and its copies) so far.
+    onednn::Runtime& onednn() const
+    {
+        if (!*onednn_) *onednn_ = std::make_unique<onednn::Runtime>();
+        return **onednn_;
+    }
+#endif
+
     void synchronize() const {}
     void activate() const {}
     // Work is finished when a call returns: nothing to order.
@@ -80,12 +147,16 @@ public:
 private:
     Device device_;
     std::shared_ptr<core::Buffer<float>> workspace_ = std::make_shared<core::Buffer<float>>();
+#if defined(REPLICA_ONEDNN)
+    // Made at the first oneDNN call, so that contexts that never run one stay cheap.
+    std::shared_ptr<std::unique_ptr<onednn::Runtime>> onednn_ = std::make_shared<std::unique_ptr<onednn::Runtime>>();
+#endif
 };
 static_assert(backend::Context<Context>);
 
-// Threads OpenBLAS may use for one call. Global to the process (OpenBLAS has no per-call setting):
-// backend::SerialHostKernels sets it to 1 for a scope (replicas on their own threads; the reproducible
-// mode).
+// Threads OpenBLAS may use for one call, and oneDNN's primitives too (cpu/onednn/runtime.hpp). Global
+// to the process (OpenBLAS has no per-call setting): backend::SerialHostKernels sets it to 1 for a
+// scope (replicas on their own threads; the reproducible mode).
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
 inline int blas_threads() { return openblas_get_num_threads(); }
 

@@ -1,5 +1,7 @@
 #pragma once
-// Convolutions on the CPU: im2col + one GEMM per chunk of samples.
+// Convolutions on the CPU: im2col + one GEMM per chunk of samples, or, for float convolutions in
+// builds with oneDNN (REPLICA_ONEDNN), oneDNN's primitives where cpu::conv_path() and the choice it
+// makes per layer say so (cpu/onednn/choice.hpp); the two agree within float rounding.
 // Weights are (cout, c, kh, kw) for a convolution and (c, cout, kh, kw) for a transposed one, as in
 // PyTorch. The batch is cut into chunks so that the im2col buffer stays below kChunkFloats. A null bias
 // b (and then a null bias gradient db) is a convolution without bias.
@@ -8,8 +10,8 @@
 // scratch are float. For bf16/fp16 the T operands are converted to float (im2col and the layout changes
 // read T; the weights are copied to scratch), the same float GEMMs as for float run on them, and each
 // stored output is rounded once, after the bias, the ReLU and col2im's sums, which stay float. The
-// chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call gives
-// on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
+// chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call on the
+// im2col path (ConvPath::blas) gives on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
 // the float weights and one chunk of the input-side tensor.
 
 #include <algorithm>
@@ -21,6 +23,10 @@
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
 #include "replica/core/config.hpp"
+
+#if defined(REPLICA_ONEDNN)
+#include "replica/backend/cpu/onednn/choice.hpp"
+#endif
 
 namespace REPLICA_NAMESPACE::backend::cpu {
 
@@ -71,9 +77,10 @@ std::size_t conv_scratch_size(const Context&, int cout, std::size_t n)
     return m * per + detail::conversion_size<g, T>(m, std::size_t(cout) * g.col_rows());
 }
 
+namespace detail {
 template <Window g, core::Storage T>
-void conv_forward(const Context&, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n,
-                  float* scratch, bool relu)
+void blas_conv_forward(int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, float* scratch,
+                       bool relu)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
@@ -92,11 +99,9 @@ void conv_forward(const Context&, int cout, const T* w, const float* b, const T*
             for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
-// dw, db (null without a bias) are assigned; dx (may be null) is assigned, or with `accumulate` the
-// input gradient is added to it (summed in float onto dx's values, rounded to T once).
 template <Window g, core::Storage T>
-void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
-                   float* dw, float* db, std::size_t n, float* scratch, bool accumulate = false)
+void blas_conv_backward(int cout, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db, std::size_t n,
+                        float* scratch, bool accumulate)
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
@@ -126,6 +131,37 @@ void conv_backward(const Context&, int cout, const T* w, const T* x, const T* dy
             }
         }
     }
+}
+} // namespace detail
+
+template <Window g, core::Storage T>
+void conv_forward(const Context& ctx, int cout, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                  float* scratch, bool relu)
+{
+    auto run_blas = [&] { detail::blas_conv_forward<g>(cout, w, b, x, y, n, scratch, relu); };
+#if defined(REPLICA_ONEDNN)
+    if constexpr (std::same_as<T, float>)
+        if (onednn::conv_forward(ctx.onednn(), g, cout, w, b, x, y, n, relu, run_blas)) return;
+#else
+    (void)ctx;
+#endif
+    run_blas();
+}
+
+// dw, db (null without a bias) are assigned; dx (may be null) is assigned, or with `accumulate` the
+// input gradient is added to it (summed in float onto dx's values, rounded to T once).
+template <Window g, core::Storage T>
+void conv_backward(const Context& ctx, int cout, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
+                   float* dw, float* db, std::size_t n, float* scratch, bool accumulate = false)
+{
+    auto run_blas = [&] { detail::blas_conv_backward<g>(cout, w, x, dy, dx, dw, db, n, scratch, accumulate); };
+#if defined(REPLICA_ONEDNN)
+    if constexpr (std::same_as<T, float>)
+        if (onednn::conv_backward(ctx.onednn(), g, cout, w, x, dy, dx, dw, db, n, accumulate, run_blas)) return;
+#else
+    (void)ctx;
+#endif
+    run_blas();
 }
 
 // A convolution followed by a ReLU whose output is relu_y and whose output gradient is dy: dz (the
