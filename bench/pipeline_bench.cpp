@@ -103,8 +103,24 @@ try {
             std::printf("%-24s %10.1f %10.3f %10.3f  %s\n", name.c_str(), r.step_ms, r.idle, expected, mib.c_str());
         }
     };
+    DataParallel<Net, Threaded> zero{devices, 0, {.shard = Shard::optimizer_state}};
+    const Result sharded = measure(zero, data, batch, steps);
     row("plain (1 device)", one, 0.0, {plain.activation_bytes()});
     row("DataParallel (2)", two, 0.0, {dp.activation_bytes()});
+    row("DataParallel ZeRO-1 (2)", sharded, 0.0, {zero.activation_bytes()});
+    // Floats a device holds besides activations: parameters and gradients, and optimizer state (AdamW: 2
+    // a trainable parameter), as each layout keeps them.
+    using P2 = Pipeline<Net, Cuts<4>>;
+    constexpr std::size_t first = P2::stage_type<0>::param_count, second = P2::stage_type<1>::param_count;
+    const std::string state0 = std::to_string(zero.optimizer_state_floats(0)), state1 = std::to_string(zero.optimizer_state_floats(1));
+    if (!json) {
+        std::printf("\nfloats a device holds: parameters + gradients | optimizer state (AdamW)\n");
+        std::printf("%-24s %s\n", "plain, DataParallel", (std::to_string(2 * Net::param_count) + " | " +
+                                                         std::to_string(dp.optimizer_state_floats(0))).c_str());
+        std::printf("%-24s %s\n", "ZeRO-1 (2)", (std::to_string(2 * Net::param_count) + " | " + state0 + ", " + state1).c_str());
+        std::printf("%-24s %s\n", "Pipeline (2 stages)", (std::to_string(2 * first) + ", " + std::to_string(2 * second) + " | " +
+                                                         std::to_string(2 * first) + ", " + std::to_string(2 * second)).c_str());
+    }
     for (std::size_t m : {1, 2, 4, 8}) {
         const double expected = 1.0 / double(m + 1);
         {
