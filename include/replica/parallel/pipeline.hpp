@@ -486,6 +486,10 @@ private:
     {
         const std::size_t m = std::max<std::size_t>(1, std::min(options_.micro_batches, n));
         micro_count_ = n == 0 ? 0 : m;
+        if (tasks_micro_ != m) {   // the schedule's lists, made again only when m changes
+            for (std::size_t s = 0; s < P; ++s) tasks_[s] = Schedule::tasks(s, P, m);
+            tasks_micro_ = m;
+        }
         if (losses_.size() < m) losses_ = backend::host_buffer<core::LossSlot>(m);
         for (std::size_t b = 0; b + 1 < P; ++b) {
             forward_[b].count.store(0);
@@ -529,7 +533,7 @@ private:
             st.visit([&](auto& ctx) { fill(ctx, st.gradient_data(), 0.0f, st.param_count); });
             return;
         }
-        for (const PipelineTask& t : Schedule::tasks(S, P, m)) {
+        for (const PipelineTask& t : tasks_[S]) {
             const Share part = share(n, m, t.micro);
             const int slot = int(t.micro % slots);
             model::Pass mine = pass;
@@ -595,6 +599,8 @@ private:
     std::array<Channel, P - 1> forward_, backward_;   // boundary b: stage b to b + 1
     core::Buffer<core::LossSlot> losses_;              // page-locked: a micro-batch's loss each
     std::size_t micro_count_ = 0;                      // micro-batches of the last step
+    std::array<std::vector<PipelineTask>, P> tasks_;   // each stage's schedule for tasks_micro_ micro-batches
+    std::size_t tasks_micro_ = 0;
     std::size_t largest_micro_ = 0;                    // samples of the largest micro-batch so far
     PipelineTimes times_;
     std::exception_ptr first_error_;                   // the error of the stage that failed first
