@@ -2,7 +2,8 @@
 // on 2 devices, trained with m micro-batches under GPipe and 1F1B; for each, the median step, the
 // measured bubble (PipelineTimes::idle_fraction: 1 - the stages' busy time over 2 x the step's) beside
 // GPipe's (p - 1) / (m + p - 1), and each stage's activation memory; beside them, the plain model on
-// one device and a DataParallel over the two.
+// one device, a DataParallel over the two (whole and with ZeRO-1) and a TensorParallel over the two
+// (attention split by heads, MLPs by hidden units).
 //
 //   build/bench/pipeline_bench [--devices cpu:0,cpu:1] [--batch 32] [--steps 10] [--json]
 //   build/bench/pipeline_bench --devices cuda:0,cuda:0      # two stages (and two replicas) sharing a GPU
@@ -108,6 +109,10 @@ try {
     row("plain (1 device)", one, 0.0, {plain.activation_bytes()});
     row("DataParallel (2)", two, 0.0, {dp.activation_bytes()});
     row("DataParallel ZeRO-1 (2)", sharded, 0.0, {zero.activation_bytes()});
+    using TP2 = TensorParallel<Net, 2>;
+    TP2 split{devices, 0};
+    const Result tensor = measure(split, data, batch, steps);
+    row("TensorParallel (2)", tensor, 0.0, split.activation_bytes());
     // Floats a device holds besides activations: parameters and gradients, and optimizer state (AdamW: 2
     // a trainable parameter), as each layout keeps them.
     using P2 = Pipeline<Net, Cuts<4>>;
@@ -118,6 +123,8 @@ try {
         std::printf("%-24s %s\n", "plain, DataParallel", (std::to_string(2 * Net::param_count) + " | " +
                                                          std::to_string(dp.optimizer_state_floats(0))).c_str());
         std::printf("%-24s %s\n", "ZeRO-1 (2)", (std::to_string(2 * Net::param_count) + " | " + state0 + ", " + state1).c_str());
+        std::printf("%-24s %s\n", "TensorParallel (2)", (std::to_string(2 * TP2::shard_type::param_count) + " each | " +
+                                                        std::to_string(split.rank(0).optimizer_state().size()) + " each").c_str());
         std::printf("%-24s %s\n", "Pipeline (2 stages)", (std::to_string(2 * first) + ", " + std::to_string(2 * second) + " | " +
                                                          std::to_string(2 * first) + ", " + std::to_string(2 * second)).c_str());
     }

@@ -79,6 +79,10 @@ using PipeMlp = Sequential<Input<12>, Linear<16>, ReLU, Dropout<0.2>, Linear<16>
 using PipeGpt = Sequential<Input<Tokens<8>>, Embedding<32, 16>, PositionEmbedding<8>, TransformerBlock<2, 16>,
                            TransformerBlock<2, 16>, LayerNorm<>, Linear<32>, SequenceCrossEntropy>;
 
+// An MLP whose first two Linears pair around an activation (TensorParallel splits them), then a whole
+// GELU and head.
+using SplitMlp = Sequential<Input<12>, Linear<16>, ReLU, Linear<16>, GELU, Linear<5>>;
+
 // Deterministic token ids of model M and next-token labels: label t is id t + 1 (the last a fresh draw).
 template <class M>
 struct TokenBatches {

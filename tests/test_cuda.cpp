@@ -913,6 +913,43 @@ TEST_CASE("ZeRO-1 on replicas sharing the GPU gives the unsharded bits, both pol
     check(std::type_identity<DataParallel<with_precision<PipeGpt, bf16>, Threaded>>{}, 2);
 }
 
+TEST_CASE("TensorParallel on ranks sharing the GPU, and on distinct GPUs where there are 2, equals the plain model",
+          "[cuda][same-gpu][tensor]")
+{
+    REQUIRE_GPU();
+    auto check = [&]<class M, std::size_t Ways>(std::type_identity<M>, std::integral_constant<std::size_t, Ways>,
+                                                std::vector<Device> devices) {
+        CAPTURE(Ways, devices.size(), devices.back().name());
+        const TokenBatches<M> data(50, 3);
+        auto five_steps = [&](auto& model) {
+            AdamW opt{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}};
+            for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+            return parameters(model);
+        };
+        const std::vector<bool> noise = zero_gradient<M>(data, Device::cuda(0));   // key biases, absent tokens
+        M plain{Device::cuda(0), 5};
+        TensorParallel<M, Ways> split{devices, 5};
+        REQUIRE(differences(parameters(split), parameters(plain)) == "");
+        const std::vector<float> want = without(five_steps(plain), noise);
+        CHECK(norm_relative(want, without(five_steps(split), noise)) < 1e-5);
+        std::vector<float> a(10 * M::output_shape::size), b(a.size());
+        plain.predict(data.inputs.data(), 10, a.data());
+        split.predict(data.inputs.data(), 10, b.data());
+        CHECK(norm_relative(a, b) < 1e-5);
+        // Every rank holds the same whole blocks, bit for bit.
+        const std::vector<float> first = split.rank(0).parameters();
+        for (std::size_t r = 1; r < Ways; ++r) {
+            const std::vector<float> other = split.rank(r).parameters();
+            for (const auto& range : model::param_ranges_of<typename TensorParallel<M, Ways>::shard_type::chain>)
+                if (range.split.runs == 0)
+                    for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
+        }
+    };
+    check(std::type_identity<PipeGpt>{}, std::integral_constant<std::size_t, 2>{}, shared_gpu(2));
+    check(std::type_identity<TinyGpt>{}, std::integral_constant<std::size_t, 4>{}, shared_gpu(4));
+    if (cuda_devices().size() >= 2) check(std::type_identity<TinyGpt>{}, std::integral_constant<std::size_t, 2>{}, gpus(2));
+}
+
 TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<LeNet>(63); }
 TEST_CASE("DataParallel over GPUs matches one GPU: AlexNet-style", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<SmallAlexNetPlain>(13); }
 TEST_CASE("DataParallel over GPUs matches one GPU: GoogLeNet-style (Concat, Dropout)", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<ConcatDropoutNet>(11); }

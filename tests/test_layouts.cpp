@@ -1,11 +1,13 @@
 // Parallel layouts beyond plain replicas, against the plain model on CPU devices: Pipeline
 // (parallel/pipeline.hpp), a model cut into stages and trained with micro-batches under each schedule,
-// and DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard). Their [cuda]
-// tests (stages and replicas sharing one GPU) are in test_cuda.cpp.
+// TensorParallel (parallel/tensor_parallel.hpp), a model's attention and MLPs split over devices, and
+// DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard). Their [cuda]
+// tests (stages, ranks and replicas sharing one GPU) are in test_cuda.cpp.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -271,4 +273,263 @@ TEST_CASE("ZeRO-1: a checkpoint of a sharded run loads into the plain model and 
     CHECK_THROWS_WITH((DataParallel<PipeGpt, Threaded>{cpus(2), 0, {.processes = nullptr, .shard = Shard::optimizer_state}}
                            .set_optimizer_state(std::vector<float>(7))),
                       Catch::Contains("not a whole number"));
+}
+
+namespace {
+// A rank of 2 holds: the attention's heads and the MLP's hidden units split, the rest whole.
+using SplitBlock = tensor_split<TransformerBlock<2, 16>, 2>;
+static_assert(std::is_same_v<SplitBlock,
+                             Sequential<Residual<Sequential<LayerNorm<>, HeadParallelAttention<2, 2>>>,
+                                        Residual<Sequential<LayerNorm<>, ColumnParallelLinear<64, 2>, GELUWith<GeluApprox::tanh>,
+                                                            RowParallelLinear<16, 2>>>>>);
+static_assert(std::is_same_v<tensor_split<SplitMlp, 2>, Sequential<Input<12>, ColumnParallelLinear<16, 2>, ReLU,
+                                                                    RowParallelLinear<16, 2>, GELU, Linear<5>>>);
+// Dropout between two Linears is not an elementwise activation of the split units: that pair stays whole.
+static_assert(std::is_same_v<tensor_split<PipeMlp, 2>, Sequential<Input<12>, Linear<16>, ReLU, Dropout<0.2>,
+                                                                  ColumnParallelLinear<16, 2>, GELU, RowParallelLinear<5, 2>>>);
+// Each rank of 4 holds a quarter of TinyGpt's attention and MLP weights and all of the rest.
+static_assert(TensorParallel<TinyGpt, 4>::shard_type::param_count ==
+              TinyGpt::param_count - 3 * (4 * 32 * 32 + 3 * 32 + 2 * 32 * 128 + 128) / 4);
+static_assert(model::TrainableModel<TensorParallel<PipeGpt, 2>>);
+
+template <class M, std::size_t Ways>
+void check_split_equals_plain()
+{
+    using TP = TensorParallel<M, Ways>;
+    CAPTURE(Ways);
+    const auto data = data_for<M>();
+    M plain{Device::cpu(), 5};
+    TP split{cpus(Ways), 5};
+    REQUIRE(differences(parameters(split), parameters(plain)) == "");   // M's parameters, M's layout
+    std::vector<double> want_losses, got_losses;
+    const std::vector<float> want = five_adamw_steps(plain, data, &want_losses);
+    const std::vector<float> got = five_adamw_steps(split, data, &got_losses);
+    // The ranks' partial products summed in another order than one product's: float rounding. Left
+    // out: parameters whose gradient is zero up to rounding (attention's key biases, absent tokens'
+    // rows), whose Adam steps are the signs of rounding noise.
+    const std::vector<bool> noise = zero_gradient<M>(data);
+    CHECK(norm_relative(without(want, noise), without(got, noise)) < 1e-6);
+    for (std::size_t s = 0; s < 5; ++s) CHECK(got_losses[s] == Approx(want_losses[s]).epsilon(1e-6));
+    CHECK(norm_relative(split.optimizer_state(), plain.optimizer_state()) < 1e-5);
+    // Every rank holds the same whole blocks, bit for bit: the same sums reached every rank.
+    const auto ranges = model::param_ranges_of<typename TP::shard_type::chain>;
+    for (std::size_t r = 1; r < Ways; ++r) {
+        const std::vector<float> first = split.rank(0).parameters(), other = split.rank(r).parameters();
+        for (const auto& range : ranges)
+            if (range.split.runs == 0)
+                for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
+    }
+}
+} // namespace
+
+TEST_CASE("TensorParallel: attention split by heads and MLPs by hidden units over 2 and 4 CPU devices equal the "
+          "plain model after 5 AdamW steps",
+          "[cpu][tensor]")
+{
+    SECTION("a GPT of two blocks, 2 ways") { check_split_equals_plain<PipeGpt, 2>(); }
+    SECTION("a GPT with its head tied to the token embedding, 2 and 4 ways")
+    {
+        check_split_equals_plain<TinyGpt, 2>();
+        check_split_equals_plain<TinyGpt, 4>();
+    }
+    SECTION("an MLP, its first pair split") { check_split_equals_plain<SplitMlp, 2>(); }
+}
+
+TEST_CASE("TensorParallel evaluates and predicts as the plain model, and its checkpoints are the plain model's",
+          "[cpu][tensor][checkpoint]")
+{
+    const TempDir dir;
+    const auto data = data_for<TinyGpt>();
+    TinyGpt plain{Device::cpu(), 2};
+    five_adamw_steps(plain, data);
+    TensorParallel<TinyGpt, 2> split{cpus(2), 9};
+    split.set_parameters(plain.parameters());
+    split.set_optimizer_state(plain.optimizer_state());
+    CHECK(differences(split.parameters(), plain.parameters()) == "");
+    CHECK(differences(split.optimizer_state(), plain.optimizer_state()) == "");
+
+    const auto batch = data.batch(0, 20, 0);
+    const auto want = plain.evaluate(batch.inputs, batch.labels, 20);
+    const auto got = split.evaluate(batch.inputs, batch.labels, 20);
+    CHECK(got.loss_sum == Approx(want.loss_sum).epsilon(1e-6));
+    CHECK(got.correct == want.correct);
+    std::vector<float> want_out(20 * TinyGpt::output_shape::size), got_out(want_out.size());
+    plain.predict(batch.inputs, 20, want_out.data());
+    split.predict(batch.inputs, 20, got_out.data());
+    CHECK(norm_relative(got_out, want_out) < 1e-6);
+    const std::vector<std::int32_t> prompt{3, 1, 4};   // generate decodes M from the gathered parameters
+    CHECK(generate(split, prompt, 8, {.seed = 1}) == generate(plain, prompt, 8, {.seed = 1}));
+
+    AdamW opt{{.lr = 0.01f}};
+    train_step(split, opt, data.batch(0, 10, 0));
+    save_checkpoint(dir / "split.ckpt", split, {.step = 1}, opt);
+    TinyGpt loaded{Device::cpu(), 0};
+    AdamW again{{.lr = 0.01f}};
+    CHECK(load_checkpoint(dir / "split.ckpt", loaded, again).step == 1);
+    CHECK(differences(loaded.parameters(), split.parameters()) == "");
+    CHECK(differences(loaded.optimizer_state(), split.optimizer_state()) == "");
+    TensorParallel<TinyGpt, 4> four{cpus(4), 0};
+    AdamW more{{.lr = 0.01f}};
+    load_checkpoint(dir / "split.ckpt", four, more);
+    CHECK(differences(four.parameters(), split.parameters()) == "");
+    CHECK(differences(four.optimizer_state(), split.optimizer_state()) == "");
+}
+
+TEST_CASE("TensorParallel refuses a device list of another length, repeated CPU devices, the reproducible mode and "
+          "bad token ids on every rank; a split layer outside it is refused",
+          "[cpu][tensor]")
+{
+    using TP = TensorParallel<TinyGpt, 2>;
+    CHECK_THROWS_WITH((TP{cpus(3)}), Catch::Contains("needs 2 devices"));
+    CHECK_THROWS_WITH((TP{{Device::cpu(0), Device::cpu(0)}}), Catch::Contains("appears twice"));
+    CHECK_THROWS_WITH((Sequential<Input<4>, ColumnParallelLinear<4, 2>>{Device::cpu()}),
+                      Catch::Contains("runs in a TensorParallel<M, 2> model only"));
+    TP split{cpus(2)};
+    const auto data = data_for<TinyGpt>();
+    AdamW opt{{.lr = 0.01f}};
+    CHECK_THROWS_WITH(train_step(split, opt, data.batch(0, 8, 0), {.reproducible = true, .micro_shard = 4}),
+                      Catch::Contains("reproducible mode does not run over a TensorParallel"));
+    std::vector<std::int32_t> bad(data.inputs.begin(), data.inputs.begin() + 2 * 16);
+    bad[5] = 64;
+    CHECK_THROWS_WITH(train_step(split, opt, TokenBatch{bad.data(), data.labels.data(), 2, 0, 7}),
+                      Catch::Contains("64"));
+    // It trains on after a refusal, as the plain model does.
+    TinyGpt plain{Device::cpu(), 0};
+    AdamW same{{.lr = 0.01f}};
+    const double want = train_step(plain, same, data.batch(0, 10, 0));
+    CHECK(train_step(split, opt, data.batch(0, 10, 0)) == Approx(want).epsilon(1e-6));
+}
+
+TEST_CASE("auto_parallel given a memory budget picks the first layout that fits and trains it; none fitting is "
+          "refused with every layout's figures",
+          "[cpu][tensor][pipeline][memory]")
+{
+    const auto data = data_for<PipeGpt>();
+    auto figures = [](std::size_t batch) {
+        AutoOptions o{.batch_size = batch, .log = nullptr};
+        o.memory_budget = 1;
+        return AutoParallel<PipeGpt>::layouts(2, o);
+    };
+    auto need_in = [](const std::vector<parallel::Candidate>& all, Layout l) {
+        for (const auto& c : all)
+            if (c.layout == l && c.count == 2) return c.memory.total();
+        FAIL("no such layout");
+        return std::size_t{0};
+    };
+    const auto all = figures(10);
+    auto need = [&](Layout l) { return need_in(all, l); };
+    const std::size_t whole = need(Layout::data);
+    // The parameters and gradients (floats) and AdamW's 2 floats a parameter, plus 5 samples' activations.
+    CHECK(whole == PipeGpt::param_count * 16 + 5 * parallel::activation_bytes_per_sample<PipeGpt>);
+    CHECK(need(Layout::sharded) == whole - PipeGpt::param_count * 4);   // half the optimizer state
+    using Rank = TensorParallel<PipeGpt, 2>::shard_type;                 // the whole batch, half the blocks
+    CHECK(need(Layout::tensor) == Rank::param_count * 16 + 10 * parallel::activation_bytes_per_sample<Rank>);
+    CHECK(need(Layout::pipeline) < whole);
+
+    PipeGpt plain{Device::cpu(), 4};
+    const std::vector<bool> noise = zero_gradient<PipeGpt>(data);
+    const std::vector<float> want = without(five_adamw_steps(plain, data), noise);
+    const std::vector<Layout> order{Layout::data, Layout::sharded, Layout::tensor, Layout::pipeline};
+    std::vector<Layout> chosen_layouts;
+    for (std::size_t batch : {10, 2}) {   // with fewer samples the tensor layout needs less than ZeRO-1
+        const auto some = figures(batch);
+        for (Layout l : {Layout::sharded, Layout::tensor, Layout::pipeline}) {
+            const std::size_t budget = need_in(some, l);
+            CAPTURE(batch, int(l), budget);
+            Layout expected = l;   // the first layout in the order that fits this budget
+            for (Layout earlier : order) {
+                if (earlier == l) break;
+                if (need_in(some, earlier) <= budget) {
+                    expected = earlier;
+                    break;
+                }
+            }
+            AutoOptions o{.dispatch = DispatchChoice::threaded, .batch_size = batch, .log = nullptr};
+            o.memory_budget = budget;
+            auto model = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), o);
+            CHECK(model.layout() == expected);
+            const char* built[] = {"DataParallel<threaded> over cpu:0,cpu:1", "optimizer state sharded", "TensorParallel<2> over",
+                                   "Pipeline<1F1B> over"};
+            CHECK_THAT(model.description(), Catch::Contains(built[int(expected)]));
+            CHECK(model.memory().total() <= budget);
+            CHECK(norm_relative(want, without(five_adamw_steps(model, data), noise)) < 1e-6);
+            chosen_layouts.push_back(model.layout());
+        }
+    }
+    for (Layout l : {Layout::sharded, Layout::tensor, Layout::pipeline})
+        CHECK(std::count(chosen_layouts.begin(), chosen_layouts.end(), l) > 0);
+    const AutoOptions base{.batch_size = 10, .log = nullptr};
+    // A budget no layout fits: the error gives every layout's figures.
+    AutoOptions tiny = base;
+    tiny.memory_budget = need(Layout::pipeline) - 1;
+    REQUIRE(need(Layout::pipeline) < std::min(need(Layout::tensor), need(Layout::sharded)));
+    {
+        CHECK_THROWS_WITH(auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), tiny),
+                          Catch::Contains("no layout fits the memory budget") && Catch::Contains("pipeline over 2 devices") &&
+                              Catch::Contains("tensor-parallel over 2 devices") && Catch::Contains("ZeRO-1 over 2 devices"));
+    }
+    // Measuring: only the layouts that fit are timed, and the choice trains.
+    std::ostringstream log;
+    AutoOptions measured = base;
+    measured.dispatch = DispatchChoice::measured;
+    measured.steps = 1;
+    measured.log = &log;
+    measured.memory_budget = std::max(need(Layout::tensor), need(Layout::pipeline));
+    auto chosen = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), measured);
+    CAPTURE(log.str());
+    CHECK(log.str().find("auto_parallel measured (samples/s):") != std::string::npos);
+    CHECK(log.str().find(" 2 threaded ") == std::string::npos);   // data over 2 devices does not fit
+    CHECK(chosen.memory().total() <= measured.memory_budget);
+    CHECK(norm_relative(want, without(five_adamw_steps(chosen, data), noise)) < 1e-6);
+    // An optimizer that looks at the whole gradient is refused at run time where a pipeline or tensor
+    // layout was chosen (a compile error there, which every other layout takes).
+    AutoOptions pipe = base;
+    pipe.memory_budget = need(Layout::pipeline);
+    auto piped = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), pipe);
+    ClipGradNorm clipped{AdamW{{.lr = 0.01f}}, 1.0f};
+    REQUIRE((piped.layout() == Layout::pipeline || piped.layout() == Layout::tensor));
+    CHECK_THROWS_WITH(train_step(piped, clipped, data.batch(0, 10, 0)), Catch::Contains("to fit its memory budget"));
+}
+
+TEST_CASE("DataParallel of Pipelines: replicas of 2- and 3-stage pipelines over 4 and 6 CPU devices equal the plain "
+          "model; checkpoints are the plain model's",
+          "[cpu][pipeline][parallel]")
+{
+    const TempDir dir;
+    {
+        const auto data = data_for<PipeGpt>();
+        const std::vector<bool> noise = zero_gradient<PipeGpt>(data);
+        PipeGpt plain{Device::cpu(), 5};
+        DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded> both{cpus(4), 5, {}, {.micro_batches = 2}};
+        CHECK(both.replica_count() == 2);
+        CHECK(both.description() == "DataParallel<threaded> of Pipeline<1F1B> over cpu:0,cpu:1 | cpu:2,cpu:3");
+        REQUIRE(differences(parameters(both), parameters(plain)) == "");
+        std::vector<double> want_losses, got_losses;
+        const std::vector<float> want = without(five_adamw_steps(plain, data, &want_losses), noise);
+        const std::vector<float> got = without(five_adamw_steps(both, data, &got_losses), noise);
+        CHECK(norm_relative(want, got) < 1e-6);
+        for (std::size_t s = 0; s < 5; ++s) CHECK(got_losses[s] == Approx(want_losses[s]).epsilon(1e-6));
+        // Both replicas made the same update from the same summed gradient.
+        CHECK(differences(both.replica(1).parameters(), both.replica(0).parameters()) == "");
+        const auto batch = data.batch(0, 9, 0);
+        const auto e = both.evaluate(batch.inputs, batch.labels, 9), w = plain.evaluate(batch.inputs, batch.labels, 9);
+        CHECK(e.loss_sum == Approx(w.loss_sum).epsilon(1e-5));
+        AdamW opt{{.lr = 0.01f}};
+        train_step(both, opt, data.batch(0, 10, 0));
+        save_checkpoint(dir / "dp-pipe.ckpt", both, {.step = 1}, opt);
+        PipeGpt loaded{Device::cpu(), 0};
+        AdamW again{{.lr = 0.01f}};
+        load_checkpoint(dir / "dp-pipe.ckpt", loaded, again);
+        CHECK(differences(loaded.parameters(), both.parameters()) == "");
+        CHECK(differences(loaded.optimizer_state(), both.optimizer_state()) == "");
+    }
+    {
+        const auto data = data_for<PipeMlp>();
+        PipeMlp plain{Device::cpu(), 5};
+        DataParallel<Pipeline<PipeMlp, Cuts<2, 4>, GPipe>, SingleThread> three{cpus(6), 5, {}, {.micro_batches = 3}};
+        CHECK(norm_relative(five_adamw_steps(plain, data), five_adamw_steps(three, data)) < 1e-6);
+    }
+    using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
+    CHECK_THROWS_WITH((Both{cpus(3)}), Catch::Contains("needs a multiple of 2 devices"));
+    CHECK_THROWS_WITH((Both{cpus(4), 0, {.shard = Shard::optimizer_state}}), Catch::Contains("cannot shard"));
 }

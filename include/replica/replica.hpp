@@ -22,6 +22,7 @@
 #include "replica/layers/normalization.hpp"
 #include "replica/layers/op.hpp"
 #include "replica/layers/pool.hpp"
+#include "replica/layers/tensor_parallel.hpp"
 #include "replica/layers/tied_head.hpp"
 
 #include "replica/model/concat.hpp"
@@ -56,8 +57,10 @@
 #include "replica/parallel/auto_parallel.hpp"
 #include "replica/parallel/communicator.hpp"
 #include "replica/parallel/data_parallel.hpp"
+#include "replica/parallel/data_pipeline.hpp"
 #include "replica/parallel/dispatch.hpp"
 #include "replica/parallel/pipeline.hpp"
 #include "replica/parallel/scaling.hpp"
+#include "replica/parallel/tensor_parallel.hpp"
 
 #include "replica/models/models.hpp"

@@ -17,11 +17,21 @@ namespace REPLICA_NAMESPACE::core {
 
 enum class ParamKind : std::uint8_t { weight, bias, scale, shift, embedding };
 
+// How a split op (layers/tensor_parallel.hpp) holds its rank's share of a block of the whole layer's
+// parameters: the whole block is `runs` runs of `ways` pieces of `piece` parameters, and rank r holds
+// piece r of every run, one after another (runs x piece parameters). runs == 0: not split, every
+// rank holds the whole block.
+struct ParamSplit {
+    std::size_t runs = 0;
+    std::size_t piece = 0;
+};
+
 // `count` consecutive parameters of one kind: an op's param_blocks list them in order, their counts
 // summing to its param_count.
 struct ParamBlock {
     std::size_t count;
     ParamKind kind;
+    ParamSplit split{};
 };
 
 // How the optimizer treats a range of parameters: `decay` multiplies the optimizer's weight decay (0:

@@ -122,10 +122,25 @@ struct Pass {
 };
 
 // What an op is built with, once per replica.
+// The devices a tensor-parallel model is split over (parallel/tensor_parallel.hpp), as its split ops
+// (layers/tensor_parallel.hpp) see them: every rank runs the same layers on the same samples, each
+// with its share of the split layers' parameters, and sums partial results over the group.
+class TensorGroup {
+public:
+    virtual ~TensorGroup() = default;
+    virtual std::size_t size() const = 0;
+    // Called by every rank, from its own thread, with `count` floats in its own device's memory:
+    // afterwards every rank's buffer holds the element-wise sum over the ranks, added in rank order
+    // (the same bits on every rank), and rank's work queued later is ordered after the sum.
+    virtual void all_reduce(std::size_t rank, float* data, std::size_t count) = 0;
+};
+
 struct Build {
     std::uint32_t layer_id = 0;           // first layer id of the op
     std::span<const Device> devices;      // the model's device first; an op that spans devices uses all
     std::size_t first_sync = 0;           // first sync point id of the op (ops with syncs)
+    TensorGroup* group = nullptr;         // a split op's group (a tensor-parallel model's), else null
+    std::size_t group_rank = 0;           // and this model's rank in it
 };
 
 // Parameters are float (the master copy that optimizers update, and their gradients); activations,
@@ -227,6 +242,14 @@ template <class O>
 inline constexpr std::uint64_t options_signature_of = [] {
     if constexpr (requires { O::options_signature; }) return std::uint64_t(O::options_signature);
     else return std::uint64_t{0};
+}();
+// An op that sums over a TensorGroup in forward or backward (a split op, or a composite holding one):
+// its model runs its steps eagerly (a sum waits on the other ranks' threads, which a CUDA graph
+// replay cannot).
+template <class O>
+inline constexpr bool communicates_of = [] {
+    if constexpr (requires { O::communicates; }) return bool(O::communicates);
+    else return false;
 }();
 template <class O>
 inline constexpr std::size_t syncs_of = [] {

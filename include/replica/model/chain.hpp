@@ -111,6 +111,7 @@ public:
     static constexpr std::size_t saved_size = parts::saved_offset[N];
     static constexpr std::size_t kept_size = act_offset[N] + parts::kept_offset[N];
     static constexpr bool spans_devices = parts::spans_devices;
+    static constexpr bool communicates = parts::communicates;
     static constexpr bool wants_channels_last = parts::wants_channels_last;
     // Its last op adds ForwardArgs::addend into the chain's output (layers/op.hpp), and then writes the
     // ReLU's gradient in backward_relu (writes_relu_gradient_of), given dz by this chain's backward_relu.

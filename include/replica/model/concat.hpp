@@ -73,6 +73,7 @@ struct Concat {
         static constexpr std::size_t saved_size = parts::saved_offset[B];
         static constexpr std::size_t kept_size = out_offset[B] + parts::kept_offset[B];
         static constexpr bool spans_devices = parts::spans_devices;
+        static constexpr bool communicates = parts::communicates;
         static constexpr bool wants_channels_last = parts::wants_channels_last;
 
         explicit op(const Build& b) : parts_(b) {}

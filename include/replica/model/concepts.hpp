@@ -23,6 +23,7 @@ namespace REPLICA_NAMESPACE::model {
 // The op contract (layers/op.hpp), as models and their machinery name it.
 using layers::BackwardArgs;
 using layers::Build;
+using layers::communicates_of;
 using layers::decode_cache_of;
 using layers::decode_scratch_of;
 using layers::decodes_of;
@@ -43,6 +44,7 @@ using layers::options_signature_of;
 using layers::statistics_count_of;
 using layers::syncs_of;
 using layers::takes_addend_of;
+using layers::TensorGroup;
 using layers::writes_relu_gradient_of;
 using layers::accumulates_input_gradient_of;
 using layers::accumulates_param_gradient_of;

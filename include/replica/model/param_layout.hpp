@@ -27,6 +27,7 @@ struct ParamRange {
     std::size_t count;
     core::ParamKind kind;
     std::uint32_t layer;
+    core::ParamSplit split{};   // a split op's share of the whole layer's block (core/param_kind.hpp)
 };
 
 namespace detail {
@@ -61,7 +62,7 @@ inline constexpr std::array<ParamRange, detail::param_range_count<O>()> param_ra
         if constexpr (requires { O::param_blocks; }) {
             std::size_t offset = 0;
             for (std::size_t i = 0; i < out.size(); ++i) {
-                out[i] = {offset, O::param_blocks[i].count, O::param_blocks[i].kind, 0};
+                out[i] = {offset, O::param_blocks[i].count, O::param_blocks[i].kind, 0, O::param_blocks[i].split};
                 offset += O::param_blocks[i].count;
             }
         } else if constexpr (O::param_count > 0) {
@@ -80,7 +81,7 @@ constexpr auto concat_param_ranges(const std::array<std::size_t, N>& param_offse
     std::size_t k = 0, i = 0;
     auto add = [&](const auto& ranges) {
         for (const auto& r : ranges)
-            out[k++] = {r.offset + param_offset[i], r.count, r.kind, r.layer + std::uint32_t(id_offset[i])};
+            out[k++] = {r.offset + param_offset[i], r.count, r.kind, r.layer + std::uint32_t(id_offset[i]), r.split};
         ++i;
     };
     (add(param_ranges_of<Ops>), ...);

@@ -114,6 +114,7 @@ public:
     static constexpr std::size_t decode_scratch = std::max({std::size_t{0}, decode_scratch_of<Ops>...});
     static constexpr bool decodes = (true && ... && decodes_of<Ops>);
     static constexpr bool spans_devices = (false || ... || Ops::spans_devices);
+    static constexpr bool communicates = (false || ... || communicates_of<Ops>);
     static constexpr bool wants_channels_last = (false || ... || wants_channels_last_of<Ops>);
 
 private:
@@ -346,7 +347,8 @@ private:
     static tuple make(const Build& b, std::index_sequence<I...>)
     {
         static_assert(((param_home<I> <= I) && ...));   // every tie resolved (and checked) with the parts
-        return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices, b.first_sync + sync_offset[I]})...};
+        return tuple{op<I>(Build{b.layer_id + std::uint32_t(id_offset[I]), b.devices, b.first_sync + sync_offset[I], b.group,
+                                      b.group_rank})...};
     }
 
     tuple ops_;

@@ -86,6 +86,7 @@ struct Residual {
         static constexpr std::size_t saved_size = parts::saved_offset.back();
         static constexpr std::size_t kept_size = outputs + parts::kept_offset.back();
         static constexpr bool spans_devices = parts::spans_devices;
+        static constexpr bool communicates = parts::communicates;
         static constexpr bool wants_channels_last = parts::wants_channels_last;
 
         // Decoding one position (layers/decode.hpp): y = x + body(x), or shortcut(x) + body(x).

@@ -91,12 +91,13 @@ public:
     // devices[0] holds the model; a nested DataParallel replicates over all of them. first_layer_id
     // numbers the layers (for random streams) when the model is a replica nested in a larger one;
     // nested says it is one (its activations then keep the layout of the model around it, see
-    // keeps_channels_first).
+    // keeps_channels_first). A rank of a tensor-parallel model (parallel/tensor_parallel.hpp) gives
+    // its group and rank, which its split ops sum over.
     explicit Stage(std::vector<Device> devices, std::uint64_t seed = 0, std::uint32_t first_layer_id = 0,
-                        bool nested = false)
+                        bool nested = false, TensorGroup* group = nullptr, std::size_t group_rank = 0)
         : devices_(check_devices(std::move(devices))),
           ctx_(backend::make_context(devices_.front(), keeps_channels_first && !nested)),
-          chain_(Build{first_layer_id, devices_})
+          chain_(Build{first_layer_id, devices_, 0, group, group_rank})
     {
         static_assert(Replica<Stage>);
         visit([&](auto& ctx) {
@@ -615,7 +616,8 @@ private:
             queue_pass(ctx, p, xd, ld, n, loss_scale, slot, on_layer);
         };
         deferred_ = backend::StepRun{.seed = pass.seed, .first_sample = pass.first_sample, .n = n, .key = step_slot,
-                                     .params_slot = step_slot, .capturable = !chain::spans_devices, .defer = defer};
+                                     .params_slot = step_slot, .capturable = !chain::spans_devices && !communicates_of<chain>,
+                                     .defer = defer};
         return execute_step(ctx, deferred_, work, hook);
     }
 

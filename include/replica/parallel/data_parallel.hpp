@@ -367,6 +367,7 @@ public:
     {
         std::string s = std::string("DataParallel<") + Dispatch::name + "> over ";
         for (std::size_t i = 0; i < devices_.size(); ++i) s += (i ? "," : "") + devices_[i].name();
+        if (options_.shard == Shard::optimizer_state) s += ", optimizer state sharded";
         return s;
     }
     // The samples of an n-sample batch that this process's replicas train on (shard: the reproducible

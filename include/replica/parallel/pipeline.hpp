@@ -52,6 +52,7 @@
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/sequential.hpp"
+#include "replica/parallel/layout.hpp"
 #include "replica/parallel/scaling.hpp"
 #include "replica/parallel/worker_pool.hpp"
 
@@ -182,7 +183,7 @@ template <class M, class C, PipelineSchedule Schedule = OneFOneB>
 class Pipeline;
 
 template <class M, std::size_t... Cut, PipelineSchedule Schedule>
-class Pipeline<M, Cuts<Cut...>, Schedule> {
+class Pipeline<M, Cuts<Cut...>, Schedule> : public LayoutOf<M, Pipeline<M, Cuts<Cut...>, Schedule>> {
     static_assert(model::is_sequential<M>::value, "Pipeline<M, Cuts<...>>: M must be a model, a Sequential<Input<...>, ...>");
     using entries = typename detail::entries_of<M>::type;
     using layers = typename detail::as_list<typename entries::layers>::type;
@@ -240,22 +241,12 @@ private:
     static constexpr std::size_t param_begin = chain::param_offset[bound<S>];
 
 public:
-    // M runs, in stages: its parameter layout is this model's (checkpoints, ONNX export and generate
-    // read it through model::replica_of).
-    using replica_type = M;
+    // M runs, in stages: its parameter layout is this model's (parallel/layout.hpp).
+    using base = LayoutOf<M, Pipeline>;
+    using typename base::input_element, typename base::input_shape, typename base::output_shape, typename base::loss,
+        typename base::storage, typename base::param_rule, typename base::Evaluation;
+    using base::param_count, base::trainable_count, base::label_size;
     using schedule = Schedule;
-    using input_shape = typename M::input_shape;
-    using input_element = typename M::input_element;
-    using output_shape = typename M::output_shape;
-    using loss = typename M::loss;
-    using storage = typename M::storage;
-    using param_rule = typename M::param_rule;
-    using update_plan = typename M::update_plan;
-    using Evaluation = model::Evaluation;
-    static constexpr std::size_t param_count = M::param_count;
-    static constexpr std::size_t trainable_count = M::trainable_count;
-    static constexpr std::size_t statistics_count = 0;
-    static constexpr std::size_t label_size = M::label_size;
     static constexpr std::size_t stage_count = P;
 
     // Stage s on devices[s], M's parameters from `seed`.
@@ -345,14 +336,6 @@ public:
         double total = 0.0;
         for (std::size_t i = 0; i < micro_count_; ++i) total += loss::template finish<output_shape>(losses_[i]);
         return total;
-    }
-
-    template <class Opt>
-    double step(const model::StepInput<input_element>& in, const Opt& opt, const model::StepInput<input_element>* = nullptr)
-    {
-        const double l = forward_backward(in.pass, in.x, in.labels, in.n, in.loss_scale);
-        update(opt);
-        return l;
     }
 
     double reproducible_forward_backward(const model::Pass&, const input_element*, const std::int32_t*, std::size_t,
