@@ -213,11 +213,16 @@ public:
     }
 
     template <class T>
-    bool holds() const { return std::holds_alternative<T>(impl_) || std::holds_alternative<std::unique_ptr<T>>(impl_); }
+    bool holds() const
+    {
+        if constexpr (alternative<std::unique_ptr<T>>) return std::holds_alternative<std::unique_ptr<T>>(impl_);
+        else if constexpr (alternative<T>) return std::holds_alternative<T>(impl_);
+        else return false;
+    }
     template <class T>
     T& get()
     {
-        if constexpr (requires { std::get<std::unique_ptr<T>>(impl_); }) return *std::get<std::unique_ptr<T>>(impl_);
+        if constexpr (alternative<std::unique_ptr<T>>) return *std::get<std::unique_ptr<T>>(impl_);
         else return std::get<T>(impl_);
     }
     // The layout chosen, and what it holds on its fullest device (parallel/memory.hpp).
@@ -313,6 +318,11 @@ private:
     using Impl = typename detail::variant_of<detail::types<M, Single, DataParallel<M, Threaded>>,
                                              std::conditional_t<detail::pipelines<M>, std::unique_ptr<PipelineLayout>, void>,
                                              std::conditional_t<detail::splits<M>, std::unique_ptr<TensorLayout>, void>>::type;
+
+    template <class T>
+    static constexpr bool alternative = []<class... A>(std::type_identity<std::variant<A...>>) {
+        return (std::is_same_v<T, A> || ...);
+    }(std::type_identity<Impl>{});
 
     // The one way a call reaches the model chosen.
     template <class F>
