@@ -43,6 +43,7 @@ struct Settings {
     std::string data_dir = data::default_fashion_mnist_dir().string(), checkpoint;
     bool resume = false, scale_lr = false, skip_nonfinite = false;
     examples::DeviceFlags dev;
+    examples::MemoryFlag memory;
     examples::ReproducibleFlags repro;
     examples::ExportFlag exporter;
     std::unique_ptr<parallel::ProcessGroup> processes;
@@ -83,7 +84,9 @@ int train(Settings& s, Opt opt)
                                {.dispatch = s.dev.dispatch_choice(),
                                 .data_parallel = {.gradient_reduction = s.dev.gradient_reduction_choice(), .processes = s.processes.get()},
                                 .batch_size = s.batch_size,
-                                .scaling = scaling});
+                                .scaling = scaling,
+                                .memory_budget = s.memory.bytes(),
+                                .state_per_param = 1});   // SGD's momentum
     Trainer trainer{model, opt,
                     {.batch_size = s.batch_size,
                      .epochs = s.epochs,
@@ -194,6 +197,7 @@ try {
     app.add_flag("--skip-nonfinite", s.skip_nonfinite,
                  "undo and skip a step whose loss is NaN or infinite (default: stop with an error)");
     s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
+    s.memory.add(app);
     app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
     s.repro.add(app);
     s.exporter.add(app);

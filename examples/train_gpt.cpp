@@ -41,6 +41,7 @@ struct Settings {
     std::string prompt = "\n", checkpoint;
     bool resume = false, json = false;
     examples::DeviceFlags dev;
+    examples::MemoryFlag memory;
 };
 
 // The plain-text fortunes (not their .dat indexes nor the .u8 links), in name order.
@@ -80,7 +81,10 @@ int run(Settings& s)
                                                  {.validation = double(s.validation)});
     const auto devices = s.dev.device_list(all_devices());
     auto model = auto_parallel(Net{devices, s.seed}, devices,
-                               {.dispatch = s.dev.dispatch_choice(), .batch_size = s.batch_size});
+                               {.dispatch = s.dev.dispatch_choice(),
+                                .batch_size = s.batch_size,
+                                .memory_budget = s.memory.bytes(),
+                                .state_per_param = 2});   // AdamW's m and v
     ClipGradNorm opt{AdamW{{.lr = s.lr, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = s.weight_decay}}, 1.0f};
     const std::size_t epochs = (s.steps + s.eval_every - 1) / s.eval_every;
     const double warmup = double(s.warmup) / double(s.eval_every);
@@ -161,6 +165,7 @@ try {
     app.add_flag("--resume", s.resume, "continue from --checkpoint if it exists")->needs("--checkpoint");
     app.add_flag("--json", s.json, "print one JSON object at the end instead of the log");
     s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
+    s.memory.add(app);
     if (int code = examples::parse(app, argc, argv)) return code - 1;
     return run(s);
 } catch (const std::exception& e) {

@@ -41,6 +41,7 @@ struct Settings {
     bool resume = false, scale_lr = false;
     examples::ExportFlag exporter;   // the ONNX model's input is normalised as the validation images are
     examples::DeviceFlags dev;
+    examples::MemoryFlag memory;
     examples::ReproducibleFlags repro;
     std::size_t image_size = 0, crop_padding = 0, history_every = 10;
     std::string fit = "resize", history = "history";
@@ -125,7 +126,9 @@ int run(const Settings& s)
                                {.dispatch = s.dev.dispatch_choice(),
                                 .data_parallel = {.gradient_reduction = s.dev.gradient_reduction_choice(), .processes = s.processes},
                                 .batch_size = s.batch_size,
-                                .scaling = scaling});
+                                .scaling = scaling,
+                                .memory_budget = s.memory.bytes(),
+                                .state_per_param = 1});   // SGD's momentum
     SGD opt{{.lr = s.lr, .momentum = s.momentum, .weight_decay = s.weight_decay}};
     const std::string csv = s.history.empty() ? "" : s.history + ".csv";
     const std::string json = s.history.empty() ? "" : s.history + ".json";
@@ -217,6 +220,7 @@ try {
     examples::count_option(app, "--checkpoint-every", s.checkpoint_every, "epochs between checkpoints", 1, 1000000);
     app.add_flag("--resume", s.resume, "continue from --checkpoint if it exists")->needs("--checkpoint");
     s.dev.add(app, "all (every GPU, or one CPU replica per hardware thread)", {"auto", "single", "threaded"});
+    s.memory.add(app);
     app.add_flag("--scale-lr", s.scale_lr, "with --scaling weak, multiply the learning rate by the device count");
     s.repro.add(app);
     s.exporter.add(app);

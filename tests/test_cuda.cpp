@@ -507,16 +507,18 @@ TEST_CASE("LayerNorm's weight and bias gradients over thousands of rows equal th
     // 4100 rows of 96 features: 65 chunks of 64 rows, the last one partial.
     constexpr std::size_t rows = 4100, features = 96;
     const auto x = random_vector(rows * features, 31), dy = random_vector(rows * features, 32);
-    const auto w = random_vector(features, 33);
+    const auto w = random_vector(features, 33), b = random_vector(features, 35);
     const auto ln = [&](auto& ctx) {
         auto xd = ctx.template allocate<float>(x.size()), dyd = ctx.template allocate<float>(dy.size());
-        auto wd = ctx.template allocate<float>(features), grads = ctx.template allocate<float>(2 * features);
+        auto wd = ctx.template allocate<float>(2 * features), grads = ctx.template allocate<float>(2 * features);
         auto y = ctx.template allocate<float>(x.size()), stats = ctx.template allocate<float>(2 * rows);
         ctx.upload(xd.data(), x.data(), x.size());
         ctx.upload(dyd.data(), dy.data(), dy.size());
         ctx.upload(wd.data(), w.data(), features);
+        ctx.upload(wd.data() + features, b.data(), features);
         layer_norm_forward(ctx, static_cast<const float*>(xd.data()), y.data(), static_cast<const float*>(wd.data()),
-                           static_cast<const float*>(nullptr), rows, features, 1e-5f, stats.data(), stats.data() + rows);
+                           static_cast<const float*>(wd.data() + features), rows, features, 1e-5f, stats.data(),
+                           stats.data() + rows);
         layer_norm_backward(ctx, static_cast<const float*>(xd.data()), static_cast<const float*>(dyd.data()),
                             static_cast<const float*>(wd.data()), static_cast<const float*>(stats.data()),
                             static_cast<const float*>(stats.data() + rows), static_cast<float*>(nullptr), grads.data(),

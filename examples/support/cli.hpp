@@ -199,6 +199,54 @@ struct DeviceFlags {
     }
 };
 
+// --memory-budget: the bytes each device may hold for the model (AutoOptions::memory_budget), written
+// as a whole number of bytes or with a binary suffix K, M, G or T (512M, 8G); 0, the default: no limit.
+struct MemoryFlag {
+    std::string budget = "0";
+
+    void add(CLI::App& app)
+    {
+        app.add_option("--memory-budget", budget,
+                       "bytes each device may hold for the model, as 512M or 8G (0: no limit); auto_parallel then "
+                       "takes the first of data, ZeRO-1, tensor and pipeline parallelism that fits")
+            ->check(CLI::Validator(
+                [](std::string& text) -> std::string {
+                    if (std::string option = option_as_value(text); !option.empty()) return option;
+                    std::size_t bytes = 0;
+                    return parse(text, bytes) ? std::string{}
+                                              : "'" + text + "' is not a size: write a whole number of bytes, or one "
+                                                "with K, M, G or T (binary: 512M is 512 x 2^20), or 0 for no limit";
+                },
+                "SIZE", "size"))
+            ->capture_default_str();
+    }
+    std::size_t bytes() const
+    {
+        std::size_t b = 0;
+        parse(budget, b);
+        return b;
+    }
+
+private:
+    static bool parse(const std::string& text, std::size_t& bytes)
+    {
+        std::size_t digits = 0;
+        while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+        if (digits == 0 || digits > 19 || (digits > 1 && text[0] == '0')) return false;
+        const std::string suffix = text.substr(digits);
+        int shift = 0;
+        if (suffix == "K") shift = 10;
+        else if (suffix == "M") shift = 20;
+        else if (suffix == "G") shift = 30;
+        else if (suffix == "T") shift = 40;
+        else if (!suffix.empty()) return false;
+        const std::uint64_t value = std::stoull(text.substr(0, digits));
+        if (shift > 0 && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return false;
+        bytes = std::size_t(value << shift);
+        return true;
+    }
+};
+
 // --reproducible and --micro-shard.
 struct ReproducibleFlags {
     bool reproducible = false;
