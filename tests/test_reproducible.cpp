@@ -1,6 +1,12 @@
 // The reproducible mode: bit-identical parameters on 1, 2, 3 and 4 CPU replicas, with either dispatch
 // policy, and across runs; another seed gives other parameters.
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
 #include "catch.hpp"
 #include "models.hpp"
 #include "support.hpp"
@@ -98,4 +104,50 @@ TEST_CASE("Fixed-point sums do not depend on order", "[cpu][reproducible]")
     float big = 1e7f;
     std::int64_t acc = 0;
     CHECK_THROWS_AS(core::add_fixed(&big, &acc, 1), Error);
+}
+
+// add_fixed takes blocks of terms below 2^11 by a double's rounding addition (core/fixed_point.hpp)
+// and the others one term at a time: both give to_fixed's integers, ties to even included;
+// add_fixed_rows gives the sum of one add_fixed a row.
+TEST_CASE("Fixed-point sums: every path gives to_fixed's integers", "[cpu][reproducible]")
+{
+    const float ulp = std::ldexp(1.0f, -40);   // the fixed point's resolution
+    // Row 0: terms of magnitudes 2^-60 .. 2^21, either sign, and edge cases (every block has a large
+    // term: the one-at-a-time path). Row 1: the same below 1000 (the fast path).
+    std::vector<float> large = {0.0f, -0.0f, 0.5f * ulp, 1.5f * ulp, 2.5f * ulp, -0.5f * ulp, -1.5f * ulp, -2.5f * ulp,
+                                0.49f * ulp, 1e-30f, -1e-30f, 1e-45f, 2047.999f, -2047.999f, 2048.0f, -2048.0f,
+                                3000.5f, -4e6f, std::ldexp(1.0f, 21)};
+    for (std::size_t i = 0; large.size() < 3001; ++i) {
+        const float u = core::random_uniform(5, core::Stream::synthetic, 0, 0, std::uint32_t(i));
+        const float e = core::random_uniform(5, core::Stream::synthetic, 0, 1, std::uint32_t(i));
+        large.push_back((u < 0.5f ? -1.0f : 1.0f) * std::ldexp(1.0f + u, int(e * 81.0f) - 60));
+        if (i % 5 == 0) large.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(float(2 * (i % 999) + 1) * 0.5f, -40));   // a tie
+    }
+    const std::size_t n = large.size();
+    std::vector<float> rows(2 * n);
+    std::copy(large.begin(), large.end(), rows.begin());
+    for (std::size_t i = 0; i < n; ++i) rows[n + i] = std::fmod(large[i], 1000.0f);
+    std::vector<std::int64_t> expected(2 * n, 7);   // to_fixed, term by term, added to 7
+    std::size_t refused = 0;
+    for (std::size_t i = 0; i < 2 * n; ++i) {
+        std::int64_t v = 0;
+        refused += !core::to_fixed(rows[i], v);
+        expected[i] += v;
+    }
+    REQUIRE(refused == 0);
+    std::vector<std::int64_t> each(2 * n, 7);
+    core::add_fixed(rows.data(), each.data(), 2 * n);
+    CHECK(each == expected);
+    std::vector<std::int64_t> summed(n, 14), expected_sum(n);
+    for (std::size_t i = 0; i < n; ++i) expected_sum[i] = expected[i] + expected[n + i];
+    core::add_fixed_rows(rows.data(), 2, n, summed.data(), n);
+    CHECK(summed == expected_sum);
+    // Out of range or NaN, in a block of small terms: thrown, as to_fixed refuses it.
+    for (float bad : {std::ldexp(1.0f, 22), -std::ldexp(1.0f, 23), std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity()}) {
+        rows[n + 300] = bad;
+        std::vector<std::int64_t> acc(n);
+        CHECK_THROWS_AS(core::add_fixed_rows(rows.data(), 2, n, acc.data(), n), core::FixedRangeError);
+        CHECK_THROWS_AS(core::add_fixed(rows.data() + n, acc.data(), n), core::FixedRangeError);
+    }
 }

@@ -7,6 +7,8 @@
 // The per-element rules are shared by the CPU loops below and the GPU kernels (backend/cuda), so both
 // produce the same integers from the same floats.
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -50,13 +52,62 @@ inline FixedRangeError fixed_range_error(const std::string& value)
                  "or huge values");
 }
 
-// acc[i] += round(g[i] * 2^40)
-inline void add_fixed(const float* g, std::int64_t* acc, std::size_t n)
+namespace detail {
+
+// Terms below 2^11 in magnitude (|g| 2^40 < 2^51): adding 1.5 * 2^52 to g 2^40 as doubles rounds it
+// to an integer as llrint does (to nearest, ties to even, in the default rounding mode) and leaves
+// that integer in the sum's low bits, so subtracting the constant's bits gives to_fixed's integer
+// with a double addition and integer ones, which a compiler vectorises.
+inline constexpr std::int32_t kFastFixedBound = 0x45000000;   // 2048.0f's bits
+inline constexpr double kFixedRound = 6755399441055744.0;    // 1.5 * 2^52
+
+// Every |g[i]| below 2^11, compared as bits without the sign (so NaN and infinities are above).
+inline bool below_fast_bound(const float* g, std::size_t n)
+{
+    std::int32_t above = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        above |= std::int32_t((std::bit_cast<std::int32_t>(g[i]) & 0x7fffffff) >= kFastFixedBound);
+    return above == 0;
+}
+inline void add_fixed_fast(const float* __restrict g, std::int64_t* __restrict acc, std::size_t n)
+{
+    const std::int64_t round_bits = std::bit_cast<std::int64_t>(kFixedRound);
+    for (std::size_t i = 0; i < n; ++i)
+        acc[i] += std::bit_cast<std::int64_t>(double(g[i]) * kFixedScale + kFixedRound) - round_bits;
+}
+inline void add_fixed_checked(const float* g, std::int64_t* acc, std::size_t n)
 {
     for (std::size_t i = 0; i < n; ++i) {
         std::int64_t v;
         if (!to_fixed(g[i], v)) throw fixed_range_error(std::to_string(g[i]));
         acc[i] += v;
+    }
+}
+inline constexpr std::size_t kFixedBlock = 256;   // elements: a block of acc stays in L1 over the rows
+
+} // namespace detail
+
+// acc[i] += round(g[i] * 2^40)
+inline void add_fixed(const float* g, std::int64_t* acc, std::size_t n)
+{
+    for (std::size_t i = 0; i < n; i += detail::kFixedBlock) {
+        const std::size_t m = std::min(detail::kFixedBlock, n - i);
+        if (detail::below_fast_bound(g + i, m)) detail::add_fixed_fast(g + i, acc + i, m);
+        else detail::add_fixed_checked(g + i, acc + i, m);
+    }
+}
+
+// acc[i] += round(g[r stride + i] * 2^40) for r = 0 .. rows - 1: the rows' terms added as add_fixed
+// adds each (the same integers), reading acc once for all of them.
+inline void add_fixed_rows(const float* g, std::size_t rows, std::size_t stride, std::int64_t* acc, std::size_t n)
+{
+    for (std::size_t i = 0; i < n; i += detail::kFixedBlock) {
+        const std::size_t m = std::min(detail::kFixedBlock, n - i);
+        for (std::size_t r = 0; r < rows; ++r) {
+            const float* row = g + r * stride + i;
+            if (detail::below_fast_bound(row, m)) detail::add_fixed_fast(row, acc + i, m);
+            else detail::add_fixed_checked(row, acc + i, m);
+        }
     }
 }
 

@@ -385,7 +385,9 @@ public:
             return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), exact_count,
                                 !chain::spans_devices, [&](std::size_t m) { reserve(ctx, m); },
                                 [&](const Pass& p, const input_element* xd, const std::int32_t* ld, std::size_t m,
-                                    core::LossSlot* slot) { queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}); });
+                                    core::LossSlot* slot, float* into) {
+                                    queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}, into);
+                                });
         });
     }
     // Waits for the shards and writes their losses to shard_loss[shard number].
@@ -619,17 +621,20 @@ private:
         return execute_step(ctx, deferred_, work, hook);
     }
 
-    // Forward, loss (into *slot) and backward over n samples already in the context's memory.
+    // Forward, loss (into *slot) and backward over n samples already in the context's memory. The
+    // gradient, then (a micro-shard) the statistics' shard sums, go to `gradient` (exact_count floats)
+    // where given, else to grads_.
     template <class Ctx, class Hook>
     void queue_pass(Ctx& ctx, const Pass& pass, const input_element* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
-                    core::LossSlot* slot, Hook&& on_layer)
+                    core::LossSlot* slot, Hook&& on_layer, float* gradient = nullptr)
     {
+        float* const g = gradient ? gradient : grads_.data();
         const storage* x = to_storage(ctx, xd, n, input_home(n));
         ForwardArgs<storage> args = forward_args(x, n);
-        if (pass.micro_shard > 0) args.shard_sums = shard_sums();
+        if (pass.micro_shard > 0) args.shard_sums = g + param_count;
         chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
-        const BackwardArgs<storage> back = backward_args(x, dy(), nullptr, n);
+        const BackwardArgs<storage> back = backward_args(arena(), x, dy(), nullptr, n, g);
         if constexpr (reduced && chain::may_hold_input && !reads_tokens) {
             if (chain_.holds_input()) {   // backward overwrites it there before the first layer reads it
                 chain_.backward_refilling(ctx, pass, back, [&](storage* to) { to_storage(ctx, xd, n, to); }, on_layer);
