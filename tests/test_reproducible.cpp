@@ -112,6 +112,28 @@ TEST_CASE("Reproducible mode: a nested DataParallel is bit-identical on 1-3 repl
     }
 }
 
+// The nested part runs each micro-shard whole on its first replica, BatchNorm's shard sums in the
+// parent's exact accumulator: the plain model's bits on any replica count, statistics included, and
+// the other replicas take the moved statistics (an evaluation over all of them reads them).
+TEST_CASE("Reproducible mode: a nested DataParallel holding BatchNorm is bit-identical on 1-4 replicas and to the plain model",
+          "[cpu][reproducible][batchnorm]")
+{
+    const RandomBatches<BatchNormNestedPlain> data(100, 4);
+    BatchNormNestedPlain plain{Device::cpu(), 6};
+    const auto expected = five_steps(plain, data, 7);
+    const auto stats = plain.statistics();
+    REQUIRE(differences(stats, BatchNormNestedPlain{Device::cpu(), 6}.statistics()) != "");   // they moved
+    const auto eval_plain = plain.evaluate(data.inputs.data(), data.labels.data(), 30);
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        BatchNormNested<Threaded> nested{cpus(replicas), 6};
+        CHECK(differences(five_steps(nested, data, 7), expected) == "");
+        CHECK(differences(nested.statistics(), stats) == "");
+        const auto eval = nested.evaluate(data.inputs.data(), data.labels.data(), 30);
+        CHECK(eval.loss_sum == Approx(eval_plain.loss_sum).epsilon(1e-5));
+    }
+}
+
 TEST_CASE("Reproducible mode: close to the fast mode", "[cpu][reproducible]")
 {
     const RandomBatches<LeNet> data(100, 4);

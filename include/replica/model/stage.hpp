@@ -276,9 +276,10 @@ public:
     // slot 0) and for a Pipeline's stages (parallel/pipeline.hpp, slots 0 .. k - 1, k set by
     // use_slots(k) before any of them runs). Each slot keeps the activations of one micro-batch from its
     // forward to its backward. All of them queue their work.
-    //   forward_train(pass, x, n, slot)   forward of n samples of activations x (storage, memory of this
-    //                                     device or another); returns the output, in this stage's memory
-    //                                     (output_of(slot)).
+    //   forward_train(pass, x, n, slot, hook)  forward of n samples of activations x (storage, memory of
+    //                                     this device or another), with hook's sync points (none, or a
+    //                                     nested DataParallel's); returns the output, in this stage's
+    //                                     memory (output_of(slot)).
     //   forward_input(pass, x, n, slot)   the same from the model's own inputs (host memory): a
     //                                     pipeline's first stage.
     //   backward_from(pass, dy, dx, hook, slot, accumulate)   backward of the slot's micro-batch from
@@ -296,14 +297,16 @@ public:
     {
         if (micro_.size() < k) micro_.resize(k);
     }
-    const storage* forward_train(const Pass& pass, const storage* x, std::size_t n, std::size_t slot = 0)
+    template <class Hook = core::NoHook>
+    const storage* forward_train(const Pass& pass, const storage* x, std::size_t n, std::size_t slot = 0, Hook&& hook = {})
     {
         return visit([&](auto& ctx) -> const storage* {
             Slot& s = reserve(ctx, n, slot, false);
             if (slot == 0) s.x = slots_.staging().take_activations(ctx, x, n);
             else s.x = ctx.stage(x, s.input.data(), n * input_shape::size);
             s.n = n;
-            if (n) chain_.forward(ctx, pass, forward_args(s.arena, s.x, n));
+            if (n) chain_.forward(ctx, pass, forward_args(s.arena, s.x, n), hook);
+            else if constexpr (chain::syncs > 0) chain_.idle_forward(ctx, stats_.data(), hook);
             return s.arena.y();
         });
     }
@@ -332,7 +335,8 @@ public:
             const std::size_t n = s.n;
             if (n == 0) {
                 if (!accumulate) fill(ctx, grads_.data(), 0.0f, param_count);
-                hook(std::size_t{0});
+                if constexpr (chain::syncs > 0) chain_.idle_backward(ctx, hook);   // every sync point taken
+                else hook(std::size_t{0});
                 return;
             }
             const storage* dyd = dy_in == s.arena.dy() ? dy_in : ctx.stage(dy_in, s.arena.dy(), n * output_shape::size);
