@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -196,6 +197,19 @@ TEST_CASE("Fixed-point sums: every path gives to_fixed's integers", "[cpu][repro
     for (std::size_t i = 0; i < n; ++i) expected_sum[i] = expected[i] + expected[n + i];
     core::add_fixed_rows(rows.data(), 2, n, summed.data(), n);
     CHECK(summed == expected_sum);
+    // Back to floats: from_fixed's, for sums below 2^51 (the fast path) and above (term by term).
+    for (const auto* sums : {&expected, &expected_sum}) {
+        std::vector<float> back(sums->size()), each_back(sums->size());
+        core::fixed_to_float(sums->data(), back.data(), sums->size());
+        for (std::size_t i = 0; i < sums->size(); ++i) each_back[i] = core::from_fixed((*sums)[i]);
+        CHECK(std::memcmp(back.data(), each_back.data(), back.size() * sizeof(float)) == 0);
+    }
+    std::vector<std::int64_t> small(n);
+    for (std::size_t i = 0; i < n; ++i) small[i] = expected[n + i];   // every block below 2^51
+    std::vector<float> back(n), each_back(n);
+    core::fixed_to_float(small.data(), back.data(), n);
+    for (std::size_t i = 0; i < n; ++i) each_back[i] = core::from_fixed(small[i]);
+    CHECK(std::memcmp(back.data(), each_back.data(), n * sizeof(float)) == 0);
     // Out of range or NaN, in a block of small terms: thrown, as to_fixed refuses it.
     for (float bad : {std::ldexp(1.0f, 22), -std::ldexp(1.0f, 23), std::numeric_limits<float>::quiet_NaN(),
                       std::numeric_limits<float>::infinity()}) {

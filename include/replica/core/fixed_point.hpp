@@ -111,10 +111,37 @@ inline void add_fixed_rows(const float* g, std::size_t rows, std::size_t stride,
     }
 }
 
-// g[i] = acc[i] * 2^-40
+namespace detail {
+
+// Sums below 2^51 in magnitude: their bits added to those of 1.5 * 2^52 are the double 1.5 * 2^52 +
+// a, from which a double subtraction gives a exactly (from_fixed's double(a)), in a loop a compiler
+// vectorises.
+inline bool fixed_below_fast_bound(const std::int64_t* acc, std::size_t n)
+{
+    std::uint64_t above = 0;
+    for (std::size_t i = 0; i < n; ++i) above |= (std::uint64_t(acc[i]) + (std::uint64_t{1} << 51)) >> 52;
+    return above == 0;
+}
+inline void fixed_to_float_fast(const std::int64_t* __restrict acc, float* __restrict g, std::size_t n)
+{
+    const std::uint64_t round_bits = std::bit_cast<std::uint64_t>(kFixedRound);
+    for (std::size_t i = 0; i < n; ++i)
+        g[i] = float((std::bit_cast<double>(round_bits + std::uint64_t(acc[i])) - kFixedRound) / kFixedScale);
+}
+
+} // namespace detail
+
+// g[i] = acc[i] * 2^-40 (from_fixed)
 inline void fixed_to_float(const std::int64_t* acc, float* g, std::size_t n)
 {
-    for (std::size_t i = 0; i < n; ++i) g[i] = from_fixed(acc[i]);
+    for (std::size_t i = 0; i < n; i += detail::kFixedBlock) {
+        const std::size_t m = std::min(detail::kFixedBlock, n - i);
+        if (detail::fixed_below_fast_bound(acc + i, m)) {
+            detail::fixed_to_float_fast(acc + i, g + i, m);
+        } else {
+            for (std::size_t j = i; j < i + m; ++j) g[j] = from_fixed(acc[j]);
+        }
+    }
 }
 
 } // namespace replica::core
