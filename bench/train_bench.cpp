@@ -39,10 +39,11 @@ try {
     examples::DeviceFlags dev{.devices = "all", .dispatch = "single", .scaling = "strong"};
     examples::ReproducibleFlags repro;
     app.add_option("--model", model, "the network: lenet, alexnet (features replicated), alexnet-plain, googlenet, "
-                                     "textcnn, fcn, resnet18, resnet50, resnet20 or gpt2 (GPT-2 124M: sequences of "
+                                     "textcnn, fcn, resnet18, resnet50, resnet20, chargpt (models::CharGPT: 64 byte ids a "
+                                     "sequence, SGD as the others) or gpt2 (GPT-2 124M: sequences of "
                                      "1024 tokens, AdamW clipped at 1.0, gradient accumulation; one device)")
         ->check(CLI::IsMember({"lenet", "alexnet", "alexnet-plain", "googlenet", "textcnn", "fcn", "resnet18", "resnet50",
-                               "resnet20", "gpt2"}))
+                               "resnet20", "chargpt", "gpt2"}))
         ->capture_default_str();
     examples::count_option(app, "--batch", batch, "batch size (0: the network's default); global with strong "
                                                   "scaling, per device with weak", 0, 1u << 16);
@@ -120,7 +121,7 @@ try {
                         train_bench::run_gpt})
         if (const auto code = family(s)) return *code;
     throw Error("unknown model '" + s.model + "': use lenet, alexnet, alexnet-plain, googlenet, textcnn, fcn, resnet18, "
-                "resnet50, resnet20 or gpt2");
+                "resnet50, resnet20, chargpt or gpt2");
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "replica/data/synthetic.hpp"
@@ -65,15 +66,26 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
     // Two distinct batches, alternated, so no step sees the data of the step before.
     // In page-locked memory under CUDA, as the Loader's batches are: each batch goes to the devices
     // while the step before computes, as the Trainer does it.
-    const auto made = data::synthetic_dataset(2 * global, M::input_shape::size, M::label_size, M::output_shape::dims[0], 1);
+    using E = typename M::input_element;
     struct {
-        core::Buffer<float> inputs;
+        core::Buffer<E> inputs;
         core::Buffer<std::int32_t> labels;
         std::size_t input_size, label_size;
-    } set{backend::host_buffer<float>(made.inputs.size()), backend::host_buffer<std::int32_t>(made.labels.size()),
-          made.input_size, made.label_size};
-    std::copy(made.inputs.begin(), made.inputs.end(), set.inputs.data());
-    std::copy(made.labels.begin(), made.labels.end(), set.labels.data());
+    } set{backend::host_buffer<E>(2 * global * M::input_shape::size), backend::host_buffer<std::int32_t>(2 * global * M::label_size),
+          M::input_shape::size, M::label_size};
+    if constexpr (std::is_same_v<E, float>) {
+        const auto made = data::synthetic_dataset(2 * global, M::input_shape::size, M::label_size, M::output_shape::dims[0], 1);
+        std::copy(made.inputs.begin(), made.inputs.end(), set.inputs.data());
+        std::copy(made.labels.begin(), made.labels.end(), set.labels.data());
+    } else {   // token ids uniform over the vocabulary (seed 1), each label the id after it
+        constexpr std::size_t T = M::input_shape::size;
+        for (std::size_t q = 0; q < 2 * global; ++q)
+            for (std::size_t t = 0; t <= T; ++t) {
+                const auto id = std::int32_t(core::random_bits(1, core::Stream::synthetic, 3, q * (T + 1) + t, 0) % M::vocabulary);
+                if (t < T) set.inputs.data()[q * T + t] = id;
+                if (t > 0) set.labels.data()[q * T + t - 1] = id;
+            }
+    }
     SGD opt{{.lr = 0.001f, .momentum = 0.9f}};
 
     std::vector<double> times;
@@ -82,10 +94,10 @@ int measure(const Settings& s, std::size_t batch, Model& model, const std::strin
     for (std::size_t i = 0; i < s.warmup + s.steps; ++i) {
         auto batch = [&](std::size_t step) {
             const std::size_t half = step % 2;
-            return Batch{set.inputs.data() + half * global * set.input_size,
+            return data::BatchOf<E>{set.inputs.data() + half * global * set.input_size,
                          set.labels.data() + half * global * set.label_size, global, step * global, 1};
         };
-        const Batch b = batch(i), next = batch(i + 1);
+        const data::BatchOf<E> b = batch(i), next = batch(i + 1);
         const auto t0 = std::chrono::steady_clock::now();
         // Returns once the step (update included) has finished. The next batch is copied meanwhile.
         loss = train_step(model, opt, b, s.step, &next);
@@ -190,7 +202,7 @@ int run_in(const Settings& s)
 std::optional<int> run_classic(const Settings& s);     // lenet, alexnet, alexnet-plain
 std::optional<int> run_inception(const Settings& s);   // googlenet, textcnn, fcn
 std::optional<int> run_residual(const Settings& s);    // resnet18, resnet50, resnet20
-std::optional<int> run_gpt(const Settings& s);         // gpt2
+std::optional<int> run_gpt(const Settings& s);         // gpt2, chargpt
 
 // The one precision gpt2 is built in, in this program (train_bench_gpt.cpp): its default.
 #if defined(REPLICA_CUDA)

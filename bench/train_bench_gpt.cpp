@@ -7,6 +7,7 @@
 // held (the context's caching allocator, and the device's used memory), and the model FLOP
 // utilisation: 6N + 6LCT FLOPs a token (N the parameters without the position embedding, L layers,
 // C the width, T the context; the attention's share halved for the causal mask) over --peak-tflops.
+// CharGPT (--model chargpt) is measured as the other networks are (train_bench.hpp's measure).
 
 #include <algorithm>
 #include <chrono>
@@ -133,6 +134,7 @@ int measure_gpt(const Settings& s)
 // precision the benchmark is for, and builds no other (one GPT-2 per program keeps nvcc's time down).
 std::optional<int> run_gpt(const Settings& s)
 {
+    if (s.model == "chargpt") return run_in<CharGPT>(s);   // as the other networks: train_bench.hpp's measure
     if (s.model != "gpt2") return std::nullopt;
 #if defined(REPLICA_CUDA)
     core::require(s.precision == "bf16", "--model gpt2: train_bench_cuda builds it in bf16 only (--precision bf16)");

@@ -45,6 +45,13 @@ using SmallResNet = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, 
 using SmallResNetPerReplica = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm<2, BatchStats::per_replica>, ReLU,
                                          GlobalAvgPool, Linear<5>>;
 using SmallResNetGlobal = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, GlobalAvgPool, Linear<5>>;
+// BatchNorm inside a nested DataParallel: the features (convolutions with BatchNorm over the nested
+// batch) replicated, a pooled classifier on the model's device; and the same without the nesting.
+using BatchNormFeatures = Sequential<Input<2, 8, 8>, Conv2d<4, 3, 1, 1>, BatchNorm2d, ReLU, Conv2d<6, 3, 2, 1>, BatchNorm2d, ReLU>;
+using PooledClassifier = Sequential<Input<6, 4, 4>, GlobalAvgPool, Linear<5>>;
+template <class Dispatch>
+using BatchNormNested = Sequential<Input<2, 8, 8>, DataParallel<BatchNormFeatures, Dispatch>, PooledClassifier>;
+using BatchNormNestedPlain = Sequential<Input<2, 8, 8>, BatchNormFeatures, PooledClassifier>;
 // BatchNorm inside Concat branches (Inception with batch normalisation).
 using ConcatBatchNormNet =
     Sequential<Input<2, 8, 8>, Conv2d<6, 3, 1, 1>, BatchNorm2d, ReLU,

@@ -524,3 +524,48 @@ TEST_CASE("BatchNorm without running statistics evaluates with the batch's", "[c
     CHECK(differences(std::vector<float>(both.begin(), both.begin() + 10), a) != "");
     CHECK(differences(again, a) == "");
 }
+
+// The nested replicas sum BatchNorm's statistics over the nested batch at their own sync points inside
+// the parent's step: the model trains as the plain one does (float rounding apart), a replica without
+// samples included; the parent's statistics are replica 0's, and an evaluation on every replica reads
+// them, also after they are set from outside (a checkpoint).
+TEST_CASE("BatchNorm under a nested DataParallel: statistics over the nested batch, as the plain model",
+          "[cpu][batchnorm][parallel]")
+{
+    static_assert(BatchNormNested<Threaded>::statistics_count == BatchNormNestedPlain::statistics_count &&
+                  BatchNormNested<Threaded>::statistics_count == 20);
+    const RandomBatches<BatchNormNestedPlain> data(40, 5);
+    SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
+    auto train = [&](auto& net, std::size_t batch) {
+        SGD o = opt;
+        for (std::size_t s = 0; s < 4; ++s) REQUIRE(std::isfinite(train_step(net, o, data.batch(s * batch, batch, s * batch))));
+    };
+    for (std::size_t batch : {7, 2}) {   // 2: fewer samples than replicas on 3 and 4
+        BatchNormNestedPlain plain{Device::cpu(), 3};
+        train(plain, batch);
+        const auto eval_plain = plain.evaluate(data.inputs.data(), data.labels.data(), 20);
+        for (std::size_t replicas : {1, 2, 3, 4}) {
+            CAPTURE(batch, replicas);
+            BatchNormNested<Threaded> nested{cpus(replicas), 3};
+            train(nested, batch);
+            CHECK(max_relative_difference(parameters(nested), parameters(plain)) < 1e-5);
+            CHECK(max_relative_difference(nested.statistics(), plain.statistics()) < 1e-5);
+            const auto eval = nested.evaluate(data.inputs.data(), data.labels.data(), 20);
+            CHECK(eval.loss_sum == Approx(eval_plain.loss_sum).epsilon(1e-5));
+            CHECK(eval.correct == eval_plain.correct);
+        }
+    }
+    // Statistics set from outside reach every nested replica before an evaluation reads them.
+    BatchNormNestedPlain plain{Device::cpu(), 3};
+    BatchNormNested<Threaded> nested{cpus(3), 3};
+    train(plain, 7);
+    train(nested, 7);
+    std::vector<float> stats = plain.statistics();
+    for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = stats[i] * 1.5f + 0.25f;
+    plain.set_statistics(stats);
+    nested.set_statistics(stats);
+    nested.set_parameters(parameters(plain));
+    const auto a = plain.evaluate(data.inputs.data(), data.labels.data(), 21);
+    const auto b = nested.evaluate(data.inputs.data(), data.labels.data(), 21);
+    CHECK(b.loss_sum == Approx(a.loss_sum).epsilon(1e-5));
+}

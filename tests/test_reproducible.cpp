@@ -1,6 +1,13 @@
 // The reproducible mode: bit-identical parameters on 1, 2, 3 and 4 CPU replicas, with either dispatch
 // policy, and across runs; another seed gives other parameters.
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
 #include "catch.hpp"
 #include "models.hpp"
 #include "support.hpp"
@@ -10,23 +17,35 @@ using namespace replica::testing;
 
 namespace {
 
+// Five steps of 20 samples (five_steps) on one model, then on 1, 2, 3 and 4 replicas with either
+// dispatch policy (Threaded only for BatchNorm over the global batch, which SingleThread refuses at
+// compile time): the same parameters and statistics bit for bit, run to run too; another seed differs.
+template <class M, class Data>
+void bit_identical_on_any_replica_count(const Data& data, StepOptions options = kReproducible)
+{
+    M single{Device::cpu(), 1};
+    const auto expected = five_steps(single, data, 7, options);
+    const auto stats = single.statistics();
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        if constexpr (M::syncs == 0) {
+            DataParallel<M, SingleThread> one_thread{cpus(replicas), 1};
+            CHECK(differences(five_steps(one_thread, data, 7, options), expected) == "");
+            CHECK(differences(one_thread.statistics(), stats) == "");
+        }
+        DataParallel<M, Threaded> threaded{cpus(replicas), 1};
+        CHECK(differences(five_steps(threaded, data, 7, options), expected) == "");
+        CHECK(differences(threaded.statistics(), stats) == "");
+    }
+    M again{Device::cpu(), 1};
+    CHECK(differences(five_steps(again, data, 7, options), expected) == "");   // run to run
+    M other_seed{Device::cpu(), 2};
+    CHECK(differences(five_steps(other_seed, data, 8, options), expected) != "");   // another seed: other initial weights and masks
+}
 template <class M>
 void bit_identical_on_any_replica_count()
 {
-    const RandomBatches<M> data(100, 4);
-    M single{Device::cpu(), 1};
-    const auto expected = five_steps(single, data, 7);
-    for (std::size_t replicas : {1, 2, 3, 4}) {
-        CAPTURE(replicas);
-        DataParallel<M, SingleThread> one_thread{cpus(replicas), 1};
-        DataParallel<M, Threaded> threaded{cpus(replicas), 1};
-        CHECK(differences(five_steps(one_thread, data, 7), expected) == "");
-        CHECK(differences(five_steps(threaded, data, 7), expected) == "");
-    }
-    M again{Device::cpu(), 1};
-    CHECK(differences(five_steps(again, data, 7), expected) == "");   // run to run
-    M other_seed{Device::cpu(), 2};
-    CHECK(differences(five_steps(other_seed, data, 8), expected) != "");   // another seed: other initial weights and masks
+    bit_identical_on_any_replica_count<M>(RandomBatches<M>(100, 4));
 }
 
 } // namespace
@@ -52,6 +71,26 @@ TEST_CASE("Reproducible mode: Concat and Dropout are bit-identical on 1-4 replic
     bit_identical_on_any_replica_count<ConcatDropoutNet>();
 }
 
+// Micro-shards of 2: ten a step, more than a stash holds on one replica (model/exact_gradient.hpp adds
+// them 8 and 2), 5 and 5 on two, 4, 3 and 3 on three.
+TEST_CASE("Reproducible mode: a small GPT is bit-identical on 1-4 replicas and across runs", "[cpu][reproducible]")
+{
+    const TokenBatches<TinyGpt> data(100, 3);
+    bit_identical_on_any_replica_count<TinyGpt>(data);
+    bit_identical_on_any_replica_count<TinyGpt>(data, {.reproducible = true, .micro_shard = 2});
+}
+
+TEST_CASE("Reproducible mode: a small ResNet with BatchNorm is bit-identical on 1-4 replicas, statistics included",
+          "[cpu][reproducible][batchnorm]")
+{
+    const RandomBatches<SmallResNet> data(100, 4);
+    bit_identical_on_any_replica_count<SmallResNet>(data);
+    bit_identical_on_any_replica_count<SmallResNet>(data, {.reproducible = true, .micro_shard = 2});
+    // Each replica's own BatchNorm statistics: no sync point, so SingleThread too.
+    bit_identical_on_any_replica_count<SmallResNetPerReplica>(RandomBatches<SmallResNetPerReplica>(100, 4),
+                                                              {.reproducible = true, .micro_shard = 2});
+}
+
 TEST_CASE("Reproducible mode: a nested DataParallel is bit-identical on 1-3 replicas and to the plain model",
           "[cpu][reproducible]")
 {
@@ -71,6 +110,28 @@ TEST_CASE("Reproducible mode: a nested DataParallel is bit-identical on 1-3 repl
         train_step(plain_again, opt, data.batch(0, 20, 100));
         train_step(threaded, opt, data.batch(0, 20, 100));
         CHECK(max_relative_difference(parameters(plain_again), parameters(threaded)) < 1e-5);
+    }
+}
+
+// The nested part runs each micro-shard whole on its first replica, BatchNorm's shard sums in the
+// parent's exact accumulator: the plain model's bits on any replica count, statistics included, and
+// the other replicas take the moved statistics (an evaluation over all of them reads them).
+TEST_CASE("Reproducible mode: a nested DataParallel holding BatchNorm is bit-identical on 1-4 replicas and to the plain model",
+          "[cpu][reproducible][batchnorm]")
+{
+    const RandomBatches<BatchNormNestedPlain> data(100, 4);
+    BatchNormNestedPlain plain{Device::cpu(), 6};
+    const auto expected = five_steps(plain, data, 7);
+    const auto stats = plain.statistics();
+    REQUIRE(differences(stats, BatchNormNestedPlain{Device::cpu(), 6}.statistics()) != "");   // they moved
+    const auto eval_plain = plain.evaluate(data.inputs.data(), data.labels.data(), 30);
+    for (std::size_t replicas : {1, 2, 3, 4}) {
+        CAPTURE(replicas);
+        BatchNormNested<Threaded> nested{cpus(replicas), 6};
+        CHECK(differences(five_steps(nested, data, 7), expected) == "");
+        CHECK(differences(nested.statistics(), stats) == "");
+        const auto eval = nested.evaluate(data.inputs.data(), data.labels.data(), 30);
+        CHECK(eval.loss_sum == Approx(eval_plain.loss_sum).epsilon(1e-5));
     }
 }
 
@@ -98,4 +159,63 @@ TEST_CASE("Fixed-point sums do not depend on order", "[cpu][reproducible]")
     float big = 1e7f;
     std::int64_t acc = 0;
     CHECK_THROWS_AS(core::add_fixed(&big, &acc, 1), Error);
+}
+
+// add_fixed takes blocks of terms below 2^11 by a double's rounding addition (core/fixed_point.hpp)
+// and the others one term at a time: both give to_fixed's integers, ties to even included;
+// add_fixed_rows gives the sum of one add_fixed a row.
+TEST_CASE("Fixed-point sums: every path gives to_fixed's integers", "[cpu][reproducible]")
+{
+    const float ulp = std::ldexp(1.0f, -40);   // the fixed point's resolution
+    // Row 0: terms of magnitudes 2^-60 .. 2^21, either sign, and edge cases (every block has a large
+    // term: the one-at-a-time path). Row 1: the same below 1000 (the fast path).
+    std::vector<float> large = {0.0f, -0.0f, 0.5f * ulp, 1.5f * ulp, 2.5f * ulp, -0.5f * ulp, -1.5f * ulp, -2.5f * ulp,
+                                0.49f * ulp, 1e-30f, -1e-30f, 1e-45f, 2047.999f, -2047.999f, 2048.0f, -2048.0f,
+                                3000.5f, -4e6f, std::ldexp(1.0f, 21)};
+    for (std::size_t i = 0; large.size() < 3001; ++i) {
+        const float u = core::random_uniform(5, core::Stream::synthetic, 0, 0, std::uint32_t(i));
+        const float e = core::random_uniform(5, core::Stream::synthetic, 0, 1, std::uint32_t(i));
+        large.push_back((u < 0.5f ? -1.0f : 1.0f) * std::ldexp(1.0f + u, int(e * 81.0f) - 60));
+        if (i % 5 == 0) large.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(float(2 * (i % 999) + 1) * 0.5f, -40));   // a tie
+    }
+    const std::size_t n = large.size();
+    std::vector<float> rows(2 * n);
+    std::copy(large.begin(), large.end(), rows.begin());
+    for (std::size_t i = 0; i < n; ++i) rows[n + i] = std::fmod(large[i], 1000.0f);
+    std::vector<std::int64_t> expected(2 * n, 7);   // to_fixed, term by term, added to 7
+    std::size_t refused = 0;
+    for (std::size_t i = 0; i < 2 * n; ++i) {
+        std::int64_t v = 0;
+        refused += !core::to_fixed(rows[i], v);
+        expected[i] += v;
+    }
+    REQUIRE(refused == 0);
+    std::vector<std::int64_t> each(2 * n, 7);
+    core::add_fixed(rows.data(), each.data(), 2 * n);
+    CHECK(each == expected);
+    std::vector<std::int64_t> summed(n, 14), expected_sum(n);
+    for (std::size_t i = 0; i < n; ++i) expected_sum[i] = expected[i] + expected[n + i];
+    core::add_fixed_rows(rows.data(), 2, n, summed.data(), n);
+    CHECK(summed == expected_sum);
+    // Back to floats: from_fixed's, for sums below 2^51 (the fast path) and above (term by term).
+    for (const auto* sums : {&expected, &expected_sum}) {
+        std::vector<float> back(sums->size()), each_back(sums->size());
+        core::fixed_to_float(sums->data(), back.data(), sums->size());
+        for (std::size_t i = 0; i < sums->size(); ++i) each_back[i] = core::from_fixed((*sums)[i]);
+        CHECK(std::memcmp(back.data(), each_back.data(), back.size() * sizeof(float)) == 0);
+    }
+    std::vector<std::int64_t> small(n);
+    for (std::size_t i = 0; i < n; ++i) small[i] = expected[n + i];   // every block below 2^51
+    std::vector<float> back(n), each_back(n);
+    core::fixed_to_float(small.data(), back.data(), n);
+    for (std::size_t i = 0; i < n; ++i) each_back[i] = core::from_fixed(small[i]);
+    CHECK(std::memcmp(back.data(), each_back.data(), n * sizeof(float)) == 0);
+    // Out of range or NaN, in a block of small terms: thrown, as to_fixed refuses it.
+    for (float bad : {std::ldexp(1.0f, 22), -std::ldexp(1.0f, 23), std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity()}) {
+        rows[n + 300] = bad;
+        std::vector<std::int64_t> acc(n);
+        CHECK_THROWS_AS(core::add_fixed_rows(rows.data(), 2, n, acc.data(), n), core::FixedRangeError);
+        CHECK_THROWS_AS(core::add_fixed(rows.data() + n, acc.data(), n), core::FixedRangeError);
+    }
 }

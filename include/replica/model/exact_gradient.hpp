@@ -4,7 +4,10 @@
 // Samples [0, n) are cut into micro-shards of `shard` samples, numbered from first_shard; each shard's
 // gradient is computed on its own and added, in fixed point (core/fixed_point.hpp), to an exact
 // accumulator that starts from zero. So the sum depends on the shard size, never on how many replicas
-// share the shards or in which order their accumulators are summed (integers: exactly). Every kernel
+// share the shards or in which order their accumulators are summed (integers: exactly). Shard
+// gradients go to rows of a stash (up to kStashRows, within kStashBytes) and a full stash, or the
+// last shard, is added in one pass (add_fixed_rows: the integers of one add_fixed a shard, with the
+// accumulator read once a stash rather than once a shard). Every kernel
 // is deterministic from the first call on (on a GPU: the libraries' deterministic choices, kept
 // afterwards). The shards run as one step does (backend/step_run.hpp): on a GPU replayed from a CUDA
 // graph, keyed by batch and shard size.
@@ -26,13 +29,18 @@ namespace REPLICA_NAMESPACE::model {
 template <class E, std::size_t InputSize, std::size_t LabelSize>
 class ExactGradient {
 public:
+    // Shard gradients a stash holds at most, and its size at most: a larger model adds each shard's
+    // gradient on its own (one row).
+    static constexpr std::size_t kStashRows = 8, kStashBytes = std::size_t{64} << 20;
+
     // Queues the shards of n samples (host memory) on ctx and returns the accumulator (ctx's memory,
-    // `count` integers: the gradient and whatever else the shards sum) for the replicas' exact all-reduce. reserve(m) makes room for the activations of
-    // m samples; queue_shard(pass, x, labels, m, loss_slot) queues forward, loss and backward of m
-    // samples already in ctx's memory, ASSIGNING `gradient` (count floats).
+    // `count` integers: the gradient and whatever else the shards sum) for the replicas' exact
+    // all-reduce. reserve(m) makes room for the activations of m samples; queue_shard(pass, x, labels,
+    // m, loss_slot, into) queues forward, loss and backward of m samples already in ctx's memory,
+    // ASSIGNING `into` (count floats of ctx's memory: `gradient` or a row of the stash).
     template <class Ctx, class Reserve, class QueueShard>
     std::int64_t* queue(Ctx& ctx, const Pass& pass, const E* x, const std::int32_t* labels, std::size_t n,
-                        std::size_t shard, std::size_t first_shard, const float* gradient, std::size_t count,
+                        std::size_t shard, std::size_t first_shard, float* gradient, std::size_t count,
                         bool capturable, Reserve&& reserve, QueueShard&& queue_shard)
     {
         const std::size_t shards = (n + shard - 1) / shard;
@@ -45,6 +53,13 @@ public:
             if constexpr (!Ctx::host_visible) ctx.drop_graphs();   // they write the slots
             slots_ = backend::host_buffer<core::LossSlot>(shards);
         }
+        const std::size_t rows = std::min(shards, stash_rows(count));
+        if (rows > 1 && stash_.size() < rows * count) {
+            ctx.synchronize();
+            if constexpr (!Ctx::host_visible) ctx.drop_graphs();   // they write the stash
+            stash_ = ctx.template allocate<float>(rows * count);
+            fill(ctx, stash_.data(), 0.0f, rows * count);
+        }
         for (std::size_t k = 0; k < shards; ++k) slots_[k] = {};
         reserve(std::min(shard, n));   // activations for one shard
         const auto [xd, ld] = stage(ctx, x, labels, n);
@@ -55,8 +70,15 @@ public:
                 Pass mine = captured ? Pass{.seed = pass.seed, .first_sample = 0, .training = pass.training} : pass;
                 mine.first_sample += begin;
                 mine.micro_shard = shard;
-                queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k]);
-                add_fixed(ctx, gradient, exact_.data(), count);
+                if (rows <= 1) {
+                    queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k], gradient);
+                    add_fixed(ctx, static_cast<const float*>(gradient), exact_.data(), count);
+                    continue;
+                }
+                const std::size_t row = k % rows;
+                queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k], stash_.data() + row * count);
+                if (row + 1 == rows || k + 1 == shards)
+                    add_fixed_rows(ctx, static_cast<const float*>(stash_.data()), row + 1, count, exact_.data(), count);
             }
         };
         core::NoHook none;
@@ -86,6 +108,11 @@ public:
     }
 
 private:
+    static constexpr std::size_t stash_rows(std::size_t count)
+    {
+        return std::clamp<std::size_t>(kStashBytes / (sizeof(float) * std::max<std::size_t>(count, 1)), 1, kStashRows);
+    }
+
     // The n samples in the context's memory, all at once (the shards then read them where they are:
     // a graph of the shards holds no copy from host memory).
     template <class Ctx>
@@ -107,6 +134,7 @@ private:
     }
 
     core::Buffer<std::int64_t> exact_;
+    core::Buffer<float> stash_;   // rows of count floats: shard gradients not yet added
     core::Buffer<core::LossSlot> slots_;   // page-locked, one loss slot per shard
     core::Buffer<E> inputs_;
     core::Buffer<std::int32_t> labels_;

@@ -277,9 +277,10 @@ public:
     // slot 0) and for a Pipeline's stages (parallel/pipeline.hpp, slots 0 .. k - 1, k set by
     // use_slots(k) before any of them runs). Each slot keeps the activations of one micro-batch from its
     // forward to its backward. All of them queue their work.
-    //   forward_train(pass, x, n, slot)   forward of n samples of activations x (storage, memory of this
-    //                                     device or another); returns the output, in this stage's memory
-    //                                     (output_of(slot)).
+    //   forward_train(pass, x, n, slot, hook)  forward of n samples of activations x (storage, memory of
+    //                                     this device or another), with hook's sync points (none, or a
+    //                                     nested DataParallel's); returns the output, in this stage's
+    //                                     memory (output_of(slot)).
     //   forward_input(pass, x, n, slot)   the same from the model's own inputs (host memory): a
     //                                     pipeline's first stage.
     //   backward_from(pass, dy, dx, hook, slot, accumulate)   backward of the slot's micro-batch from
@@ -297,14 +298,16 @@ public:
     {
         if (micro_.size() < k) micro_.resize(k);
     }
-    const storage* forward_train(const Pass& pass, const storage* x, std::size_t n, std::size_t slot = 0)
+    template <class Hook = core::NoHook>
+    const storage* forward_train(const Pass& pass, const storage* x, std::size_t n, std::size_t slot = 0, Hook&& hook = {})
     {
         return visit([&](auto& ctx) -> const storage* {
             Slot& s = reserve(ctx, n, slot, false);
             if (slot == 0) s.x = slots_.staging().take_activations(ctx, x, n);
             else s.x = ctx.stage(x, s.input.data(), n * input_shape::size);
             s.n = n;
-            if (n) chain_.forward(ctx, pass, forward_args(s.arena, s.x, n));
+            if (n) chain_.forward(ctx, pass, forward_args(s.arena, s.x, n), hook);
+            else if constexpr (chain::syncs > 0) chain_.idle_forward(ctx, stats_.data(), hook);
             return s.arena.y();
         });
     }
@@ -333,7 +336,8 @@ public:
             const std::size_t n = s.n;
             if (n == 0) {
                 if (!accumulate) fill(ctx, grads_.data(), 0.0f, param_count);
-                hook(std::size_t{0});
+                if constexpr (chain::syncs > 0) chain_.idle_backward(ctx, hook);   // every sync point taken
+                else hook(std::size_t{0});
                 return;
             }
             const storage* dyd = dy_in == s.arena.dy() ? dy_in : ctx.stage(dy_in, s.arena.dy(), n * output_shape::size);
@@ -386,7 +390,9 @@ public:
             return exact_.queue(ctx, pass, x, labels, n, shard, first_shard, grads_.data(), exact_count,
                                 !chain::spans_devices, [&](std::size_t m) { reserve(ctx, m); },
                                 [&](const Pass& p, const input_element* xd, const std::int32_t* ld, std::size_t m,
-                                    core::LossSlot* slot) { queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}); });
+                                    core::LossSlot* slot, float* into) {
+                                    queue_pass(ctx, p, xd, ld, m, loss_scale, slot, core::NoHook{}, into);
+                                });
         });
     }
     // Waits for the shards and writes their losses to shard_loss[shard number].
@@ -621,17 +627,20 @@ private:
         return execute_step(ctx, deferred_, work, hook);
     }
 
-    // Forward, loss (into *slot) and backward over n samples already in the context's memory.
+    // Forward, loss (into *slot) and backward over n samples already in the context's memory. The
+    // gradient, then (a micro-shard) the statistics' shard sums, go to `gradient` (exact_count floats)
+    // where given, else to grads_.
     template <class Ctx, class Hook>
     void queue_pass(Ctx& ctx, const Pass& pass, const input_element* xd, const std::int32_t* ld, std::size_t n, float loss_scale,
-                    core::LossSlot* slot, Hook&& on_layer)
+                    core::LossSlot* slot, Hook&& on_layer, float* gradient = nullptr)
     {
+        float* const g = gradient ? gradient : grads_.data();
         const storage* x = to_storage(ctx, xd, n, input_home(n));
         ForwardArgs<storage> args = forward_args(x, n);
-        if (pass.micro_shard > 0) args.shard_sums = shard_sums();
+        if (pass.micro_shard > 0) args.shard_sums = g + param_count;
         chain_.forward(ctx, pass, args, on_layer);
         loss::template forward_backward<output_shape>(ctx, y(), ld, n, loss_scale, dy(), slot);
-        const BackwardArgs<storage> back = backward_args(x, dy(), nullptr, n);
+        const BackwardArgs<storage> back = backward_args(arena(), x, dy(), nullptr, n, g);
         if constexpr (reduced && chain::may_hold_input && !reads_tokens) {
             if (chain_.holds_input()) {   // backward overwrites it there before the first layer reads it
                 chain_.backward_refilling(ctx, pass, back, [&](storage* to) { to_storage(ctx, xd, n, to); }, on_layer);

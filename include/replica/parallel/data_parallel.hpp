@@ -157,15 +157,20 @@ public:
     // scatters the output gradient, all-reduces the replicas' parameter gradients into the parent's
     // slice and gathers the input gradient. Each replica applies the update to its own copy.
     // Its replicas compute in the precision of the model around it (T).
+    //
+    // BatchNorm in M (statistics, and sync points with the global batch's statistics): the sync points
+    // are the nested replicas' own, summed by this op's replica set inside the parent's forward and
+    // backward (Threaded only, as for any DataParallel of M), and stay out of the parent's count. The
+    // running estimates the parent sees (its statistics, checkpoints) are replica 0's; the other
+    // replicas move their own copies from the same sums in a fast step, and take replica 0's before
+    // every forward that reads them (not training) and after the reproducible mode's update.
     template <class In, class T = float>
     class op {
         static_assert(std::is_same_v<In, typename M::input_shape>,
                       "DataParallel<M> nested in a model: M's Input<...> must match the shape that reaches it");
-        static_assert(M::statistics_count == 0,
-                      "a DataParallel nested in a model cannot hold BatchNorm yet: make the DataParallel the "
-                      "outermost model (DataParallel<Sequential<...>>), or leave BatchNorm out of the nested part");
         using replica_model = model::with_precision<M, T>;
         using chain = typename replica_model::chain;
+        static constexpr bool syncing = chain::syncs > 0;
 
     public:
         using input_shape = In;
@@ -177,10 +182,12 @@ public:
         static constexpr std::size_t kept_size = chain::kept_size;
         static constexpr bool spans_devices = true;
         static constexpr bool wants_channels_last = chain::wants_channels_last;
+        static constexpr std::size_t statistics_count = chain::statistics_count;
+        static constexpr std::uint64_t options_signature = chain::options_signature;
 
         explicit op(const model::Build& b)
             : chain0_(model::Build{b.layer_id, b.devices.first(1)}),
-              set_(detail::buckets_of<M>(DataParallelOptions{}), b.devices.size(), b.devices.front())
+              set_(detail::buckets_of<M>(DataParallelOptions{}), b.devices.size(), b.devices.front(), chain::syncs)
         {
             core::require(!b.devices.empty(), "a nested DataParallel needs at least one device");
             for (std::size_t r = 1; r < b.devices.size(); ++r)
@@ -193,36 +200,92 @@ public:
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const { return chain0_.scratch_size(ctx, n); }
         void init(float* params, std::uint64_t seed) const { chain0_.init(params, seed); }
+        void init_statistics(float* s) const { chain0_.init_statistics(s); }
+        // The reproducible mode ran the step whole on replica 0: its estimates move, the others copy them.
+        template <class Ctx>
+        void update_statistics(Ctx& ctx, float* s, const float* sums, std::size_t batch, std::size_t shard)
+        {
+            chain0_.update_statistics(ctx, s, sums, batch, shard);
+            copy_statistics(ctx, s);
+        }
 
         template <class Ctx>
         void forward(Ctx& ctx, const model::Pass& pass, const model::ForwardArgs<T>& a)
         {
-            const core::Event input_ready = ctx.mark();
             const std::size_t active = pass.micro_shard > 0 ? 1 : replica_count();
+            if constexpr (statistics_count > 0)
+                if (!pass.training && active > 1) copy_statistics(ctx, a.statistics);
+            const bool synced = syncing && pass.training && active > 1;   // BatchNorm over the nested batch
+            if (synced) connect(ctx);
+            const core::Event input_ready = ctx.mark();
             set_.each([&](std::size_t r) {
                 if (r >= active) return;
                 const Share s = share(a.n, active, r);
                 const model::Pass mine = detail::shifted(pass, s);
-                if (r == 0) {
-                    ctx.activate();
-                    if (s.count) {
-                        model::ForwardArgs<T> part = a;
-                        part.n = s.count;
-                        chain0_.forward(ctx, mine, part);
+                if constexpr (syncing) {
+                    if (synced) {
+                        try {
+                            forward_replica(ctx, r, mine, a, s, input_ready, set_.hook(r, nullptr));
+                        } catch (...) {
+                            set_.abort();   // releases the replicas waiting at a sync point
+                            throw;
+                        }
+                        return;
                     }
-                    return;
                 }
-                replica_model& m = others_[r - 1];
-                m.visit([&](auto& c) { c.wait(input_ready); });
-                const T* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count);
-                m.visit([&](auto& c) {   // gather into the parent's output
-                    c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size);
-                    gathered_[r] = c.mark();
-                });
+                forward_replica(ctx, r, mine, a, s, input_ready, core::NoHook{});
             });
             ctx.activate();   // the replicas made their own devices current
             for (std::size_t r = 1; r < active; ++r) ctx.wait(gathered_[r]);
         }
+
+    private:
+        // Replica r's forward of its share s, with `hook`'s sync points (a replica without samples
+        // takes them too).
+        template <class Ctx, class Hook>
+        void forward_replica(Ctx& ctx, std::size_t r, const model::Pass& mine, const model::ForwardArgs<T>& a, const Share& s,
+                             const core::Event& input_ready, Hook hook)
+        {
+            if (r == 0) {
+                ctx.activate();
+                if (s.count) {
+                    model::ForwardArgs<T> part = a;
+                    part.n = s.count;
+                    chain0_.forward(ctx, mine, part, hook);
+                } else if constexpr (core::SyncingHook<Hook>) {
+                    chain0_.idle_forward(ctx, a.statistics, hook);
+                }
+                return;
+            }
+            replica_model& m = others_[r - 1];
+            m.visit([&](auto& c) { c.wait(input_ready); });
+            const T* y = m.forward_train(mine, a.x + s.offset * input_shape::size, s.count, 0, hook);
+            m.visit([&](auto& c) {   // gather into the parent's output
+                c.download(a.y + s.offset * output_shape::size, y, s.count * output_shape::size);
+                gathered_[r] = c.mark();
+            });
+        }
+        // Replica 0's running estimates (s, the parent's memory) to the others.
+        template <class Ctx>
+        void copy_statistics(Ctx& ctx, const float* s)
+        {
+            if (others_.empty()) return;
+            std::vector<float> host(statistics_count);
+            ctx.download(host.data(), s, statistics_count);
+            ctx.synchronize();
+            for (auto& m : others_) m.set_statistics(host);
+        }
+        // Once: the parent's context is known from the first training pass on.
+        template <class Ctx>
+        void connect(Ctx& ctx)
+        {
+            if (set_.connected() || replica_count() == 1) return;
+            std::vector<backend::AnyContext> contexts{backend::AnyContext(ctx)};
+            for (auto& m : others_) contexts.push_back(m.context());
+            set_.connect(contexts);
+        }
+
+    public:
 
         // Each replica's gradient is all-reduced in buckets as its backward produces them (the hook of a
         // top-level DataParallel's replicas), so communication overlaps the rest of backward.
@@ -254,11 +317,7 @@ public:
         template <class Ctx, class Refill>
         void run_backward(Ctx& ctx, const model::Pass& pass, const model::BackwardArgs<T>& a, Refill refill)
         {
-            if (!set_.connected() && replica_count() > 1) {   // once: the parent's context is known from here on
-                std::vector<backend::AnyContext> contexts{backend::AnyContext(ctx)};
-                for (auto& m : others_) contexts.push_back(m.context());
-                set_.connect(contexts);
-            }
+            connect(ctx);
             const core::Event grad_ready = ctx.mark();
             const std::size_t active = pass.micro_shard > 0 ? 1 : replica_count();
             whole_ = pass.micro_shard > 0;
@@ -275,9 +334,10 @@ public:
                         part.n = s.count;
                         if constexpr (std::is_null_pointer_v<Refill>) chain0_.backward(ctx, mine, part, hook);
                         else chain0_.backward_refilling(ctx, mine, part, *refill, hook);
-                    } else {
+                    } else {   // nothing to learn from, yet every sync point is the replicas' together
                         fill(ctx, a.dparams, 0.0f, param_count);
-                        hook(std::size_t{0});
+                        if constexpr (syncing) chain0_.idle_backward(ctx, hook);
+                        else hook(std::size_t{0});
                     }
                     return;
                 }

@@ -181,6 +181,11 @@ void add_into(const Context&, const T* a, const T* b, T* y, std::size_t count, b
 // The reproducible mode's exact sums (core/fixed_point.hpp). Out-of-range terms throw at once, so
 // there is nothing left for check_fixed to report.
 inline void add_fixed(const Context&, const float* g, std::int64_t* acc, std::size_t count) { core::add_fixed(g, acc, count); }
+inline void add_fixed_rows(const Context&, const float* g, std::size_t rows, std::size_t stride, std::int64_t* acc,
+                           std::size_t count)
+{
+    core::add_fixed_rows(g, rows, stride, acc, count);
+}
 inline void fixed_to_float(const Context&, const std::int64_t* acc, float* g, std::size_t count)
 {
     core::fixed_to_float(acc, g, count);

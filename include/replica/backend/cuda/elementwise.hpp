@@ -193,6 +193,24 @@ __global__ void add_fixed(const float* g, std::int64_t* acc, std::size_t count, 
     }
 }
 template <int = 0>
+__global__ void add_fixed_rows(const float* g, std::size_t rows, std::size_t stride, std::int64_t* acc, std::size_t count,
+                               core::FixedStatus* status)
+{
+    REPLICA_GRID_LOOP(i, count)
+    {
+        std::int64_t sum = acc[i];
+        for (std::size_t r = 0; r < rows; ++r) {
+            std::int64_t v;
+            if (core::to_fixed(g[r * stride + i], v)) sum += v;
+            else {
+                status->bad = 1;
+                status->value = g[r * stride + i];
+            }
+        }
+        acc[i] = sum;
+    }
+}
+template <int = 0>
 __global__ void fixed_to_float(const std::int64_t* acc, float* g, std::size_t count)
 {
     REPLICA_GRID_LOOP(i, count) g[i] = core::from_fixed(acc[i]);
@@ -388,6 +406,14 @@ inline void add_fixed(const Context& ctx, const float* g, std::int64_t* acc, std
     kernels::add_fixed<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, acc, count,
                                                                                       ctx.reductions().fixed_status.data());
     detail::check_launch("add_fixed");
+}
+inline void add_fixed_rows(const Context& ctx, const float* g, std::size_t rows, std::size_t stride, std::int64_t* acc,
+                           std::size_t count)
+{
+    if (rows == 0 || count == 0) return;
+    kernels::add_fixed_rows<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
+        g, rows, stride, acc, count, ctx.reductions().fixed_status.data());
+    detail::check_launch("add_fixed_rows");
 }
 inline void fixed_to_float(const Context& ctx, const std::int64_t* acc, float* g, std::size_t count)
 {

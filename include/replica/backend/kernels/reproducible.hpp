@@ -14,7 +14,7 @@ namespace REPLICA_NAMESPACE::backend::kernels {
 
 template <class C>
 concept ReproducibleKernels = requires(const C& ctx, const float* g, float* out, std::int64_t* acc,
-                                       const std::int64_t* sum, std::size_t count) {
+                                       const std::int64_t* sum, std::size_t count, std::size_t rows, std::size_t stride) {
     // From now on this context's ops give the same bits on the same inputs in every run (deterministic
     // algorithms, chosen without timing); what was planned before is planned again. Host work: the
     // first call may wait for the work queued so far, a later one does nothing; it queues nothing.
@@ -24,6 +24,9 @@ concept ReproducibleKernels = requires(const C& ctx, const float* g, float* out,
     // acc += g in fixed point (queued). A term out of the fixed-point range throws
     // core::FixedRangeError, here or from the next check_fixed.
     add_fixed(ctx, g, acc, count);
+    // acc += g[r stride, r stride + count) in fixed point for r < rows, each term as add_fixed adds it
+    // (queued; the same integers as rows calls of add_fixed, in one pass over acc).
+    add_fixed_rows(ctx, g, rows, stride, acc, count);
     // out = sum as float, assigned (queued).
     fixed_to_float(ctx, sum, out, count);
     // Throws core::FixedRangeError where an add_fixed since the last check met a term out of range.
