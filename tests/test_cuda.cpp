@@ -529,9 +529,9 @@ TEST_CASE("LayerNorm's weight and bias gradients over thousands of rows equal th
         return out;
     };
     // The sums in float64. Each backend's float sums of 4100 terms (the CPU's in row order, the GPU's in
-    // chunks of 64) err by about 1e-4 on sums of magnitude 10-60 (1.2e-6 of the CPU's vector in norm),
-    // so near-zero sums have no useful relative error: compared in norm and with a floor of 1. A chunk
-    // lost or counted twice is off by about 1/65.
+    // chunks of 64) err by about sqrt(4100) roundings of sums of magnitude 10-60, so a near-zero sum has
+    // no useful relative error: compared in norm and with a floor of 1. A chunk lost or counted twice is
+    // off by about 1/65.
     std::vector<float> exact(2 * features);
     {
         std::vector<double> dw(features, 0.0), db(features, 0.0);

@@ -211,11 +211,11 @@ public:
 
     std::vector<float> parameters() const
     {
-        return gather(param_count, [](const shard_type& s) { return s.parameters(); }, 1);
+        return gather(param_count, [&](std::size_t r) { return ranks_[r].parameters(); }, 1);
     }
     std::vector<float> gradients() const
     {
-        return gather(param_count, [](const shard_type& s) { return s.gradients(); }, 1);
+        return gather(param_count, [&](std::size_t r) { return ranks_[r].gradients(); }, 1);
     }
     void set_parameters(std::span<const float> w)
     {
@@ -230,11 +230,12 @@ public:
     // M's layout: state_per_param floats for each trainable parameter, in the parameters' order.
     std::vector<float> optimizer_state() const
     {
+        std::vector<std::vector<float>> states;   // each rank's, read once
+        for (const auto& rank : ranks_) states.push_back(rank.optimizer_state());
         const std::size_t shard_trainable = shard_type::trainable_count;
-        const std::size_t held = ranks_.front().optimizer_state().size();
-        if (held == 0 || shard_trainable == 0) return {};
-        return gather(held / shard_trainable * trainable_count, [](const shard_type& s) { return s.optimizer_state(); },
-                      held / shard_trainable, true);
+        if (states.front().empty() || shard_trainable == 0) return {};
+        const std::size_t per = states.front().size() / shard_trainable;
+        return gather(per * trainable_count, [&](std::size_t r) { return std::move(states[r]); }, per, true);
     }
     void set_optimizer_state(std::span<const float> state)
     {
@@ -370,14 +371,14 @@ private:
         }
         return runs;
     }
-    // M's vector of `size` values from each rank's: `per` values for each parameter (by state index
-    // when `by_state`); a block that is not split is rank 0's.
+    // M's vector of `size` values from each rank's, of(r): `per` values for each parameter (by state
+    // index when `by_state`); a block that is not split is rank 0's.
     template <class F>
     std::vector<float> gather(std::size_t size, F&& of, std::size_t per, bool by_state = false) const
     {
         std::vector<float> all(size);
         for (std::size_t r = 0; r < Ways; ++r) {
-            const std::vector<float> mine = of(ranks_[r]);
+            const std::vector<float> mine = of(r);
             for (const Run& run : runs_[r]) {
                 if (!(run.split || r == 0) || (by_state && !run.trainable)) continue;
                 const std::size_t from = by_state ? run.mine_state : run.mine, to = by_state ? run.whole_state : run.whole;
