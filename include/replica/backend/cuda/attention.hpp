@@ -17,14 +17,22 @@
 // (features and positions in order, the row reductions in a butterfly fixed by the warp), so every
 // result is the same on every run. Values T (float, bf16, fp16) computed in float, rounded once.
 // Scratch: delta, n heads t floats.
+// bf16 and fp16 activations with heads of at most 64 features run on tensor cores instead, where the
+// device has them (attention_tc.hpp: the same passes and contract, the weights rounded to T as the
+// products' operands); these kernels run every other case.
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "replica/backend/cuda/attention_tc.hpp"
 #include "replica/backend/cuda/check.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
@@ -361,6 +369,128 @@ std::size_t attention_scratch(const Context&, std::size_t n, std::size_t t, std:
     return n * heads * t;
 }
 
+namespace detail {
+// Whether the tensor-core kernels run on ctx's device: the image of them loaded there was built for
+// compute capability 8.0 or later (the mma.sync forms they use). Asked once a device.
+inline bool attention_on_tensor_cores(const Context& ctx)
+{
+    static std::array<std::atomic<int>, 64> known{};   // a device index's answer: 0 not yet asked, 1 yes, 2 no
+    std::atomic<int>& answer = known[std::size_t(ctx.device().index()) % known.size()];
+    if (answer.load() == 0) {
+        ctx.activate();
+        cudaFuncAttributes attributes{};
+        const bool yes = cudaFuncGetAttributes(&attributes, &kernels::tc::attention_forward<core::bf16, 64>) == cudaSuccess &&
+                         attributes.ptxVersion >= 80;
+        cudaGetLastError();   // a device without such an image: not an error of later calls
+        answer.store(yes ? 1 : 2);
+    }
+    return answer.load() == 1;
+}
+
+// f(HD) for a head of hd <= 64 features on tensor cores: the tile width, 32 or 64, that holds it.
+template <class F>
+void with_tc_head_tile(std::size_t hd, F&& f)
+{
+    if (hd <= 32) f(std::integral_constant<int, 32>{});
+    else f(std::integral_constant<int, 64>{});
+}
+
+// Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
+// the tensors 16-byte aligned (offsets are then multiples of 8 values too).
+template <class T>
+bool attention_wide(std::size_t hd, const void* a, const void* b)
+{
+    return hd % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
+}
+
+template <core::Storage T>
+void attention_forward_tc(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t,
+                          std::size_t d, std::size_t heads)
+{
+    const std::size_t hd = d / heads;
+    const bool wide = attention_wide<T>(hd, qkv, o);
+    with_tc_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value;
+        const unsigned blocks = unsigned((t + kernels::tc::kRows - 1) / kernels::tc::kRows * n * heads);
+        kernels::tc::attention_forward<T, HD><<<blocks, kernels::tc::kThreads, kernels::tc::shared_bytes<HD>(4, 0),
+                                                ctx.stream()>>>(qkv, o, lse, unsigned(t), unsigned(d), unsigned(heads),
+                                                                unsigned(hd), 1.0f / std::sqrt(float(hd)), wide);
+        check_launch("attention_forward (tensor cores)");
+    });
+}
+
+template <core::Storage T>
+void attention_forward_simt(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t,
+                            std::size_t d, std::size_t heads)
+{
+    const std::size_t hd = d / heads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    with_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionForwardRows<HD>;
+        const std::size_t bytes = (2 * B * (HD + 1) + B * B) * sizeof(float);
+        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
+        attention_launch(&kernels::attention_forward<T, HD, B>, "attention_forward", blocks, bytes, ctx.stream(), qkv, o,
+                         lse, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale);
+    });
+}
+
+// delta = do_i . o_i into scratch.
+template <core::Storage T>
+void attention_delta(const Context& ctx, const T* o, const T* d_o, float* delta, std::size_t n, std::size_t t,
+                     std::size_t d, std::size_t heads)
+{
+    const std::size_t rows = n * heads * t;
+    constexpr unsigned warps = kernels::kAttentionThreads / 32;
+    attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + warps - 1) / warps), 0, ctx.stream(),
+                     o, d_o, delta, unsigned(t), unsigned(d), unsigned(heads), unsigned(d / heads), rows);
+}
+
+template <core::Storage T>
+void attention_backward_tc(const Context& ctx, const T* qkv, const float* lse, const T* d_o, const float* delta,
+                           T* dqkv, std::size_t n, std::size_t t, std::size_t d, std::size_t heads)
+{
+    const std::size_t hd = d / heads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    const bool wide = attention_wide<T>(hd, qkv, d_o);
+    with_tc_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value;
+        namespace tc = kernels::tc;
+        const unsigned blocks = unsigned((t + tc::kRows - 1) / tc::kRows * n * heads);
+        tc::attention_backward_key<T, HD><<<blocks, tc::kThreads, tc::shared_bytes<HD>(4, 4 * tc::kRows), ctx.stream()>>>(
+            qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
+        check_launch("attention_backward_key (tensor cores)");
+        tc::attention_backward_query<T, HD><<<blocks, tc::kThreads, tc::shared_bytes<HD>(4, 0), ctx.stream()>>>(
+            qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
+        check_launch("attention_backward_query (tensor cores)");
+    });
+}
+
+template <core::Storage T>
+void attention_backward_simt(const Context& ctx, const T* qkv, const float* lse, const T* d_o, const float* delta,
+                             T* dqkv, std::size_t n, std::size_t t, std::size_t d, std::size_t heads)
+{
+    const std::size_t hd = d / heads;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    with_head_tile(hd, [&](auto tile) {
+        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionBackwardRows<HD>;
+        const std::size_t bytes = (4 * B * (HD + 1) + 2 * B * B + 2 * B) * sizeof(float);
+        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
+        attention_launch(&kernels::attention_backward_key<T, HD, B>, "attention_backward_key", blocks, bytes, ctx.stream(),
+                         qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale);
+        attention_launch(&kernels::attention_backward_query<T, HD, B>, "attention_backward_query", blocks,
+                         bytes - B * B * sizeof(float), ctx.stream(), qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d),
+                         unsigned(heads), unsigned(hd), scale);
+    });
+}
+
+// Whether (T, head size) runs on tensor cores on ctx's device.
+template <core::Storage T>
+bool attention_tc_serves(const Context& ctx, std::size_t hd)
+{
+    return !std::is_same_v<T, float> && hd <= std::size_t(kernels::tc::kMaxHead) && attention_on_tensor_cores(ctx);
+}
+} // namespace detail
+
 // o (n, t, d) and lse (n, heads, t) assigned.
 template <core::Storage T>
 void attention_forward(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t, std::size_t d,
@@ -368,15 +498,8 @@ void attention_forward(const Context& ctx, const T* qkv, T* o, float* lse, std::
 {
     if (n == 0 || t == 0) return;
     detail::attention_check(d, heads);
-    const std::size_t hd = d / heads;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    detail::with_head_tile(hd, [&](auto tile) {
-        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionForwardRows<HD>;
-        const std::size_t bytes = (2 * B * (HD + 1) + B * B) * sizeof(float);
-        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
-        detail::attention_launch(&kernels::attention_forward<T, HD, B>, "attention_forward", blocks, bytes, ctx.stream(),
-                                 qkv, o, lse, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale);
-    });
+    if (detail::attention_tc_serves<T>(ctx, d / heads)) detail::attention_forward_tc(ctx, qkv, o, lse, n, t, d, heads);
+    else detail::attention_forward_simt(ctx, qkv, o, lse, n, t, d, heads);
 }
 
 // dqkv (n, t, 3d) assigned, from forward's qkv, o, lse and the gradient of o; scratch: delta.
@@ -386,23 +509,10 @@ void attention_backward(const Context& ctx, const T* qkv, const T* o, const floa
 {
     if (n == 0 || t == 0) return;
     detail::attention_check(d, heads);
-    const std::size_t hd = d / heads, rows = n * heads * t;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    constexpr unsigned warps = kernels::kAttentionThreads / 32;
-    detail::attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + warps - 1) / warps), 0,
-                             ctx.stream(), o, d_o, scratch, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), rows);
-    const float* delta = scratch;
-    detail::with_head_tile(hd, [&](auto tile) {
-        constexpr int HD = decltype(tile)::value, B = kernels::kAttentionBackwardRows<HD>;
-        const std::size_t bytes = (4 * B * (HD + 1) + 2 * B * B + 2 * B) * sizeof(float);
-        const unsigned blocks = unsigned((t + B - 1) / B * n * heads);
-        detail::attention_launch(&kernels::attention_backward_key<T, HD, B>, "attention_backward_key", blocks, bytes,
-                                 ctx.stream(), qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads),
-                                 unsigned(hd), scale);
-        detail::attention_launch(&kernels::attention_backward_query<T, HD, B>, "attention_backward_query", blocks,
-                                 bytes - B * B * sizeof(float), ctx.stream(), qkv, d_o, lse, delta, dqkv, unsigned(t),
-                                 unsigned(d), unsigned(heads), unsigned(hd), scale);
-    });
+    detail::attention_delta(ctx, o, d_o, scratch, n, t, d, heads);
+    if (detail::attention_tc_serves<T>(ctx, d / heads))
+        detail::attention_backward_tc(ctx, qkv, lse, d_o, scratch, dqkv, n, t, d, heads);
+    else detail::attention_backward_simt(ctx, qkv, lse, d_o, scratch, dqkv, n, t, d, heads);
 }
 
 } // namespace replica::backend::cuda

@@ -309,11 +309,10 @@ void add_channel_bias(const Context& ctx, const float* b, T* y, std::size_t n, s
     const std::size_t count = n * channels * s;
     core::require(count < (std::size_t(1) << 31), "a convolution output of 2^31 values or more: use a smaller batch");
     const auto c = unsigned(channels);
-    if constexpr (!std::same_as<T, float>) {
-        if (channels_last<T>(ctx)) {
-            detail::add_channel_bias_last(ctx, b, y, count, channels, relu);
-            return;
-        }
+    if (s == 1 || (!std::same_as<T, float> && channels_last<T>(ctx))) {   // (n, channels): a Linear's, or channels-last
+        detail::add_channel_bias_last(ctx, b, y, count, channels, relu);
+        detail::check_launch("add_channel_bias");
+        return;
     }
     if constexpr (std::same_as<T, float>) {
         const bool quads = s % 4 == 0 && detail::quad_aligned(y);

@@ -4,7 +4,9 @@
 // thread per labelled element (a block per sample for classifiers) writes its gradient and its loss;
 // the losses are then summed in an order fixed by their count (no atomics), in double, so the sum is
 // the same every run. Logits and their gradient are activations of one type T (float, bf16, fp16),
-// read as float (the softmax runs in double as for float), each gradient rounded once to T.
+// read as float, each gradient rounded once to T. The softmax runs in double for float logits and for
+// images; a classifier's 16-bit logits (GPT-2's 50,304 a position) take float exponentials and one
+// read fewer (softmax_cross_entropy_rows_16).
 
 #include <algorithm>
 #include <cstddef>
@@ -55,6 +57,19 @@ __global__ void softmax_cross_entropy(int classes, int pixels, const T* logits, 
     }
 }
 
+// A label outside [0, classes) for row i: its value and position (from 1) into bad_label and the
+// row's loss 0 (by thread 0), and true.
+__device__ inline bool refused_label(std::int32_t label, int classes, std::size_t i, double* loss, double* bad_label)
+{
+    if (label >= 0 && label < classes) return false;
+    if (threadIdx.x == 0) {
+        bad_label[0] = double(label);
+        bad_label[1] = double(i + 1);
+        loss[i] = 0.0;
+    }
+    return true;
+}
+
 // The same for classifiers (one label per sample, pixels == 1): a block per sample, its threads
 // striding over the classes, reduced in shared memory in a fixed order (a thread per sample would go
 // through a thousand classes serially).
@@ -68,14 +83,7 @@ __global__ void softmax_cross_entropy_rows(int classes, const T* logits, const s
     const T* zp = logits + i * std::size_t(classes);
     const auto z = [&](int k) { return widen(zp[k]); };
     const std::int32_t label = labels[i];
-    if (label < 0 || label >= classes) {   // the whole block takes this branch
-        if (threadIdx.x == 0) {
-            bad_label[0] = double(label);
-            bad_label[1] = double(i + 1);
-            loss[i] = 0.0;
-        }
-        return;
-    }
+    if (refused_label(label, classes, i, loss, bad_label)) return;   // the whole block returns
     float m = -INFINITY;
     for (int c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, z(c));
     const float zmax = detail::block_reduce(top, m, [](float a, float b) { return fmaxf(a, b); });
@@ -87,6 +95,51 @@ __global__ void softmax_cross_entropy_rows(int classes, const T* logits, const s
         T* d = dlogits + i * std::size_t(classes);
         for (int c = threadIdx.x; c < classes; c += blockDim.x)
             d[c] = narrow<T>(float((exp(double(z(c) - zmax) - log_sum) - (c == label ? 1.0 : 0.0)) * scale));
+    }
+}
+
+// The same for 16-bit logits, whose gradient keeps 8 or 11 bits: one read of the row for its maximum
+// and sum (a thread's running maximum and float sum, rescaled when the maximum grows; the block's sum
+// in double) and one for the gradient, in float arithmetic, V values a load (8: the rows 16-byte
+// aligned; else 1).
+template <int V, core::Storage T>
+__global__ void softmax_cross_entropy_rows_16(int classes, const T* logits, const std::int32_t* labels, float scale,
+                                              T* dlogits, double* loss, double* bad_label)
+{
+    __shared__ double lane[detail::kThreads];
+    __shared__ float top[detail::kThreads];
+    const std::size_t i = blockIdx.x;
+    const T* zp = logits + i * std::size_t(classes);
+    const std::int32_t label = labels[i];
+    if (refused_label(label, classes, i, loss, bad_label)) return;   // the whole block returns
+    float m = -INFINITY, sum = 0.0f;
+    for (int c = int(threadIdx.x) * V; c < classes; c += int(blockDim.x) * V) {
+        float v[8];
+        load_v<V>(zp + c, v);
+        float most = v[0];
+#pragma unroll
+        for (int k = 1; k < V; ++k) most = fmaxf(most, v[k]);
+        if (most > m) {
+            sum *= expf(m - most);   // zero while m is -infinity
+            m = most;
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum += expf(v[k] - m);
+    }
+    const float zmax = detail::block_reduce(top, m, [](float a, float b) { return fmaxf(a, b); });
+    const double part = m == -INFINITY ? 0.0 : double(sum) * double(expf(m - zmax));   // a thread without classes: 0
+    const double log_sum = log(detail::block_reduce(lane, part, [](double a, double b) { return a + b; }));
+    if (threadIdx.x == 0) loss[i] = log_sum - double(widen(zp[label]) - zmax);
+    if (dlogits) {
+        T* d = dlogits + i * std::size_t(classes);
+        const float shift = float(log_sum);
+        for (int c = int(threadIdx.x) * V; c < classes; c += int(blockDim.x) * V) {
+            float v[8];
+            load_v<V>(zp + c, v);
+#pragma unroll
+            for (int k = 0; k < V; ++k) v[k] = (expf((v[k] - zmax) - shift) - (c + k == label ? 1.0f : 0.0f)) * scale;
+            store_v<V>(d + c, v);
+        }
     }
 }
 
@@ -178,9 +231,17 @@ void softmax_cross_entropy(const Context& ctx, int classes, int pixels, const T*
     double* flag = loss - 2;
     double* sum = loss + count;
     REPLICA_CHECK(cudaMemsetAsync(flag, 0, 2 * sizeof(double), ctx.stream()));
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
     if (pixels == 1) {
-        kernels::softmax_cross_entropy_rows<<<unsigned(n), detail::kThreads, 0, ctx.stream()>>>(
-            classes, logits, labels, scale, dlogits, loss, flag);
+        if constexpr (std::is_same_v<T, float>)
+            kernels::softmax_cross_entropy_rows<<<unsigned(n), detail::kThreads, 0, ctx.stream()>>>(
+                classes, logits, labels, scale, dlogits, loss, flag);
+        else if (classes % 8 == 0 && aligned(logits) && aligned(dlogits))
+            kernels::softmax_cross_entropy_rows_16<8><<<unsigned(n), detail::kThreads, 0, ctx.stream()>>>(
+                classes, logits, labels, scale, dlogits, loss, flag);
+        else
+            kernels::softmax_cross_entropy_rows_16<1><<<unsigned(n), detail::kThreads, 0, ctx.stream()>>>(
+                classes, logits, labels, scale, dlogits, loss, flag);
         detail::check_launch("softmax_cross_entropy_rows");
     } else {
         kernels::softmax_cross_entropy<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(
