@@ -548,6 +548,17 @@ std::vector<float> three_steps(Model& model, const Data& data, Opt opt, const st
     return without(parameters(model), noise);
 }
 
+// Frozen: the embeddings (whole on every rank, in the first stage), every bias (split ones too) and
+// the LayerNorms' shifts (in both stages of a cut).
+struct FreezeBiasesAndEmbeddings {
+    static constexpr core::Treatment treat(core::ParamKind kind, std::uint32_t layer)
+    {
+        if (kind == core::ParamKind::bias || kind == core::ParamKind::shift || kind == core::ParamKind::embedding)
+            return {.frozen = true};
+        return DecayWeights::treat(kind, layer);
+    }
+};
+
 // ClipGradNorm{opt, max_norm} over the layout that make() builds (M's parameters from seed 5) against
 // the plain model: a bound that clips every step (the plain model's result differs from opt's alone
 // by more than float rounding), and one that none reaches (opt's alone, bit for bit).
@@ -585,13 +596,22 @@ TEST_CASE("ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of 
     }
     SECTION("Pipeline of 2 stages: every stage's squares")
     {
-        check_clip_equals_plain<PipeGpt>([] { return Pipeline<PipeGpt, Cuts<3>>{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3);
-        check_clip_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>, GPipe>{cpus(2), 5, {.micro_batches = 3}}; },
+        using Two = Pipeline<PipeGpt, Cuts<3>>;
+        check_clip_equals_plain<PipeGpt>([] { return Two{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3);
+        using TwoMlp = Pipeline<PipeMlp, Cuts<3>, GPipe>;
+        check_clip_equals_plain<PipeMlp>([] { return TwoMlp{cpus(2), 5, {.micro_batches = 3}}; },
                                          AdamW{{.lr = 0.01f, .weight_decay = 0.1f}}, 1e-4);
+    }
+    SECTION("frozen parameters count as none, on every stage and every rank")
+    {
+        using Frozen = with_param_rule<PipeGpt, FreezeBiasesAndEmbeddings>;
+        check_clip_equals_plain<Frozen>([] { return TensorParallel<Frozen, 2>{cpus(2), 5}; }, sgd, 1e-3);
+        check_clip_equals_plain<Frozen>([] { return Pipeline<Frozen, Cuts<3>>{cpus(2), 5, {.micro_batches = 2}}; }, sgd,
+                                        1e-3);
     }
     SECTION("DataParallel of 2 pipelines of 2 stages")
     {
-        check_clip_equals_plain<PipeGpt>(
-            [] { return DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
+        using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
+        check_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
     }
 }

@@ -346,7 +346,8 @@ private:
     // (the other layouts take it), not a compile error for every model.
     template <class L, class Opt>
     static constexpr bool refuses = (is_pipeline<L>::value || is_tensor_parallel<L>::value) &&
-                                    model::PreparesGradient<Opt, backend::cpu::Context> && !model::ClipsByNorm<Opt, backend::cpu::Context>;
+                                    model::PreparesGradient<Opt, backend::cpu::Context> &&
+                                    !model::ClipsByNorm<Opt, backend::cpu::Context>;
     [[noreturn]] static void refuse_whole_gradient(const std::string& chosen)
     {
         throw Error("auto_parallel chose " + chosen + " to fit its memory budget, which cannot take an optimizer that "

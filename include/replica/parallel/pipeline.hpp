@@ -369,7 +369,8 @@ public:
                           "not, cannot update a Pipeline yet (LossScale: its stages would have to agree on skipping an "
                           "update; Accumulate of a ClipGradNorm: the mean's norm spans its stages): use ClipGradNorm "
                           "alone, or the plain model");
-            core::static_for<P>([&](auto s) { std::get<s>(stages_).template update_with<param_rule, first_id<s>>(opt); });
+            core::static_for<P>(
+                [&](auto s) { std::get<s>(stages_).template update_with<param_rule, first_id<s>>(opt); });
         }
     }
 

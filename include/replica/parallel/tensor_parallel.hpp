@@ -301,9 +301,9 @@ public:
         } else {
             static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
                           "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
-                          "not, cannot update a TensorParallel yet (LossScale: its ranks would have to agree on skipping an "
-                          "update; Accumulate of a ClipGradNorm: the mean's norm spans its ranks): use ClipGradNorm "
-                          "alone, or the plain model");
+                          "not, cannot update a TensorParallel yet (LossScale: its ranks would have to agree on "
+                          "skipping an update; Accumulate of a ClipGradNorm: the mean's norm spans its ranks): use "
+                          "ClipGradNorm alone, or the plain model");
             on_every_rank([&](shard_type& s, std::size_t) { s.update(opt); });
         }
     }

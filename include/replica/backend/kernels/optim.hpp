@@ -22,7 +22,8 @@ concept OptimizerKernels =
     requires(const C& ctx, float* w, const float* grad, float* g, float* state, float* acc,
              std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
              float weight_decay, bool nesterov, float beta1, float beta2, float eps, bool decoupled, float step_size,
-             float bias2_sqrt, bool last, float scale, std::size_t count, float max_norm, float inv_scale, double* squares) {
+             float bias2_sqrt, bool last, float scale, std::size_t count, float max_norm, float inv_scale,
+             double* squares) {
         // Queued. PyTorch's SGD (dampening 0), with wd = weight_decay * decay and rate = lr * lr_scale:
         // g' = g + wd w; v = momentum v + g'; w -= rate (nesterov ? g' + momentum v : v); v one float a
         // trainable parameter, at its state index.
