@@ -570,6 +570,22 @@ TEST_CASE("LayerNorm's weight and bias gradients over thousands of rows equal th
     CHECK(max_relative_difference(clip(cpu, 10.0f), clipped, 1e-3) < 1e-6);
     CHECK(differences(clip(gpu, 10.0f), clipped) == "");
     CHECK(differences(clip(gpu, 1e6f), g) == "");   // within the bound: untouched
+    // Its two halves: the sum of squares as the CPU's double sum, and clip_to_norm by it clip_by_norm's bits.
+    {
+        auto d = gpu.allocate<float>(g.size());
+        auto squares = gpu.allocate<double>(1);
+        gpu.upload(d.data(), g.data(), g.size());
+        sum_of_squares(gpu, d.data(), g.size(), squares.data());
+        clip_to_norm(gpu, d.data(), g.size(), squares.data(), 10.0f);
+        double got = 0.0, want = 0.0;
+        std::vector<float> out(g.size());
+        gpu.download(&got, squares.data(), 1);
+        gpu.download(out.data(), d.data(), out.size());
+        gpu.synchronize();
+        sum_of_squares(cpu, g.data(), g.size(), &want);
+        CHECK(got == Approx(want).epsilon(1e-9));   // double sums in two orders
+        CHECK(differences(out, clipped) == "");
+    }
 }
 
 TEST_CASE("The token embedding's gradient over GPT-2's vocabulary equals the CPU's bit for bit and is the same every run, "
@@ -877,6 +893,15 @@ void nested_matches_plain(std::size_t batch)
         CHECK(norm_relative(expected, three_steps(nested, data, batch)) < 1e-5);
     }
 }
+
+// 3 SGD steps clipped to a norm every step exceeds; the parameters after, less those of no gradient.
+template <class Model, class Data>
+std::vector<float> clipped_steps(Model& model, const Data& data, const std::vector<bool>& noise)
+{
+    ClipGradNorm opt{SGD{{.lr = 0.1f, .momentum = 0.9f}}, 0.05f};
+    for (std::size_t s = 0; s < 3; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+    return without(parameters(model), noise);
+}
 } // namespace
 
 TEST_CASE("A Pipeline on stages sharing the GPU equals the plain GPU model: 2 and 3 stages, both schedules, bf16",
@@ -912,6 +937,10 @@ TEST_CASE("A Pipeline on stages sharing the GPU equals the plain GPU model: 2 an
     Pipeline<Bf16Gpt, Cuts<3>, OneFOneB> piped16{shared_gpu(2), 5, {.micro_batches = 4}};
     const std::vector<float> p16 = without(five_steps(piped16), noise);
     CHECK(norm_relative(without(parameters(plain16), noise), p16) < 2e-2);   // bf16 activations: other roundings
+    // ClipGradNorm: the stages' sums of squares added on the host give the plain model's norm.
+    PipeGpt plain_clipped{Device::cuda(0), 5};
+    Pipeline<PipeGpt, Cuts<3>, OneFOneB> two_clipped{shared_gpu(2), 5, {.micro_batches = 2}};
+    CHECK(norm_relative(clipped_steps(plain_clipped, data, noise), clipped_steps(two_clipped, data, noise)) < 1e-5);
 }
 
 TEST_CASE("ZeRO-1 on replicas sharing the GPU gives the unsharded bits, both policies, bf16 too",
@@ -970,6 +999,11 @@ TEST_CASE("TensorParallel on ranks sharing the GPU, and on distinct GPUs where t
                 if (range.split.runs == 0)
                     for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
         }
+        // ClipGradNorm: the ranks' sums of squares (the whole blocks once) give the plain model's norm.
+        M plain_clipped{Device::cuda(0), 5};
+        TensorParallel<M, Ways> split_clipped{devices, 5};
+        const std::vector<float> want_clipped = clipped_steps(plain_clipped, data, noise);
+        CHECK(norm_relative(want_clipped, clipped_steps(split_clipped, data, noise)) < 1e-5);
     };
     check(std::type_identity<PipeGpt>{}, std::integral_constant<std::size_t, 2>{}, shared_gpu(2));
     check(std::type_identity<TinyGpt>{}, std::integral_constant<std::size_t, 4>{}, shared_gpu(4));

@@ -481,14 +481,19 @@ TEST_CASE("auto_parallel given a memory budget picks the first layout that fits 
     CHECK(log.str().find(" 2 threaded ") == std::string::npos);   // data over 2 devices does not fit
     CHECK(chosen.memory().total() <= measured.memory_budget);
     CHECK(norm_relative(want, without(five_adamw_steps(chosen, data), noise)) < 1e-6);
-    // An optimizer that looks at the whole gradient is refused at run time where a pipeline or tensor
-    // layout was chosen (a compile error there, which every other layout takes).
+    // LossScale is refused at run time where a pipeline or tensor layout was chosen (a compile error
+    // there, which every other layout takes); ClipGradNorm trains there as on the plain model.
     AutoOptions pipe = base;
     pipe.memory_budget = need(Layout::pipeline);
     auto piped = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), pipe);
-    ClipGradNorm clipped{AdamW{{.lr = 0.01f}}, 1.0f};
     REQUIRE((piped.layout() == Layout::pipeline || piped.layout() == Layout::tensor));
-    CHECK_THROWS_WITH(train_step(piped, clipped, data.batch(0, 10, 0)), Catch::Contains("to fit its memory budget"));
+    LossScale scaled{AdamW{{.lr = 0.01f}}};
+    CHECK_THROWS_WITH(train_step(piped, scaled, data.batch(0, 10, 0)), Catch::Contains("to fit its memory budget"));
+    PipeGpt again{Device::cpu(), 4};
+    ClipGradNorm clipped{SGD{{.lr = 0.1f}}, 0.05f}, same = clipped;
+    train_step(again, clipped, data.batch(0, 10, 0));
+    train_step(piped, same, data.batch(0, 10, 0));
+    CHECK(norm_relative(without(parameters(again), noise), without(parameters(piped), noise)) < 1e-6);
 }
 
 TEST_CASE("DataParallel of Pipelines: replicas of 2- and 3-stage pipelines over 4 and 6 CPU devices equal the plain "
@@ -532,4 +537,81 @@ TEST_CASE("DataParallel of Pipelines: replicas of 2- and 3-stage pipelines over 
     using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
     CHECK_THROWS_WITH((Both{cpus(3)}), Catch::Contains("needs a multiple of 2 devices"));
     CHECK_THROWS_WITH((Both{cpus(4), 0, {.shard = Shard::optimizer_state}}), Catch::Contains("cannot shard"));
+}
+
+namespace {
+// 3 steps of 10 samples with its own copy of opt; the parameters after, less those of no gradient.
+template <class Model, class Data, class Opt>
+std::vector<float> three_steps(Model& model, const Data& data, Opt opt, const std::vector<bool>& noise)
+{
+    for (std::size_t s = 0; s < 3; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+    return without(parameters(model), noise);
+}
+
+// Frozen: the embeddings (whole on every rank, in the first stage), every bias (split ones too) and
+// the LayerNorms' shifts (in both stages of a cut).
+struct FreezeBiasesAndEmbeddings {
+    static constexpr core::Treatment treat(core::ParamKind kind, std::uint32_t layer)
+    {
+        if (kind == core::ParamKind::bias || kind == core::ParamKind::shift || kind == core::ParamKind::embedding)
+            return {.frozen = true};
+        return DecayWeights::treat(kind, layer);
+    }
+};
+
+// ClipGradNorm{opt, max_norm} over the layout that make() builds (M's parameters from seed 5) against
+// the plain model: a bound that clips every step (the plain model's result differs from opt's alone
+// by more than float rounding), and one that none reaches (opt's alone, bit for bit).
+template <class M, class Make, class Opt>
+void check_clip_equals_plain(Make&& make, const Opt& opt, double clip_effect)
+{
+    const auto data = data_for<M>();
+    const std::vector<bool> noise = zero_gradient<M>(data);
+    M unclipped{Device::cpu(), 5};
+    const std::vector<float> alone = three_steps(unclipped, data, opt, noise);
+    for (const float max_norm : {0.05f, 1e4f}) {
+        CAPTURE(max_norm);
+        M plain{Device::cpu(), 5};
+        auto layout = make();
+        const std::vector<float> want = three_steps(plain, data, ClipGradNorm{opt, max_norm}, noise);
+        const std::vector<float> got = three_steps(layout, data, ClipGradNorm{opt, max_norm}, noise);
+        CHECK(norm_relative(want, got) < 1e-6);
+        if (max_norm < 1.0f) CHECK(norm_relative(want, alone) > clip_effect);
+        else CHECK(differences(want, alone) == "");
+    }
+}
+} // namespace
+
+TEST_CASE("ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of pipelines clips by the whole "
+          "model's norm, as on the plain model",
+          "[cpu][tensor][pipeline][clip]")
+{
+    const SGD sgd{{.lr = 0.1f, .momentum = 0.9f}};
+    SECTION("TensorParallel, 2 and 4 ways: the split blocks' pieces of every rank, the whole blocks once")
+    {
+        check_clip_equals_plain<PipeGpt>([] { return TensorParallel<PipeGpt, 2>{cpus(2), 5}; }, sgd, 1e-3);
+        check_clip_equals_plain<TinyGpt>([] { return TensorParallel<TinyGpt, 4>{cpus(4), 5}; }, sgd, 1e-3);
+        check_clip_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
+                                          AdamW{{.lr = 0.01f, .weight_decay = 0.1f}}, 1e-4);
+    }
+    SECTION("Pipeline of 2 stages: every stage's squares")
+    {
+        using Two = Pipeline<PipeGpt, Cuts<3>>;
+        check_clip_equals_plain<PipeGpt>([] { return Two{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3);
+        using TwoMlp = Pipeline<PipeMlp, Cuts<3>, GPipe>;
+        check_clip_equals_plain<PipeMlp>([] { return TwoMlp{cpus(2), 5, {.micro_batches = 3}}; },
+                                         AdamW{{.lr = 0.01f, .weight_decay = 0.1f}}, 1e-4);
+    }
+    SECTION("frozen parameters count as none, on every stage and every rank")
+    {
+        using Frozen = with_param_rule<PipeGpt, FreezeBiasesAndEmbeddings>;
+        check_clip_equals_plain<Frozen>([] { return TensorParallel<Frozen, 2>{cpus(2), 5}; }, sgd, 1e-3);
+        check_clip_equals_plain<Frozen>([] { return Pipeline<Frozen, Cuts<3>>{cpus(2), 5, {.micro_batches = 2}}; }, sgd,
+                                        1e-3);
+    }
+    SECTION("DataParallel of 2 pipelines of 2 stages")
+    {
+        using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
+        check_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
+    }
 }

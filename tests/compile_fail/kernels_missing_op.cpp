@@ -30,7 +30,8 @@ template <class T, class... A> std::size_t attention_scratch(const Context&, A&&
 PARTIAL_OP(attention_forward) PARTIAL_OP(attention_backward)
 PARTIAL_OP(embedding_forward) PARTIAL_OP(embedding_backward) PARTIAL_OP(position_embedding_forward)
 PARTIAL_OP(position_embedding_backward)
-PARTIAL_OP(sgd_update) PARTIAL_OP(adam_update) PARTIAL_OP(accumulate_gradient) PARTIAL_OP(clip_by_norm)
+PARTIAL_OP(sgd_update) PARTIAL_OP(adam_update) PARTIAL_OP(accumulate_gradient) PARTIAL_OP(sum_of_squares)
+PARTIAL_OP(clip_to_norm) PARTIAL_OP(clip_by_norm)
 template <class... A> bool unscale_gradient(const Context&, A&&...);
 PARTIAL_OP(softmax_cross_entropy)
 template <class... A> std::size_t count_correct(const Context&, A&&...);

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "replica/core/config.hpp"
@@ -88,6 +90,19 @@ concept Optimizer = requires {
 // An optimizer with prepare(ctx, g, count).
 template <class O, class Ctx>
 concept PreparesGradient = requires(const O& o, Ctx& ctx, float* g, std::size_t n) { o.prepare(ctx, g, n); };
+
+// An optimizer whose look at the whole gradient is a clip by its L2 norm and nothing else
+// (ClipGradNorm, train/clip.hpp): max_norm(), and wrapped(), the optimizer that applies the clipped
+// gradient and does not look at the whole gradient itself. A layout whose gradient lies in parts on
+// several contexts (a Pipeline's stages, a TensorParallel's ranks) clips it itself: the sum of
+// squares of its parts, each parameter counted once (the kernel op sum_of_squares), added on the
+// host; every part scaled by the total (clip_to_norm); then wrapped()'s update.
+template <class O, class Ctx>
+concept ClipsByNorm = requires(const O& o) {
+    requires O::clips_by_norm;
+    { o.max_norm() } -> std::convertible_to<float>;
+    o.wrapped();
+} && !PreparesGradient<std::remove_cvref_t<decltype(std::declval<const O&>().wrapped())>, Ctx>;
 
 // An optimizer that leaves the parameters as they are: for timing steps (auto_parallel) and for
 // stating the contracts below.

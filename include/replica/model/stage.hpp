@@ -454,6 +454,39 @@ public:
         });
     }
 
+    // ---- ClipGradNorm over a gradient in parts (a Pipeline's stages, a TensorParallel's ranks) ----
+    // gradient_squares<Rule, First>(ranges): the sum of squares, in double, of this stage's gradient
+    // over each [begin, end) of `ranges` (sum_of_squares each, added here in their order), its frozen
+    // parameters' gradients first set to zero as update_with<Rule, First> does; waits for the answer.
+    // clip_gradient(squares, max_norm): the whole gradient *= max_norm / (norm + 1e-6) when norm =
+    // sqrt(squares), the whole model's sum, exceeds max_norm; queued.
+    template <ParamRuleType Rule, std::uint32_t First>
+    double gradient_squares(std::span<const std::pair<std::size_t, std::size_t>> ranges)
+    {
+        using plan = UpdatePlan<chain, Rule, First>;
+        return visit([&](auto& ctx) {
+            for (const auto& [begin, end] : plan::frozen_runs) fill(ctx, grads_.data() + begin, 0.0f, end - begin);
+            grow(ctx, squares_, ranges.size());
+            for (std::size_t k = 0; k < ranges.size(); ++k)
+                sum_of_squares(ctx, static_cast<const float*>(grads_.data() + ranges[k].first),
+                               ranges[k].second - ranges[k].first, squares_.data() + k);
+            std::vector<double> part(ranges.size());
+            ctx.download(part.data(), squares_.data(), part.size());
+            ctx.synchronize();
+            double total = 0.0;
+            for (double p : part) total += p;
+            return total;
+        });
+    }
+    void clip_gradient(double squares, float max_norm)
+    {
+        visit([&](auto& ctx) {
+            grow(ctx, squares_, 1);
+            ctx.upload(squares_.data(), &squares, 1);
+            clip_to_norm(ctx, grads_.data(), param_count, static_cast<const double*>(squares_.data()), max_norm);
+        });
+    }
+
     // ---- a shard of the update (ZeRO-1: DataParallelOptions::shard) ----
     // update_shard(opt, first, last) applies opt to the trainable parameters whose state indices (their
     // order among the trainable ones) are in [first, last), their state held here (state_per_param
@@ -815,6 +848,7 @@ private:
     std::pair<std::size_t, std::size_t> shard_{0, 0};   // update_shard's state indices, and its segments
     std::vector<core::ParamSegment> shard_segments_;
     std::vector<double> shard_loss_;   // reproducible_forward_backward's, one a shard
+    core::Buffer<double> squares_;     // gradient_squares's sums, clip_gradient's total
 };
 
 } // namespace replica::model

@@ -24,9 +24,10 @@
 //             (p - 1) / (m + p - 1) of a step.
 //
 // Parameters, optimizer state and checkpoints are M's: parameters() is the stages' concatenation,
-// M's flat vector. Not yet: BatchNorm (its statistics are over the batch, not a micro-batch), an
-// optimizer that looks at the whole gradient (ClipGradNorm, LossScale: the norm spans the stages), the
-// reproducible mode, and a tied head cut away from its embedding; each is refused with a message.
+// M's flat vector; ClipGradNorm's norm is summed over the stages on the host. Not yet: BatchNorm (its
+// statistics are over the batch, not a micro-batch), LossScale (its stages would have to agree on a
+// skip), the reproducible mode, and a tied head cut away from its embedding; each is refused with a
+// message.
 
 #include <algorithm>
 #include <array>
@@ -345,13 +346,32 @@ public:
                     "in that mode");
     }
 
+    // ClipGradNorm (model::ClipsByNorm): the whole model's sum of squares is the stages' sums, added
+    // in stage order on the host; every stage then clips by it and applies the wrapped optimizer.
     template <class Opt>
     void update(const Opt& opt)
     {
-        static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
-                      "an optimizer that looks at the whole gradient (ClipGradNorm, LossScale) cannot update a "
-                      "Pipeline yet: the gradient's norm spans its stages; train without it, or the plain model");
-        core::static_for<P>([&](auto s) { std::get<s>(stages_).template update_with<param_rule, first_id<s>>(opt); });
+        if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
+            double total = 0.0;
+            core::static_for<P>([&](auto s) {
+                auto& st = std::get<s>(stages_);
+                const std::pair<std::size_t, std::size_t> all{0, st.param_count};
+                total += st.template gradient_squares<param_rule, first_id<s>>(std::span(&all, 1));
+            });
+            core::static_for<P>([&](auto s) {
+                auto& st = std::get<s>(stages_);
+                st.clip_gradient(total, opt.max_norm());
+                st.template update_with<param_rule, first_id<s>>(opt.wrapped());
+            });
+        } else {
+            static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
+                          "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
+                          "not, cannot update a Pipeline yet (LossScale: its stages would have to agree on skipping an "
+                          "update; Accumulate of a ClipGradNorm: the mean's norm spans its stages): use ClipGradNorm "
+                          "alone, or the plain model");
+            core::static_for<P>(
+                [&](auto s) { std::get<s>(stages_).template update_with<param_rule, first_id<s>>(opt); });
+        }
     }
 
     // Loss sum and correct predictions over n samples, a micro-batch's worth at a time through the stages.

@@ -21,10 +21,10 @@
 // Parameters, optimizer state and checkpoints are M's (replica_type = M): parameters() gathers each
 // split block's pieces into M's block (core::ParamSplit says where each piece lies), set_parameters
 // hands each rank its pieces; the parameters start as M's from the same seed. The result equals M's up
-// to float summation order (the partial products summed over the ranks). Not yet: activations in
-// bf16 or fp16 (the sums are over floats), an optimizer that looks at the whole gradient (ClipGradNorm,
-// LossScale: the norm spans the ranks), the reproducible mode, a nested DataParallel; each is refused
-// with a message.
+// to float summation order (the partial products summed over the ranks). ClipGradNorm's norm is
+// summed over the ranks (each parameter once) on the host. Not yet: activations in bf16 or fp16 (the
+// sums are over floats), LossScale (its ranks would have to agree on a skip), the reproducible mode, a
+// nested DataParallel; each is refused with a message.
 
 #include <algorithm>
 #include <cstddef>
@@ -280,13 +280,32 @@ public:
                     "DataParallel, in that mode");
     }
 
+    // ClipGradNorm (model::ClipsByNorm): the whole model's sum of squares is rank 0's whole gradient
+    // (the blocks every rank holds alike, counted once, and its pieces of the split ones) plus the
+    // other ranks' pieces of the split blocks, added in rank order on the host; every rank then clips
+    // by it and applies the wrapped optimizer.
     template <class Opt>
     void update(const Opt& opt)
     {
-        static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
-                      "an optimizer that looks at the whole gradient (ClipGradNorm, LossScale) cannot update a "
-                      "TensorParallel yet: the gradient's norm spans its ranks; train without it, or the plain model");
-        on_every_rank([&](shard_type& s, std::size_t) { s.update(opt); });
+        if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
+            std::vector<double> squares(Ways);
+            on_every_rank([&](shard_type& s, std::size_t r) {
+                squares[r] = s.template gradient_squares<typename shard_type::param_rule, 0>(r == 0 ? whole_ : split_);
+            });
+            double total = 0.0;
+            for (double part : squares) total += part;
+            on_every_rank([&](shard_type& s, std::size_t) {
+                s.clip_gradient(total, opt.max_norm());
+                s.update(opt.wrapped());
+            });
+        } else {
+            static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
+                          "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
+                          "not, cannot update a TensorParallel yet (LossScale: its ranks would have to agree on "
+                          "skipping an update; Accumulate of a ClipGradNorm: the mean's norm spans its ranks): use "
+                          "ClipGradNorm alone, or the plain model");
+            on_every_rank([&](shard_type& s, std::size_t) { s.update(opt); });
+        }
     }
 
     Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
@@ -371,6 +390,17 @@ private:
         }
         return runs;
     }
+    // A rank's split blocks, [begin, end) in its parameters, adjacent ones joined.
+    static std::vector<std::pair<std::size_t, std::size_t>> split_ranges()
+    {
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        for (const auto& s : shard_ranges) {
+            if (s.split.runs == 0 || s.count == 0) continue;
+            if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.count;
+            else ranges.push_back({s.offset, s.offset + s.count});
+        }
+        return ranges;
+    }
     // M's vector of `size` values from each rank's, of(r): `per` values for each parameter (by state
     // index when `by_state`); a block that is not split is rank 0's.
     template <class F>
@@ -429,6 +459,8 @@ private:
     std::unique_ptr<Group> group_;      // the ranks' split ops hold its address
     std::vector<shard_type> ranks_;
     std::vector<std::vector<Run>> runs_;   // rank r's parameters among M's
+    // Where a rank's gradient_squares reads: rank 0 all of its gradient, the others their split blocks.
+    std::vector<std::pair<std::size_t, std::size_t>> whole_{{0, shard_type::param_count}}, split_ = split_ranges();
     WorkerPool pool_;
     std::vector<float> elsewhere_;      // predict: the outputs of ranks 1 ..
 };

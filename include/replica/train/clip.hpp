@@ -6,8 +6,11 @@
 // The model calls prepare(ctx, gradient, count) with its whole gradient once per update, before the
 // update, its frozen parameters' gradients zeros (model/param_rules.hpp: they count as none): under a DataParallel that is each replica's all-reduced gradient, the same on every
 // replica, so every replica clips alike. The norm is computed and applied on the model's device
-// (no host round trip). A model holding a nested DataParallel (whose replicas update slice by
-// slice) does not take it: that is a compile error.
+// (no host round trip). A Pipeline, a TensorParallel and a DataParallel of pipelines hold their
+// gradient in parts on several devices: they add the parts' sums of squares on the host (each
+// parameter once) and scale every part by the total, then apply wrapped() (model::ClipsByNorm); the
+// result is the plain model's up to the sum's order. A model holding a nested DataParallel (whose
+// replicas update slice by slice) does not take it: that is a compile error.
 //
 // State: the wrapped optimizer's. Checkpoints name the wrapped optimizer.
 
@@ -28,6 +31,7 @@ template <class Opt>
 class ClipGradNorm {
 public:
     static constexpr std::size_t state_per_param = Opt::state_per_param;
+    static constexpr bool clips_by_norm = true;   // model::ClipsByNorm: prepare() clips and does nothing else
 
     ClipGradNorm(Opt opt, float max_norm) : opt_(std::move(opt)), max_norm_(max_norm)
     {

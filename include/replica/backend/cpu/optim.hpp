@@ -83,15 +83,29 @@ inline void accumulate_gradient(const Context&, const float* grad, float* acc, s
     }
 }
 
-// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm); the norm in double.
-inline void clip_by_norm(const Context&, float* g, std::size_t count, float max_norm)
+// *squares = the sum of g[i]^2 over g's count values, in double, in index order.
+inline void sum_of_squares(const Context&, const float* g, std::size_t count, double* squares)
 {
-    double squares = 0.0;
-    for (std::size_t i = 0; i < count; ++i) squares += double(g[i]) * double(g[i]);
-    const double norm = std::sqrt(squares);
+    double s = 0.0;
+    for (std::size_t i = 0; i < count; ++i) s += double(g[i]) * double(g[i]);
+    *squares = s;
+}
+
+// g *= max_norm / (norm + 1e-6) when norm = sqrt(*squares) exceeds max_norm.
+inline void clip_to_norm(const Context&, float* g, std::size_t count, const double* squares, float max_norm)
+{
+    const double norm = std::sqrt(*squares);
     if (!(norm > double(max_norm))) return;
     const float scale = float(double(max_norm) / (norm + 1e-6));
     for (std::size_t i = 0; i < count; ++i) g[i] *= scale;
+}
+
+// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm); the norm in double.
+inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float max_norm)
+{
+    double squares = 0.0;
+    sum_of_squares(ctx, g, count, &squares);
+    clip_to_norm(ctx, g, count, &squares, max_norm);
 }
 
 // Loss scaling's check and unscale (train/loss_scale.hpp), in one pass: g *= inv_scale. Returns

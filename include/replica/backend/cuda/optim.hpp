@@ -169,41 +169,65 @@ __global__ void clip_squares(const float* g, std::size_t count, double* squares)
     if (threadIdx.x == 0) squares[blockIdx.x] = s;
 }
 
-// One block: the parts' sum (a tree of fixed shape), the norm, and the factor g is scaled by (1 when
-// the norm is within max_norm) into *scale.
+// One block: the parts' sum, in a tree of fixed shape, into *squares.
 template <int = 0>
-__global__ void clip_factor(const double* squares, float max_norm, float* scale)
+__global__ void sum_parts(const double* parts, double* squares)
 {
     __shared__ double lane[detail::kThreads];
     double s = 0.0;
-    for (unsigned b = threadIdx.x; b < kClipBlocks; b += blockDim.x) s += squares[b];
+    for (unsigned b = threadIdx.x; b < kClipBlocks; b += blockDim.x) s += parts[b];
     s = detail::block_reduce(lane, s, [](double a, double b) { return a + b; });
-    if (threadIdx.x != 0) return;
-    const double norm = sqrt(s);
-    *scale = norm > double(max_norm) ? float(double(max_norm) / (norm + 1e-6)) : 1.0f;
+    if (threadIdx.x == 0) *squares = s;
 }
 
+// g *= max_norm / (norm + 1e-6) when norm = sqrt(*squares) exceeds max_norm; every thread computes
+// the same factor.
 template <int = 0>
-__global__ void clip_apply(float* g, std::size_t count, const float* scale)
+__global__ void clip_apply(float* g, std::size_t count, const double* squares, float max_norm)
 {
-    const float k = *scale;
-    if (k == 1.0f) return;
+    const double norm = sqrt(*squares);
+    if (!(norm > double(max_norm))) return;
+    const float k = float(double(max_norm) / (norm + 1e-6));
     REPLICA_GRID_LOOP(i, count) g[i] *= k;
 }
 } // namespace kernels
 
-// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm). The sum of
-// squares in double, over kClipBlocks parts of g (cut by count alone) and then over the parts, each in a
-// tree of fixed shape: the same bits on every run, and the whole GPU reads g. Its scratch is the
-// context's workspace.
+namespace detail {
+// *squares = the sum of g[i]^2 in double, over kClipBlocks parts of g (cut by count alone) into
+// parts (kClipBlocks doubles), then over the parts, each in a tree of fixed shape.
+inline void queue_squares(const Context& ctx, const float* g, std::size_t count, double* parts, double* squares)
+{
+    kernels::clip_squares<<<kernels::kClipBlocks, kThreads, 0, ctx.stream()>>>(g, count, parts);
+    kernels::sum_parts<<<1, kThreads, 0, ctx.stream()>>>(parts, squares);
+    check_launch("sum_of_squares");
+}
+} // namespace detail
+
+// *squares (one double of device memory, outside the context's workspace) = the sum of g[i]^2 in
+// double, in a fixed order (detail::queue_squares): the same bits on every run, and the whole GPU
+// reads g. Its scratch is the context's workspace.
+inline void sum_of_squares(const Context& ctx, const float* g, std::size_t count, double* squares)
+{
+    auto* parts = static_cast<double*>(ctx.workspace(kernels::kClipBlocks * sizeof(double)));
+    detail::queue_squares(ctx, g, count, parts, squares);
+}
+
+// g *= max_norm / (norm + 1e-6) when norm = sqrt(*squares) exceeds max_norm; squares: device memory.
+inline void clip_to_norm(const Context& ctx, float* g, std::size_t count, const double* squares, float max_norm)
+{
+    if (count == 0) return;
+    kernels::clip_apply<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, count, squares, max_norm);
+    detail::check_launch("clip_to_norm");
+}
+
+// g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm): sum_of_squares
+// and clip_to_norm, the sum kept in the context's workspace beside the parts.
 inline void clip_by_norm(const Context& ctx, float* g, std::size_t count, float max_norm)
 {
-    auto* squares = static_cast<double*>(ctx.workspace(kernels::kClipBlocks * sizeof(double) + sizeof(double)));
-    auto* scale = reinterpret_cast<float*>(squares + kernels::kClipBlocks);
-    kernels::clip_squares<<<kernels::kClipBlocks, detail::kThreads, 0, ctx.stream()>>>(g, count, squares);
-    kernels::clip_factor<<<1, detail::kThreads, 0, ctx.stream()>>>(squares, max_norm, scale);
-    if (count > 0) kernels::clip_apply<<<detail::blocks_for(count), detail::kThreads, 0, ctx.stream()>>>(g, count, scale);
-    detail::check_launch("clip_by_norm");
+    auto* parts = static_cast<double*>(ctx.workspace(kernels::kClipBlocks * sizeof(double) + sizeof(double)));
+    double* squares = parts + kernels::kClipBlocks;
+    detail::queue_squares(ctx, g, count, parts, squares);
+    clip_to_norm(ctx, g, count, squares, max_norm);
 }
 
 namespace kernels {

@@ -22,7 +22,8 @@ concept OptimizerKernels =
     requires(const C& ctx, float* w, const float* grad, float* g, float* state, float* acc,
              std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
              float weight_decay, bool nesterov, float beta1, float beta2, float eps, bool decoupled, float step_size,
-             float bias2_sqrt, bool last, float scale, std::size_t count, float max_norm, float inv_scale) {
+             float bias2_sqrt, bool last, float scale, std::size_t count, float max_norm, float inv_scale,
+             double* squares) {
         // Queued. PyTorch's SGD (dampening 0), with wd = weight_decay * decay and rate = lr * lr_scale:
         // g' = g + wd w; v = momentum v + g'; w -= rate (nesterov ? g' + momentum v : v); v one float a
         // trainable parameter, at its state index.
@@ -34,8 +35,15 @@ concept OptimizerKernels =
                     bias2_sqrt);
         // Queued. acc[state + j] += grad[begin + j]; then, when last, acc *= scale.
         accumulate_gradient(ctx, grad, acc, segments, last, scale);
-        // Queued. g (count floats) *= max_norm / (|g| + 1e-6) where its L2 norm |g| exceeds max_norm,
-        // the norm summed in double in an order fixed by count.
+        // Queued. *squares = the sum of g[i]^2 over g's count floats, in double, in an order fixed by
+        // count (the same bits on every run); squares is one double in the context's memory (the
+        // device's on a GPU, outside the context's workspace).
+        sum_of_squares(ctx, g, count, squares);
+        // Queued. g (count floats) *= max_norm / (norm + 1e-6) where norm = sqrt(*squares) exceeds
+        // max_norm; *squares as sum_of_squares leaves it (the whole gradient's, when g is a part of it).
+        clip_to_norm(ctx, g, count, static_cast<const double*>(squares), max_norm);
+        // Queued. g (count floats) *= max_norm / (|g| + 1e-6) where its L2 norm |g| exceeds max_norm:
+        // sum_of_squares over g, then clip_to_norm, with no host round trip.
         clip_by_norm(ctx, g, count, max_norm);
         // g *= inv_scale; returns whether every value was finite before. Waits: the host needs the answer.
         { unscale_gradient(ctx, g, count, inv_scale) } -> std::same_as<bool>;
