@@ -32,6 +32,10 @@ public:
     // Shard gradients a stash holds at most, and its size at most: a larger model adds each shard's
     // gradient on its own (one row).
     static constexpr std::size_t kStashRows = 8, kStashBytes = std::size_t{64} << 20;
+    // A stash row's floats are a multiple of this (256 bytes): every row starts as aligned as
+    // `gradient`, so that a shard's kernels (the libraries' choices, which look at alignment) and so its
+    // bits do not depend on which row it lands in, which depends on how many shards a replica runs.
+    static constexpr std::size_t kRowAlign = 64;
 
     // Queues the shards of n samples (host memory) on ctx and returns the accumulator (ctx's memory,
     // `count` integers: the gradient and whatever else the shards sum) for the replicas' exact
@@ -53,12 +57,13 @@ public:
             if constexpr (!Ctx::host_visible) ctx.drop_graphs();   // they write the slots
             slots_ = backend::host_buffer<core::LossSlot>(shards);
         }
-        const std::size_t rows = std::min(shards, stash_rows(count));
-        if (rows > 1 && stash_.size() < rows * count) {
+        const std::size_t stride = (count + kRowAlign - 1) / kRowAlign * kRowAlign;
+        const std::size_t rows = std::min(shards, stash_rows(stride));
+        if (rows > 1 && stash_.size() < rows * stride) {
             ctx.synchronize();
             if constexpr (!Ctx::host_visible) ctx.drop_graphs();   // they write the stash
-            stash_ = ctx.template allocate<float>(rows * count);
-            fill(ctx, stash_.data(), 0.0f, rows * count);
+            stash_ = ctx.template allocate<float>(rows * stride);
+            fill(ctx, stash_.data(), 0.0f, rows * stride);
         }
         for (std::size_t k = 0; k < shards; ++k) slots_[k] = {};
         reserve(std::min(shard, n));   // activations for one shard
@@ -76,9 +81,9 @@ public:
                     continue;
                 }
                 const std::size_t row = k % rows;
-                queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k], stash_.data() + row * count);
+                queue_shard(mine, xd + begin * InputSize, ld + begin * LabelSize, m, &slots_[k], stash_.data() + row * stride);
                 if (row + 1 == rows || k + 1 == shards)
-                    add_fixed_rows(ctx, static_cast<const float*>(stash_.data()), row + 1, count, exact_.data(), count);
+                    add_fixed_rows(ctx, static_cast<const float*>(stash_.data()), row + 1, stride, exact_.data(), count);
             }
         };
         core::NoHook none;
@@ -108,9 +113,9 @@ public:
     }
 
 private:
-    static constexpr std::size_t stash_rows(std::size_t count)
+    static constexpr std::size_t stash_rows(std::size_t stride)
     {
-        return std::clamp<std::size_t>(kStashBytes / (sizeof(float) * std::max<std::size_t>(count, 1)), 1, kStashRows);
+        return std::clamp<std::size_t>(kStashBytes / (sizeof(float) * std::max<std::size_t>(stride, 1)), 1, kStashRows);
     }
 
     // The n samples in the context's memory, all at once (the shards then read them where they are:
@@ -134,7 +139,7 @@ private:
     }
 
     core::Buffer<std::int64_t> exact_;
-    core::Buffer<float> stash_;   // rows of count floats: shard gradients not yet added
+    core::Buffer<float> stash_;   // rows of `stride` floats (count, then padding): shard gradients not yet added
     core::Buffer<core::LossSlot> slots_;   // page-locked, one loss slot per shard
     core::Buffer<E> inputs_;
     core::Buffer<std::int32_t> labels_;
