@@ -4,15 +4,19 @@
 // the model-state contract (statistics(), set_statistics()).
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
+#include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
 #include "fixtures.hpp"
 #include "models.hpp"
+#include "seeds.hpp"
 #include "support.hpp"
 
 using namespace replica;
@@ -568,4 +572,116 @@ TEST_CASE("BatchNorm under a nested DataParallel: statistics over the nested bat
     const auto a = plain.evaluate(data.inputs.data(), data.labels.data(), 21);
     const auto b = nested.evaluate(data.inputs.data(), data.labels.data(), 21);
     CHECK(b.loss_sum == Approx(a.loss_sum).epsilon(1e-5));
+}
+
+// The CPU kernels' per-channel sums (in double, by lane within blocks of a row), the normalisation and
+// the input gradient against float64 sums, on rows that span two blocks and end in part of a lane
+// group (300 values) and on rows shorter than a group (7), with and without the ReLU's mask
+// (recomputed from x, or read from the output after an addend). A sum is its float rounding.
+TEST_CASE("BatchNorm's CPU kernels against float64 over long and short rows", "[cpu][batchnorm]")
+{
+    namespace cpu = backend::cpu;
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    std::mt19937_64 rng(seed);
+    const cpu::Context ctx;
+    for (const auto [n, c, inner] : {std::array<std::size_t, 3>{3, 5, 300}, {4, 3, 7}}) {
+        CAPTURE(n, c, inner);
+        const std::size_t count = n * c * inner;
+        auto uniform = [&](std::size_t size, float lo, float hi) {
+            std::uniform_real_distribution<float> u(lo, hi);
+            std::vector<float> v(size);
+            for (auto& e : v) e = u(rng);
+            return v;
+        };
+        const auto x = uniform(count, -3.0f, 5.0f), dy = uniform(count, -1.0f, 1.0f), addend = uniform(count, -1.0f, 1.0f);
+        const auto shift = uniform(c, 0.0f, 1.0f), weight = uniform(c, 0.5f, 1.5f), bias = uniform(c, -0.5f, 0.5f);
+        auto at = [&](const std::vector<float>& v, std::size_t i, std::size_t ch, std::size_t j) {
+            return double(v[(i * c + ch) * inner + j]);
+        };
+        // got is want rounded to float (half an ulp, 2^-24 relative), give or take the double sums' order.
+        auto close = [](double got, double want, double magnitude) {
+            return std::abs(got - want) <= 6e-8 * std::abs(want) + 1e-13 * magnitude;
+        };
+
+        std::vector<float> sums(2 * c + 1);
+        cpu::batch_norm_sums(ctx, x.data(), n, c, inner, shift.data(), sums.data(), nullptr);
+        std::vector<float> mean(c), invstd(c);
+        for (std::size_t ch = 0; ch < c; ++ch) {
+            double s1 = 0.0, s2 = 0.0, magnitude = 0.0;
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t j = 0; j < inner; ++j) {
+                    const double d = at(x, i, ch, j) - shift[ch];
+                    s1 += d, s2 += d * d, magnitude += std::abs(d);
+                }
+            CHECK(close(sums[ch], s1, magnitude));
+            CHECK(close(sums[c + ch], s2, s2));
+            mean[ch] = float(shift[ch] + s1 / double(n * inner));
+            invstd[ch] = float(1.0 / std::sqrt(s2 / double(n * inner) - (s1 / double(n * inner)) * (s1 / double(n * inner)) + 1e-5));
+        }
+        CHECK(sums[2 * c] == float(n * inner));
+
+        for (const bool with_addend : {false, true}) {
+            CAPTURE(with_addend);
+            std::vector<float> y(count);
+            cpu::batch_norm_apply(ctx, x.data(), y.data(), n, c, inner, weight.data(), bias.data(), mean.data(), invstd.data(),
+                                  true, with_addend ? addend.data() : nullptr);
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t ch = 0; ch < c; ++ch)
+                    for (std::size_t j = 0; j < inner; ++j) {
+                        const double want = std::max(0.0, (at(x, i, ch, j) - mean[ch]) * invstd[ch] * weight[ch] + bias[ch] +
+                                                                  (with_addend ? at(addend, i, ch, j) : 0.0));
+                        wrong += !(std::abs(at(y, i, ch, j) - want) <= 1e-5 * (1.0 + std::abs(want)));
+                    }
+            CHECK(wrong == 0);
+
+            // The backward passes through the ReLU's mask (y > 0), and without one.
+            for (const bool masked : {false, true}) {
+                CAPTURE(masked);
+                std::vector<float> dparams(2 * c), dz(count, 7.0f), dx(count);
+                backend::ReluAfter<float> relu;
+                if (masked && with_addend) relu = {.y = y.data(), .dz = dz.data()};
+                else if (masked) relu = {.weight = weight.data(), .bias = bias.data()};
+                cpu::batch_norm_backward_sums(ctx, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(),
+                                              dparams.data(), nullptr, relu);
+                auto g = [&](std::size_t i, std::size_t ch, std::size_t j) {
+                    return masked && !(at(y, i, ch, j) > 0.0) ? 0.0 : at(dy, i, ch, j);
+                };
+                const float elements = float(n * inner);
+                if (relu.from_y()) {
+                    std::size_t written = 0;
+                    for (std::size_t i = 0; i < n; ++i)
+                        for (std::size_t ch = 0; ch < c; ++ch)
+                            for (std::size_t j = 0; j < inner; ++j) written += at(dz, i, ch, j) == g(i, ch, j);
+                    CHECK(written == count);
+                    cpu::batch_norm_backward_input(ctx, x.data(), dz.data(), dx.data(), n, c, inner, weight.data(),
+                                                   mean.data(), invstd.data(), dparams.data(), &elements);
+                } else {
+                    cpu::batch_norm_backward_input(ctx, x.data(), dy.data(), dx.data(), n, c, inner, weight.data(),
+                                                   mean.data(), invstd.data(), dparams.data(), &elements, relu);
+                }
+                std::size_t wrong_dx = 0;
+                for (std::size_t ch = 0; ch < c; ++ch) {
+                    double sdy = 0.0, sdyx = 0.0, mdy = 0.0, mdyx = 0.0;
+                    for (std::size_t i = 0; i < n; ++i)
+                        for (std::size_t j = 0; j < inner; ++j) {
+                            const double xhat = (at(x, i, ch, j) - mean[ch]) * invstd[ch];
+                            sdy += g(i, ch, j), sdyx += g(i, ch, j) * xhat;
+                            mdy += std::abs(g(i, ch, j)), mdyx += std::abs(g(i, ch, j) * xhat);
+                        }
+                    CHECK(close(dparams[c + ch], sdy, mdy));
+                    CHECK(close(dparams[ch], sdyx, mdyx));
+                    for (std::size_t i = 0; i < n; ++i)
+                        for (std::size_t j = 0; j < inner; ++j) {
+                            const double xhat = (at(x, i, ch, j) - mean[ch]) * invstd[ch];
+                            const double want = weight[ch] * invstd[ch] *
+                                                (g(i, ch, j) - dparams[c + ch] / elements - xhat * dparams[ch] / elements);
+                            wrong_dx += !(std::abs(at(dx, i, ch, j) - want) <= 1e-5 * (1.0 + std::abs(want)));
+                        }
+                }
+                CHECK(wrong_dx == 0);
+            }
+        }
+    }
 }

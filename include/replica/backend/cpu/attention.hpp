@@ -34,20 +34,6 @@ std::size_t attention_scratch(const Context&, std::size_t /*n*/, std::size_t t, 
     return 8 * t * d + 2 * t * t;
 }
 
-namespace detail {
-// One sample's rows as float: the T values themselves for float, else converted into `room`.
-template <core::Storage T>
-const float* as_float(const T* x, std::size_t count, float* room)
-{
-    if constexpr (std::same_as<T, float>) {
-        return x;
-    } else {
-        load_float(x, count, room);
-        return room;
-    }
-}
-} // namespace detail
-
 // o (n, t, d) and lse (n, heads, t) assigned.
 template <core::Storage T>
 void attention_forward(const Context&, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t, std::size_t d,
@@ -60,7 +46,7 @@ void attention_forward(const Context&, const T* qkv, T* o, float* lse, std::size
     float* p = o_room + t * d;           // (t, t): scores, then weights
     const int ti = int(t), hdi = int(hd), rowi = int(row), di = int(d);
     for (std::size_t s = 0; s < n; ++s) {
-        const float* qs = detail::as_float(qkv + s * t * row, t * row, qkv_room);
+        const float* qs = as_float(qkv + s * t * row, t * row, qkv_room);
         float* os = std::same_as<T, float> ? reinterpret_cast<float*>(o + s * t * d) : o_room;
         for (std::size_t h = 0; h < heads; ++h) {
             const float* q = qs + h * hd;
@@ -100,9 +86,9 @@ void attention_backward(const Context&, const T* qkv, const T* o, const float* l
     float* dp = p + t * t;                 // (t, t): their gradient, then the scores'
     const int ti = int(t), hdi = int(hd), rowi = int(row), di = int(d);
     for (std::size_t s = 0; s < n; ++s) {
-        const float* qs = detail::as_float(qkv + s * t * row, t * row, qkv_room);
-        const float* os = detail::as_float(o + s * t * d, t * d, o_room);
-        const float* dos = detail::as_float(d_o + s * t * d, t * d, do_room);
+        const float* qs = as_float(qkv + s * t * row, t * row, qkv_room);
+        const float* os = as_float(o + s * t * d, t * d, o_room);
+        const float* dos = as_float(d_o + s * t * d, t * d, do_room);
         float* g = std::same_as<T, float> ? reinterpret_cast<float*>(dqkv + s * t * row) : g_room;
         for (std::size_t h = 0; h < heads; ++h) {
             const float* q = qs + h * hd;

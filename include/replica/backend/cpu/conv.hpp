@@ -54,17 +54,6 @@ std::size_t conversion_size(std::size_t m, std::size_t weights)
     else return weights + m * g.in_size();
 }
 
-// The weights as float: w itself for float, else converted into `buffer`.
-template <core::Storage T>
-const float* float_weights(const T* w, std::size_t count, float* buffer)
-{
-    if constexpr (std::same_as<T, float>) {
-        return w;
-    } else {
-        load_float(w, count, buffer);
-        return buffer;
-    }
-}
 } // namespace detail
 
 // ---- convolution: x (n, c, h, w) -> y (n, cout, oh, ow) ----
@@ -84,7 +73,7 @@ void blas_conv_forward(int cout, const T* w, const float* b, const T* x, T* y, s
 {
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
-    const float* wf = detail::float_weights(w, std::size_t(cout) * k, scratch + m * detail::conv_per_sample<g>(cout));
+    const float* wf = as_float(w, std::size_t(cout) * k, scratch + m * detail::conv_per_sample<g>(cout));
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
         const int mm = int(std::min(m, n - s0));
         float* col = scratch;                                   // (k, mm*p)
@@ -106,7 +95,7 @@ void blas_conv_backward(int cout, const T* w, const T* x, const T* dy, T* dx, fl
     const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
     const int p = g.out_pixels(), k = g.col_rows();
     float* tail = scratch + m * detail::conv_per_sample<g>(cout);
-    const float* wf = dx ? detail::float_weights(w, std::size_t(cout) * k, tail) : nullptr;
+    const float* wf = dx ? as_float(w, std::size_t(cout) * k, tail) : nullptr;
     if constexpr (std::same_as<T, float>)
         if (dx && !accumulate) std::fill(dx, dx + n * g.in_size(), 0.0f);
     for (std::size_t s0 = 0; s0 < n; s0 += m) {
@@ -212,7 +201,7 @@ void conv_transpose_forward(const Context&, int c, const T* w, const float* b, c
             }
     } else {
         float* tail = scratch + m * detail::conv_per_sample<g>(c);
-        const float* wf = detail::float_weights(w, std::size_t(c) * k, tail);
+        const float* wf = as_float(w, std::size_t(c) * k, tail);
         float* yf = tail + std::size_t(c) * k;                    // (mm, cout, oh, ow) in float
         for (std::size_t s0 = 0; s0 < n; s0 += m) {
             const int mm = int(std::min(m, n - s0));
@@ -241,7 +230,7 @@ void conv_transpose_backward(const Context&, int c, const T* w, const T* x, cons
     const int p = g.out_pixels(), k = g.col_rows();
     const int planes = g.h * g.w;
     const float* wf =
-        dx ? detail::float_weights(w, std::size_t(c) * k, scratch + m * detail::conv_per_sample<g>(c)) : nullptr;
+        dx ? as_float(w, std::size_t(c) * k, scratch + m * detail::conv_per_sample<g>(c)) : nullptr;
     if (db) {
         std::fill(db, db + g.c, 0.0f);
         for (std::size_t s = 0; s < n; ++s) sum_cols(dy + s * g.in_size(), g.c, planes, db, true);

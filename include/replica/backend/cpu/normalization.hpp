@@ -1,6 +1,7 @@
 #pragma once
 // Batch normalisation kernels on the CPU (layers/normalization.hpp). x is (n, c, inner); per-channel
-// sums run in double, in a fixed order.
+// sums run in double, in an order fixed by the shape (detail::LaneSums). Every pass reads the tensors
+// in memory order and has no branch per value, so that the compiler vectorises it.
 //
 // x, y, dy, dx are T (core::Storage), loaded as float; weight, bias, mean, invstd, the sums, the
 // running estimates and dparams are float. A bf16/fp16 output element is round_through<T> of the float
@@ -8,12 +9,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/ops.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
@@ -39,24 +43,115 @@ inline void batch_norm_statistics(const Context&, const float* sums, float* runn
                          invstd[ch]);
 }
 
+namespace detail {
+// The per-channel sums run in double: a row (a channel's inner values of one sample) is read in
+// blocks of at most row_block values, value j of a block added to lane j % sum_lanes of its channel's
+// sums, and the lanes are added pairwise at the end. The order depends on the shape only and is kept
+// for every T; the lanes are independent sums, which the compiler keeps in vector registers.
+inline constexpr std::size_t sum_lanes = 8;
+inline constexpr std::size_t row_block = 256;
+static_assert(row_block % sum_lanes == 0, "a block starts at lane 0");
+
+struct LaneSums {
+    double lane[sum_lanes] = {};
+    double total() const
+    {
+        return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
+};
+static_assert(sum_lanes == 8, "LaneSums::total adds eight lanes");
+
+// 2c lane sums, zero, for a kernel's channels: the calling thread's, reused by its next call (no
+// allocation once its largest c has run). The kernels read the rows in memory order (sample by
+// sample, channel by channel), each channel's lanes kept here: every channel's sums are in the order
+// above.
+inline LaneSums* channel_sums(std::size_t c)
+{
+    thread_local std::vector<LaneSums> sums;
+    sums.assign(2 * c, LaneSums{});
+    return sums.data();
+}
+
+// Calls f(offset, count) for the blocks of a row of `inner` values.
+template <class F>
+void for_each_block(std::size_t inner, F&& f)
+{
+    for (std::size_t at = 0; at < inner; at += row_block) f(at, std::min(row_block, inner - at));
+}
+
+// dst[0, count) = from_float<T> of what f writes to a float block: in place for float.
+template <core::Storage T, class F>
+void write_floats(T* dst, std::size_t count, F&& f)
+{
+    if constexpr (std::same_as<T, float>) {
+        f(dst);
+    } else {
+        float buffer[row_block];
+        f(buffer);
+        store_float(buffer, count, dst);
+    }
+}
+
+// Over a block of count values, by lane: s1 += first(j) and s2 += second(j) (doubles).
+template <class First, class Second>
+void add_by_lane(LaneSums& s1, LaneSums& s2, std::size_t count, First first, Second second)
+{
+    LaneSums a = s1, b = s2;
+    std::size_t j = 0;
+    for (; j + sum_lanes <= count; j += sum_lanes)
+        for (std::size_t k = 0; k < sum_lanes; ++k) {
+            a.lane[k] += first(j + k);
+            b.lane[k] += second(j + k);
+        }
+    if (j < count) {   // the last values, lanes past them adding zeros (which leave a sum as it is)
+        double ta[sum_lanes] = {}, tb[sum_lanes] = {};
+        for (std::size_t k = 0; j + k < count; ++k) {
+            ta[k] = first(j + k);
+            tb[k] = second(j + k);
+        }
+        for (std::size_t k = 0; k < sum_lanes; ++k) {
+            a.lane[k] += ta[k];
+            b.lane[k] += tb[k];
+        }
+    }
+    s1 = a, s2 = b;
+}
+
+// s1 += x - shift and s2 += (x - shift)^2 over a block of x values v.
+inline void add_centred(LaneSums& s1, LaneSums& s2, const float* v, std::size_t count, double shift)
+{
+    add_by_lane(
+        s1, s2, count, [v, shift](std::size_t j) { return double(v[j]) - shift; },
+        [v, shift](std::size_t j) { return (double(v[j]) - shift) * (double(v[j]) - shift); });
+}
+
+// sdy += g and sdyx += g * (x - mean) over a block of gradients g and x values v.
+inline void add_products(LaneSums& sdy, LaneSums& sdyx, const float* g, const float* v, std::size_t count, double mean)
+{
+    add_by_lane(
+        sdy, sdyx, count, [g](std::size_t j) { return double(g[j]); },
+        [g, v, mean](std::size_t j) { return double(g[j]) * (double(v[j]) - mean); });
+}
+} // namespace detail
+
 // sums = [sum of (x - shift[c]) (c) | sum of its square (c) | n * inner].
 // then (not empty): batch_norm_statistics from these sums too.
 template <core::Storage T>
 void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
                      float* sums, float*, StatisticsUpdate then = {})
 {
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        double s1 = 0.0, s2 = 0.0;
-        for (std::size_t i = 0; i < n; ++i) {
+    float buffer[detail::row_block];
+    detail::LaneSums* s = detail::channel_sums(c);   // [of x - shift (c) | of its square (c)]
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t ch = 0; ch < c; ++ch) {
             const T* p = x + (i * c + ch) * inner;
-            for (std::size_t j = 0; j < inner; ++j) {
-                const double d = double(core::to_float(p[j])) - double(shift[ch]);
-                s1 += d;
-                s2 += d * d;
-            }
+            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                detail::add_centred(s[ch], s[c + ch], as_float(p + at, count, buffer), count, double(shift[ch]));
+            });
         }
-        sums[ch] = float(s1);
-        sums[c + ch] = float(s2);
+    for (std::size_t ch = 0; ch < c; ++ch) {
+        sums[ch] = float(s[ch].total());
+        sums[c + ch] = float(s[c + ch].total());
     }
     sums[2 * c] = float(n * inner);
     if (then)
@@ -111,35 +206,51 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu,
                       const std::type_identity_t<T>* addend = nullptr)
 {
+    float xs[detail::row_block], as[detail::row_block];
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t ch = 0; ch < c; ++ch) {
             const detail::Normalization normalize(weight, bias, mean, invstd, ch);
-            const std::size_t at = (i * c + ch) * inner;
-            for (std::size_t j = 0; j < inner; ++j) {
-                float v = normalize(core::to_float(x[at + j]));
-                if (addend) v += core::to_float(addend[at + j]);
-                y[at + j] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
-            }
+            const std::size_t row = (i * c + ch) * inner;
+            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                const float* v = as_float(x + row + at, count, xs);
+                const float* a = addend ? as_float(addend + row + at, count, as) : nullptr;
+                detail::write_floats(y + row + at, count, [&](float* out) {
+                    if (a != nullptr)
+                        for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]) + a[j];
+                    else
+                        for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]);
+                    if (relu)
+                        for (std::size_t j = 0; j < count; ++j) out[j] = out[j] < 0.0f ? 0.0f : out[j];
+                });
+            });
         }
 }
 
 namespace detail {
-// dy[j] as float, or with the ReLU after the normalisation relu_backward's rule on the ReLU's output:
-// dy[j] where that output > 0, else 0. The output is recomputed from x[j] (mask: the channel's
-// normalisation) as batch_norm_apply rounds it, or read from y (not null), the value then written to
-// dz[j].
+// A block of dy as float (d), or with the ReLU after the normalisation relu_backward's rule on the
+// ReLU's output: d[j] where that output > 0, else 0, written to g. The output is recomputed from the
+// block's x values v (mask: the channel's normalisation) as batch_norm_apply rounds it, or read from
+// y (not null), the masked values then also written to dz. Returns the block to read: d or g.
 template <core::Storage T>
-float masked_dy(const T* x, const T* dy, std::size_t j, const Normalization* mask, const T* y = nullptr, T* dz = nullptr)
+const float* masked_dy(const float* d, const float* v, std::size_t count, const Normalization* mask, float* g,
+                       const T* y = nullptr, T* dz = nullptr)
 {
-    const float d = core::to_float(dy[j]);
     if (y != nullptr) {
-        const float g = core::to_float(y[j]) > 0.0f ? d : 0.0f;
-        dz[j] = core::from_float<T>(g);
+        float ys[row_block];
+        const float* out = as_float(y, count, ys);
+        for (std::size_t j = 0; j < count; ++j) {
+            const float dj = d[j];   // read whatever the mask: the loop has no branch
+            g[j] = out[j] > 0.0f ? dj : 0.0f;
+        }
+        store_float(g, count, dz);
         return g;
     }
     if (mask == nullptr) return d;
-    const float u = (*mask)(core::to_float(x[j]));
-    return core::to_float(core::from_float<T>(u < 0.0f ? 0.0f : u)) > 0.0f ? d : 0.0f;
+    for (std::size_t j = 0; j < count; ++j) {
+        const float dj = d[j], u = (*mask)(v[j]);
+        g[j] = core::to_float(core::from_float<T>(u < 0.0f ? 0.0f : u)) > 0.0f ? dj : 0.0f;
+    }
+    return g;
 }
 template <core::Storage T>
 std::optional<Normalization> relu_mask(const ReluAfter<T>& relu, const float* mean, const float* invstd, std::size_t ch)
@@ -157,23 +268,23 @@ void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size
                               const float* mean, const float* invstd, float* dparams, float*,
                               ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        double sdy = 0.0, sdyx = 0.0;
-        const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-        for (std::size_t i = 0; i < n; ++i) {
-            const std::size_t at = (i * c + ch) * inner;
-            const T* p = x + at;
-            const T* d = dy + at;
-            const T* y = relu.y ? relu.y + at : nullptr;
-            T* dz = relu.dz ? relu.dz + at : nullptr;
-            for (std::size_t j = 0; j < inner; ++j) {
-                const float dj = detail::masked_dy(p, d, j, mask ? &*mask : nullptr, y, dz);
-                sdy += dj;
-                sdyx += double(dj) * (double(core::to_float(p[j])) - double(mean[ch]));
-            }
+    float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+    detail::LaneSums* s = detail::channel_sums(c);   // [of dy (c) | of dy * (x - mean) (c)]
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t ch = 0; ch < c; ++ch) {
+            const auto mask = detail::relu_mask(relu, mean, invstd, ch);
+            const std::size_t row = (i * c + ch) * inner;
+            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                const std::size_t j = row + at;
+                const float* v = as_float(x + j, count, xs);
+                const float* d = detail::masked_dy(as_float(dy + j, count, ds), v, count, mask ? &*mask : nullptr,
+                                                   g, relu.y ? relu.y + j : nullptr, relu.dz ? relu.dz + j : nullptr);
+                detail::add_products(s[ch], s[c + ch], d, v, count, double(mean[ch]));
+            });
         }
-        dparams[ch] = float(sdyx * invstd[ch]);
-        dparams[c + ch] = float(sdy);
+    for (std::size_t ch = 0; ch < c; ++ch) {
+        dparams[ch] = float(s[c + ch].total() * invstd[ch]);
+        dparams[c + ch] = float(s[ch].total());
     }
 }
 
@@ -188,21 +299,26 @@ void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, s
     core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
                                   "the masked gradient they wrote as dy");
     const float inv_count = 1.0f / *count;
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        const float k = weight[ch] * invstd[ch];
-        const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
-        const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-        for (std::size_t i = 0; i < n; ++i) {
-            const std::size_t at = (i * c + ch) * inner;
-            const T* p = x + at;
-            const T* d = dy + at;
-            T* q = dx + at;
-            for (std::size_t j = 0; j < inner; ++j) {
-                const float xhat = (core::to_float(p[j]) - mean[ch]) * invstd[ch];
-                q[j] = core::from_float<T>(k * (detail::masked_dy(p, d, j, mask ? &*mask : nullptr) - mdy - xhat * mdyx));
-            }
+    float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t ch = 0; ch < c; ++ch) {
+            const float k = weight[ch] * invstd[ch], m = mean[ch], s = invstd[ch];
+            const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
+            const auto mask = detail::relu_mask(relu, mean, invstd, ch);
+            const std::size_t row = (i * c + ch) * inner;
+            detail::for_each_block(inner, [&](std::size_t at, std::size_t values) {
+                const std::size_t j0 = row + at;
+                const float* v = as_float(x + j0, values, xs);
+                const float* d =
+                    detail::masked_dy<T>(as_float(dy + j0, values, ds), v, values, mask ? &*mask : nullptr, g);
+                detail::write_floats(dx + j0, values, [&](float* out) {
+                    for (std::size_t j = 0; j < values; ++j) {
+                        const float xhat = (v[j] - m) * s;
+                        out[j] = k * (d[j] - mdy - xhat * mdyx);
+                    }
+                });
+            });
         }
-    }
 }
 
 } // namespace replica::backend::cpu

@@ -72,6 +72,18 @@ void load_float(const T* src, std::size_t count, float* dst)
     }
 }
 
+// count T values at p as float: p itself for float, else loaded into `buffer` (count floats).
+template <core::Storage T>
+const float* as_float(const T* p, std::size_t count, float* buffer)
+{
+    if constexpr (std::same_as<T, float>) {
+        return p;
+    } else {
+        load_float(p, count, buffer);
+        return buffer;
+    }
+}
+
 // dst[i] = from_float<T>(src[i]): float results stored as T, one rounding each.
 template <core::Storage T>
 void store_float(const float* src, std::size_t count, T* dst)
