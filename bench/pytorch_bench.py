@@ -45,9 +45,9 @@ reserved_memory_mib, mfu (6N + 6LCT FLOPs a token over --peak-tflops), per mode 
 --model gpt2 --curve PREFIX repeats a run that train_bench --model gpt2 --curve PREFIX recorded: the same
 model (its shape from PREFIX.json), its initial parameters (PREFIX.params, replica's flat vector, in
 pytorch_gpt.GPT.in_replica_order), its micro-batches (PREFIX.ids), the same optimiser; eager, fp32 on the
-CPU and bf16 autocast on a GPU. It writes PREFIX.pytorch.losses.json and prints one JSON object: both
-curves, each update's absolute and relative difference, the largest of each, and whether the largest
-relative one is within --curve-rtol (exit status 1 when not).
+CPU and bf16 autocast on a GPU unless --precision says. It writes PREFIX.pytorch-PRECISION.losses.json and
+prints one JSON object: both curves, each update's absolute and relative difference, the largest of
+each, and whether the largest relative one is within --curve-rtol (exit status 1 when not).
 """
 
 import argparse
@@ -148,9 +148,9 @@ def parse_args(argv=None):
                    help="gpt2: repeat the run train_bench --model gpt2 --curve PREFIX recorded (its configuration, "
                         "micro-batch, accumulate and steps, from PREFIX.json; --gpt-config, --micro-batch, "
                         "--accumulate, --steps and --modes are not used), eager, from its initial parameters on its "
-                        "ids; write PREFIX.pytorch.losses.json and print both curves and their differences as JSON "
-                        "(precision: fp32 on the CPU, bf16 on a GPU, unless given); exit status 1 when the largest "
-                        "relative difference exceeds --curve-rtol")
+                        "ids; write PREFIX.pytorch-PRECISION.losses.json and print both curves and their "
+                        "differences as JSON (precision: fp32 on the CPU, bf16 on a GPU, unless given); exit status 1 "
+                        "when the largest relative difference exceeds --curve-rtol")
     p.add_argument("--curve-rtol", type=float, default=None,
                    help="gpt2 --curve: the largest relative difference of an update's loss that counts as agreement "
                         "(default: 1e-5 where both ran in fp32, else 2e-2)")
@@ -727,7 +727,7 @@ def compare_curves(ours, theirs):
 def curve_gpt2(s):
     """--model gpt2 --curve PREFIX: the run train_bench --curve PREFIX recorded (PREFIX.json), repeated in
     PyTorch eager from its initial parameters (PREFIX.params) on its ids (PREFIX.ids); writes
-    PREFIX.pytorch.losses.json and returns the comparison with PREFIX.losses.json."""
+    PREFIX.pytorch-PRECISION.losses.json and returns the comparison with PREFIX.losses.json."""
     import inspect
 
     import torch
@@ -756,7 +756,8 @@ def curve_gpt2(s):
         raise SystemExit("pytorch_bench: pytorch_gpt.GPT.in_replica_order does not name every parameter once")
     params = sum(q.numel() for q in model.parameters())
     if params != run["parameters"]:
-        raise SystemExit(f"pytorch_bench: this GPT has {params:,d} parameters, {prefix}.json says {run['parameters']:,d}")
+        raise SystemExit(f"pytorch_bench: this GPT has {params:,d} parameters, {prefix}.json says "
+                         f"{run['parameters']:,d}")
     model.load_replica(read_array(torch, prefix + ".params", torch.float32, params))
     model.to(device)
     ids = read_array(torch, prefix + ".ids", torch.int32, steps * k * 2 * micro * cfg.context)
@@ -771,7 +772,7 @@ def curve_gpt2(s):
         used = ids[step * k:(step + 1) * k]
         losses.append(gpt2_update(torch, s, device, model, model, opt, [(b[0], b[1]) for b in used]))
     seconds = time.perf_counter() - start
-    with open(prefix + ".pytorch.losses.json", "w") as f:
+    with open(f"{prefix}.pytorch-{s.precision}.losses.json", "w") as f:
         json.dump(losses, f)
         f.write("\n")
     with open(prefix + ".losses.json") as f:

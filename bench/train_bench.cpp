@@ -5,7 +5,7 @@
 //   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
 //   mpirun -np 2 train_bench --model alexnet-plain --json      # two processes, each with its share of the GPUs
 //   train_bench_cuda --model gpt2 --devices cuda:0 --json       # GPT-2 124M, bf16, 524,288 tokens an update
-//   train_bench --model gpt2 --gpt-config tiny --devices cpu:0 --steps 20 --curve /tmp/tiny   # a loss curve for PyTorch
+//   train_bench --model gpt2 --gpt-config tiny --devices cpu:0 --curve /tmp/tiny   # a loss curve for PyTorch
 //
 // Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it). On GPUs
 // both say how many candidates the autotuner timed and how many choices it took from the tuning
@@ -62,9 +62,9 @@ try {
         ->check(CLI::IsMember({"124m", "tiny"}))
         ->capture_default_str();
     app.add_option("--curve", curve, "gpt2: write PREFIX.json (the run), PREFIX.params (the initial parameters), "
-                                     "PREFIX.ids (every micro-batch's ids) and PREFIX.losses.json (each update's loss), "
-                                     "training from the initial parameters without warm-up; bench/pytorch_bench.py "
-                                     "--curve PREFIX repeats the run in PyTorch and compares")
+                                     "PREFIX.ids (every micro-batch's ids) and PREFIX.losses.json (each update's "
+                                     "loss), training from the initial parameters without warm-up; "
+                                     "bench/pytorch_bench.py --curve PREFIX repeats the run in PyTorch and compares")
         ->check(examples::not_empty);
     examples::count_option(app, "--steps", steps, "timed steps (gpt2: updates)", 1, 1000000);
     examples::count_option(app, "--warmup", warmup, "untimed steps first", 0, 1000000);

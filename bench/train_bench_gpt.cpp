@@ -148,8 +148,8 @@ int measure_gpt(const Settings& s, const GptShape& g)
                                labels = backend::host_buffer<std::int32_t>(pool * per);
     for (std::size_t q = 0; q < pool * micro; ++q)
         for (std::size_t t = 0; t <= context; ++t) {
-            const auto id = std::int32_t(core::random_bits(kSeed, core::Stream::synthetic, 3, q * (context + 1) + t, 0) %
-                                         g.tokens);
+            const std::uint32_t bits = core::random_bits(kSeed, core::Stream::synthetic, 3, q * (context + 1) + t, 0);
+            const auto id = std::int32_t(bits % g.tokens);
             if (t < context) inputs.data()[q * context + t] = id;
             if (t > 0) labels.data()[q * context + t - 1] = id;
         }
