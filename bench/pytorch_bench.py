@@ -13,6 +13,7 @@ is the CIFAR layout of include/replica/models/resnet.hpp on 1x28x28 inputs (proj
     python3 bench/pytorch_bench.py --model resnet50 --precision bf16 --modes all
     python3 bench/pytorch_bench.py --params
     python3 bench/pytorch_bench.py --model gpt2 --modes eager,compile --json    # GPT-2 124M, bf16 (issue 44)
+    python3 bench/pytorch_bench.py --model gpt2 --curve /tmp/gpt2    # the loss curve of train_bench --curve /tmp/gpt2
 
 Modes (--modes, one GPU or the CPU): eager, a plain loop; graph, the whole step (forward, backward,
 optimiser) captured once in a CUDA graph and replayed; compile, the model under
@@ -40,11 +41,19 @@ train_bench --model gpt2. Modes eager and compile (torch.compile's default mode,
 step is one update. Its JSON: tokens_per_s, median_ms, peak_memory_mib (torch.cuda.max_memory_allocated),
 reserved_memory_mib, mfu (6N + 6LCT FLOPs a token over --peak-tflops), per mode and for the fastest.
 --gpt-config tiny is a 2-layer GPT of width 64 for a check of the plumbing on the CPU.
+
+--model gpt2 --curve PREFIX repeats a run that train_bench --model gpt2 --curve PREFIX recorded: the same
+model (its shape from PREFIX.json), its initial parameters (PREFIX.params, replica's flat vector, in
+pytorch_gpt.GPT.in_replica_order), its micro-batches (PREFIX.ids), the same optimiser; eager, fp32 on the
+CPU and bf16 autocast on a GPU unless --precision says. It writes PREFIX.pytorch-PRECISION.losses.json and
+prints one JSON object: both curves, each update's absolute and relative difference, the largest of
+each, and whether the largest relative one is within --curve-rtol (exit status 1 when not).
 """
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -135,6 +144,16 @@ def parse_args(argv=None):
                         "H200 dense bf16)")
     p.add_argument("--gpt-config", default="124m", choices=("124m", "tiny"),
                    help="gpt2: GPT-2 124M, or a 2-layer GPT of width 64 and context 64 (the plumbing on a CPU)")
+    p.add_argument("--curve", metavar="PREFIX",
+                   help="gpt2: repeat the run train_bench --model gpt2 --curve PREFIX recorded (its configuration, "
+                        "micro-batch, accumulate and steps, from PREFIX.json; --gpt-config, --micro-batch, "
+                        "--accumulate, --steps and --modes are not used), eager, from its initial parameters on its "
+                        "ids; write PREFIX.pytorch-PRECISION.losses.json and print both curves and their "
+                        "differences as JSON (precision: fp32 on the CPU, bf16 on a GPU, unless given); exit status 1 "
+                        "when the largest relative difference exceeds --curve-rtol")
+    p.add_argument("--curve-rtol", type=float, default=None,
+                   help="gpt2 --curve: the largest relative difference of an update's loss that counts as agreement "
+                        "(default: 1e-5 where both ran in fp32, else 2e-2)")
     p.add_argument("--modes", default="eager",
                    help="comma-separated, run in this order: eager, graph (the whole step replayed from a CUDA "
                         "graph), compile (torch.compile, mode reduce-overhead); all = eager,graph,compile "
@@ -153,8 +172,10 @@ def parse_args(argv=None):
     unknown = [m for m in s.modes if m not in MODES]
     if unknown or not s.modes or len(set(s.modes)) != len(s.modes):
         p.error(f"--modes {','.join(s.modes)}: give each of {', '.join(MODES)} at most once, comma-separated, or all")
+    if (s.curve or s.curve_rtol is not None) and s.model != "gpt2":
+        p.error("--curve and --curve-rtol are for --model gpt2")
     if s.precision is None:
-        s.precision = "bf16" if s.model == "gpt2" else "fp32"
+        s.precision = "bf16" if s.model == "gpt2" and not (s.curve and s.gpus == 0) else "fp32"
     if s.model == "gpt2":
         if s.micro_batch < 0 or s.accumulate < 0 or s.peak_tflops <= 0:
             p.error("--micro-batch and --accumulate must not be negative, --peak-tflops must be positive")
@@ -541,13 +562,60 @@ def describe(r):
     return "\n".join(lines)
 
 
+# train_bench --model gpt2's optimizer: AdamW under clip_grad_norm_ at GPT2_CLIP (--curve checks that the
+# run it repeats used the same).
+GPT2_ADAMW = {"lr": 6e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+GPT2_CLIP = 1.0
+
+
+def gpt2_optimizer(torch, model, fused):
+    """AdamW with GPT2_ADAMW's settings, weight decay on the tensors of two dimensions (matrices and
+    embeddings: replica's DecayWeights), none on biases and LayerNorms; fused where asked."""
+    decay = [q for q in model.parameters() if q.dim() >= 2]
+    plain = [q for q in model.parameters() if q.dim() < 2]
+    a = GPT2_ADAMW
+    return torch.optim.AdamW([{"params": decay, "weight_decay": a["weight_decay"]},
+                              {"params": plain, "weight_decay": 0.0}],
+                             lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"],
+                             **({"fused": True} if fused else {}))
+
+
+def gpt2_update(torch, s, device, forward, model, opt, micro_batches):
+    """One update of train_bench --model gpt2: the mean loss of each (inputs, labels) micro-batch (host
+    tensors, copied to the device as needed) under s's autocast, its gradient accumulated over them,
+    clipped at GPT2_CLIP, opt's step. Returns the micro-batches' mean loss, once the step has finished."""
+    import torch.nn.functional as F
+
+    total = torch.zeros((), device=device)
+    for x, y in micro_batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast_of(torch, s, device):
+            logits = forward(x)
+            micro_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        (micro_loss / len(micro_batches)).backward()
+        total += micro_loss.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GPT2_CLIP)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(total) / len(micro_batches)
+
+
+def gpt2_device(torch, s):
+    """cuda:0 for --gpus 1, else the CPU with --threads threads; and the TF32 setting in force there."""
+    if s.gpus > 0:
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        return device, set_tf32(torch, s.tf32)
+    torch.set_num_threads(s.threads)
+    return torch.device("cpu"), "n/a"
+
+
 def train_gpt2(s):
     """--model gpt2: each of s.modes from the same initial weights; the record of the fastest, every mode's
     figures (or its error) under "modes"."""
     import inspect
 
     import torch
-    import torch.nn.functional as F
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import pytorch_gpt
@@ -555,15 +623,8 @@ def train_gpt2(s):
     big = s.gpt_config == "124m"
     cfg = pytorch_gpt.GPT2SMALL if big else pytorch_gpt.Config(2, 2, 64, 64, 512)
     tokens = 50257 if big else cfg.vocab   # GPT-2's vocabulary; the table is padded to 50,304 rows
-    cuda = s.gpus > 0
-    if cuda:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        tf32 = set_tf32(torch, s.tf32)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(s.threads)
-        tf32 = "n/a"
+    device, tf32 = gpt2_device(torch, s)
+    cuda = device.type == "cuda"
     micro = s.micro_batch or (16 if big else 2)
     k = s.accumulate or (max(1, (1 << 19) // (micro * cfg.context)) if big else 2)
     tokens_per_step = k * micro * cfg.context
@@ -592,10 +653,7 @@ def train_gpt2(s):
         if mode == "graph":
             raise RuntimeError("graph: not for gpt2 (its micro-batches accumulate outside one captured step)")
         model = make_model()
-        decay = [q for q in model.parameters() if q.dim() >= 2]
-        plain = [q for q in model.parameters() if q.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
-                                lr=6e-4, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if fused else {}))
+        opt = gpt2_optimizer(torch, model, fused)
         forward = model
         if mode == "compile":
             if not hasattr(torch, "compile"):
@@ -608,19 +666,8 @@ def train_gpt2(s):
         times, loss = [], float("nan")
         for step in range(s.warmup + s.steps):
             t0 = time.perf_counter()
-            total = torch.zeros((), device=device)
-            for m in range(k):
-                i = (step * k + m) % (2 * k)
-                x, y = xs[i].to(device, non_blocking=True), ys[i].to(device, non_blocking=True)
-                with autocast_of(torch, s, device):
-                    logits = forward(x)
-                    micro_loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-                (micro_loss / k).backward()
-                total += micro_loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            loss = float(total) / k   # waits for the step
+            at = [(step * k + m) % (2 * k) for m in range(k)]
+            loss = gpt2_update(torch, s, device, forward, model, opt, [(xs[i], ys[i]) for i in at])
             if step >= s.warmup:
                 times.append((time.perf_counter() - t0) * 1000.0)
         med = median(times)
@@ -654,6 +701,96 @@ def train_gpt2(s):
     return record
 
 
+def read_array(torch, path, dtype, count):
+    """The count little-endian values of dtype in the file at path (all of it)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    width = torch.tensor([], dtype=dtype).element_size()
+    if len(data) != count * width:
+        raise SystemExit(f"pytorch_bench: {path} has {len(data):,d} bytes, expected {count:,d} values of "
+                         f"{width} bytes")
+    if sys.byteorder != "little":
+        raise SystemExit("pytorch_bench: --curve reads little-endian files on a little-endian host only")
+    return torch.frombuffer(bytearray(data), dtype=dtype)
+
+
+def compare_curves(ours, theirs):
+    """Each update's absolute and relative (to PyTorch's loss) difference, and the largest of each."""
+    steps = [{"step": i + 1, "abs": abs(a - b), "rel": abs(a - b) / abs(b) if b else float("inf")}
+             for i, (a, b) in enumerate(zip(ours, theirs))]
+    worst_abs = max(steps, key=lambda d: d["abs"])
+    worst_rel = max(steps, key=lambda d: d["rel"])
+    return {"per_step": steps, "max_abs": worst_abs["abs"], "max_abs_step": worst_abs["step"],
+            "max_rel": worst_rel["rel"], "max_rel_step": worst_rel["step"]}
+
+
+def curve_gpt2(s):
+    """--model gpt2 --curve PREFIX: the run train_bench --curve PREFIX recorded (PREFIX.json), repeated in
+    PyTorch eager from its initial parameters (PREFIX.params) on its ids (PREFIX.ids); writes
+    PREFIX.pytorch-PRECISION.losses.json and returns the comparison with PREFIX.losses.json."""
+    import inspect
+
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pytorch_gpt
+
+    prefix = s.curve
+    with open(prefix + ".json") as f:
+        run = json.load(f)
+    if run.get("model") != "gpt2":
+        raise SystemExit(f"pytorch_bench: {prefix}.json is not a gpt2 run of train_bench --curve")
+    want = dict(GPT2_ADAMW, name="AdamW", clip_grad_norm=GPT2_CLIP)
+    got = {key: run["optimizer"].get(key) for key in want}
+    if any(got[key] != want[key] if isinstance(want[key], str) else
+           not math.isclose(got[key], want[key], rel_tol=1e-6) for key in want):
+        raise SystemExit(f"pytorch_bench: {prefix}.json's optimizer is {got}, this script's {want}")
+    cfg = pytorch_gpt.Config(run["layers"], run["heads"], run["width"], run["context"], run["vocab"])
+    micro, k, steps = run["micro_batch"], run["accumulate"], run["steps"]
+    device, tf32 = gpt2_device(torch, s)
+    cuda = device.type == "cuda"
+
+    model = pytorch_gpt.GPT(cfg)
+    order = model.in_replica_order()
+    if {id(q) for q in order} != {id(q) for q in model.parameters()} or len(order) != len(list(model.parameters())):
+        raise SystemExit("pytorch_bench: pytorch_gpt.GPT.in_replica_order does not name every parameter once")
+    params = sum(q.numel() for q in model.parameters())
+    if params != run["parameters"]:
+        raise SystemExit(f"pytorch_bench: this GPT has {params:,d} parameters, {prefix}.json says "
+                         f"{run['parameters']:,d}")
+    model.load_replica(read_array(torch, prefix + ".params", torch.float32, params))
+    model.to(device)
+    ids = read_array(torch, prefix + ".ids", torch.int32, steps * k * 2 * micro * cfg.context)
+    ids = ids.view(steps * k, 2, micro, cfg.context).long()
+    if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab:
+        raise SystemExit(f"pytorch_bench: {prefix}.ids names ids outside [0, {cfg.vocab})")
+    fused = cuda and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    opt = gpt2_optimizer(torch, model, fused)
+
+    losses, start = [], time.perf_counter()
+    for step in range(steps):
+        used = ids[step * k:(step + 1) * k]
+        losses.append(gpt2_update(torch, s, device, model, model, opt, [(b[0], b[1]) for b in used]))
+    seconds = time.perf_counter() - start
+    with open(f"{prefix}.pytorch-{s.precision}.losses.json", "w") as f:
+        json.dump(losses, f)
+        f.write("\n")
+    with open(prefix + ".losses.json") as f:
+        ours = json.load(f)
+    if len(ours) != len(losses):
+        raise SystemExit(f"pytorch_bench: {prefix}.losses.json has {len(ours)} losses, {steps} updates expected")
+    rtol = s.curve_rtol if s.curve_rtol is not None else (1e-5 if s.precision == run["precision"] == "fp32" else 2e-2)
+    result = {"curve": prefix, "config": run["config"], "parameters": params, "micro_batch": micro,
+              "accumulate": k, "steps": steps,
+              "replica": {"precision": run["precision"], "device": run["device"], "losses": ours},
+              "pytorch": {"torch": torch.__version__, "precision": s.precision, "device": str(device),
+                          "tf32": tf32, "fused_adamw": fused, "seconds": seconds, "losses": losses}}
+    result.update(compare_curves(ours, losses))
+    result["rtol"] = rtol
+    result["agree"] = result["max_rel"] <= rtol
+    return result
+
+
 def describe_gpt2(r):
     lines = [f"pytorch gpt2 ({r['config']}) on {r['device']}: {r['micro_batch']} x {r['sequence']} tokens a "
              f"micro-batch, {r['accumulate']} a step ({r['tokens_per_step']} tokens), {r['precision']}, attention "
@@ -677,6 +814,10 @@ def main(argv=None):
     if s.model == "gpt2":
         if s.gpus > 0 and not torch.cuda.is_available():
             raise SystemExit("pytorch_bench: no CUDA device; use --gpus 0 for a CPU run")
+        if s.curve:
+            result = curve_gpt2(s)
+            print(json.dumps(result), flush=True)
+            return 0 if result["agree"] else 1
         result = train_gpt2(s)
         print(json.dumps(result) if s.json else describe_gpt2(result), flush=True)
         if result["mode"] is None:

@@ -88,6 +88,30 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
         self.ln_f = nn.LayerNorm(c.dim)
 
+    def in_replica_order(self):
+        """The parameters in the order of replica's flat vector (models::GPT, as tests/pytorch/
+        make_gpt_fixtures.py lays it out): wte, wpe, then per block ln_1, attn.c_attn, attn.c_proj, ln_2,
+        c_fc, c_proj (weight then bias each; a Linear's weight (out, in) as here, c_attn's rows q, k, v),
+        then ln_f. The tied head is wte, once."""
+        out = [self.wte.weight, self.wpe.weight]
+        for b in self.blocks:
+            out += [b.ln_1.weight, b.ln_1.bias, b.attn.c_attn.weight, b.attn.c_attn.bias, b.attn.c_proj.weight,
+                    b.attn.c_proj.bias, b.ln_2.weight, b.ln_2.bias, b.c_fc.weight, b.c_fc.bias, b.c_proj.weight,
+                    b.c_proj.bias]
+        return out + [self.ln_f.weight, self.ln_f.bias]
+
+    def load_replica(self, flat):
+        """Copies replica's flat parameter vector (a 1-D float tensor) into the parameters."""
+        order = self.in_replica_order()
+        count = sum(q.numel() for q in order)
+        if flat.numel() != count:
+            raise ValueError(f"replica's vector has {flat.numel():,d} parameters, this GPT {count:,d}")
+        with torch.no_grad():
+            at = 0
+            for q in order:
+                q.copy_(flat[at:at + q.numel()].view_as(q))
+                at += q.numel()
+
     def forward(self, ids):
         x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
         for b in self.blocks:

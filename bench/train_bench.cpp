@@ -5,6 +5,7 @@
 //   train_bench --model googlenet --batch 128 --devices cuda:0,cuda:1 --dispatch threaded --json
 //   mpirun -np 2 train_bench --model alexnet-plain --json      # two processes, each with its share of the GPUs
 //   train_bench_cuda --model gpt2 --devices cuda:0 --json       # GPT-2 124M, bf16, 524,288 tokens an update
+//   train_bench --model gpt2 --gpt-config tiny --devices cpu:0 --curve /tmp/tiny   # a loss curve for PyTorch
 //
 // Output: a human line, or with --json one JSON object per run (bench/run_table.py reads it). On GPUs
 // both say how many candidates the autotuner timed and how many choices it took from the tuning
@@ -28,7 +29,7 @@ int main(int argc, char** argv)
 try {
     const auto processes = examples::launched_processes(argc, argv);   // under mpirun or srun
     CLI::App app{"median training-step time of a standard network on synthetic data", "train_bench"};
-    std::string model = "lenet", conv_path = "timed", precision = "fp32";
+    std::string model = "lenet", conv_path = "timed", precision = "fp32", gpt_config = "124m", curve;
     std::size_t batch = 0, steps = 20, warmup = 3, bucket_floats = 0, first_bucket_floats = 0, micro_batch = 0,
                 accumulate = 0;
     double peak_tflops = 989.0;
@@ -47,14 +48,24 @@ try {
         ->capture_default_str();
     examples::count_option(app, "--batch", batch, "batch size (0: the network's default); global with strong "
                                                   "scaling, per device with weak", 0, 1u << 16);
-    examples::count_option(app, "--micro-batch", micro_batch, "gpt2: sequences of 1024 tokens a micro-batch (0: 16)", 0,
+    examples::count_option(app, "--micro-batch", micro_batch, "gpt2: sequences a micro-batch (0: 16; tiny: 2)", 0,
                            1u << 16);
     examples::count_option(app, "--accumulate", accumulate, "gpt2: micro-batches an update (0: as many as make 524,288 "
-                                                            "tokens)", 0, 1u << 20);
+                                                            "tokens; tiny: 2)", 0, 1u << 20);
     app.add_option("--peak-tflops", peak_tflops, "gpt2: the device's peak rate for the model FLOP utilisation (989: "
                                                  "H100 and H200, dense bf16)")
         ->check(CLI::Range(1e-6, 1e9))
         ->capture_default_str();
+    app.add_option("--gpt-config", gpt_config, "gpt2: GPT-2 124M, or tiny: GPT<2, 2, 64, 64, 512> on ids over its 512 "
+                                               "rows (micro-batch 2, accumulate 2; train_bench only), the plumbing "
+                                               "on a CPU")
+        ->check(CLI::IsMember({"124m", "tiny"}))
+        ->capture_default_str();
+    app.add_option("--curve", curve, "gpt2: write PREFIX.json (the run), PREFIX.params (the initial parameters), "
+                                     "PREFIX.ids (every micro-batch's ids) and PREFIX.losses.json (each update's "
+                                     "loss), training from the initial parameters without warm-up; "
+                                     "bench/pytorch_bench.py --curve PREFIX repeats the run in PyTorch and compares")
+        ->check(examples::not_empty);
     examples::count_option(app, "--steps", steps, "timed steps (gpt2: updates)", 1, 1000000);
     examples::count_option(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
     dev.add(app, "all (every GPU, or the CPU)", {"single", "threaded", "auto"});
@@ -101,6 +112,8 @@ try {
     app.add_flag("--json", json, "print one JSON object");
     if (int code = examples::parse(app, argc, argv)) return code - 1;
     if (model == "gpt2" && precision_option->count() == 0) precision = train_bench::gpt2_precision;
+    if (model != "gpt2" && (!curve.empty() || gpt_config != "124m"))
+        throw Error("--curve and --gpt-config are for --model gpt2");
 #if defined(REPLICA_CUDA)
     const auto path = std::ranges::find(conv_paths, conv_path);
     backend::cuda::default_options().graphs = !eager;
@@ -116,7 +129,7 @@ try {
     Settings s{model, batch, steps, warmup, devices, dev.dispatch_choice(), dev.scaling_choice(), json, blas_threads,
                StepOptions{.reproducible = repro.reproducible, .micro_shard = repro.micro_shard},
                processes.get(), bucket_floats, first_bucket_floats, data_parallel, precision,
-               dev.gradient_reduction_choice(), micro_batch, accumulate, peak_tflops};
+               dev.gradient_reduction_choice(), micro_batch, accumulate, peak_tflops, gpt_config, curve};
     for (auto family : {train_bench::run_classic, train_bench::run_inception, train_bench::run_residual,
                         train_bench::run_gpt})
         if (const auto code = family(s)) return *code;

@@ -37,6 +37,8 @@ struct Settings {
     // as make 524,288 tokens), and the device's peak rate for the model FLOP utilisation.
     std::size_t micro_batch = 0, accumulate = 0;
     double peak_tflops = 989.0;
+    std::string gpt_config = "124m";   // gpt2: 124m (GPT2Small) or tiny (the CPU program only)
+    std::string curve;                 // gpt2: the --curve files' prefix (empty: none written)
 };
 
 inline DataParallelOptions data_parallel_options(const Settings& s)
