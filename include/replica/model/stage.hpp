@@ -470,7 +470,8 @@ public:
             for (std::size_t k = 0; k < ranges.size(); ++k)
                 sum_of_squares(ctx, static_cast<const float*>(grads_.data() + ranges[k].first),
                                ranges[k].second - ranges[k].first, squares_.data() + k);
-            std::vector<double> part(ranges.size());
+            std::vector<double>& part = squares_host_;   // kept: no allocation an update
+            part.resize(ranges.size());
             ctx.download(part.data(), squares_.data(), part.size());
             ctx.synchronize();
             double total = 0.0;
@@ -849,6 +850,7 @@ private:
     std::vector<core::ParamSegment> shard_segments_;
     std::vector<double> shard_loss_;   // reproducible_forward_backward's, one a shard
     core::Buffer<double> squares_;     // gradient_squares's sums, clip_gradient's total
+    std::vector<double> squares_host_;   // gradient_squares's sums, read back
 };
 
 } // namespace replica::model

@@ -27,6 +27,7 @@
 // nested DataParallel; each is refused with a message.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -288,7 +289,7 @@ public:
     void update(const Opt& opt)
     {
         if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
-            std::vector<double> squares(Ways);
+            std::array<double, Ways> squares{};
             on_every_rank([&](shard_type& s, std::size_t r) {
                 squares[r] = s.template gradient_squares<typename shard_type::param_rule, 0>(r == 0 ? whole_ : split_);
             });

@@ -397,8 +397,7 @@ void with_tc_head_tile(std::size_t hd, F&& f)
 
 // Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
 // the tensors 16-byte aligned (offsets are then multiples of 8 values too).
-template <class T>
-bool attention_wide(std::size_t hd, const void* a, const void* b)
+inline bool attention_wide(std::size_t hd, const void* a, const void* b)
 {
     return hd % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
 }
@@ -408,7 +407,7 @@ void attention_forward_tc(const Context& ctx, const T* qkv, T* o, float* lse, st
                           std::size_t d, std::size_t heads)
 {
     const std::size_t hd = d / heads;
-    const bool wide = attention_wide<T>(hd, qkv, o);
+    const bool wide = attention_wide(hd, qkv, o);
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
         const unsigned blocks = unsigned((t + kernels::tc::kRows - 1) / kernels::tc::kRows * n * heads);
@@ -451,7 +450,7 @@ void attention_backward_tc(const Context& ctx, const T* qkv, const float* lse, c
 {
     const std::size_t hd = d / heads;
     const float scale = 1.0f / std::sqrt(float(hd));
-    const bool wide = attention_wide<T>(hd, qkv, d_o);
+    const bool wide = attention_wide(hd, qkv, d_o);
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
         namespace tc = kernels::tc;
