@@ -336,6 +336,8 @@ TEST_CASE("CUDA transformer layers equal CPU ones: LayerNorm, GELU's tanh form, 
     REQUIRE_GPU();
     same_on_cpu_and_gpu<LayerNorm<>, Shape<5, 8>>();
     same_on_cpu_and_gpu<LayerNorm<>, Shape<300>>(4);   // a row longer than a block
+    same_on_cpu_and_gpu<LayerNorm<>, Shape<3, 264>>(2);   // a warp a row, a lane's second pack partial
+    same_on_cpu_and_gpu<LayerNorm<>, Shape<2, 768>>(2);   // GPT-2's rows: three packs a lane
     same_on_cpu_and_gpu<LayerNorm<LayerNormOptions{.eps = 1e-3f, .affine = false}>, Shape<7, 12>>();
     same_on_cpu_and_gpu<GELUWith<GeluApprox::tanh>, Shape<4, 5, 6>>();
     same_on_cpu_and_gpu<GELUWith<GeluApprox::tanh>, Shape<17>>();

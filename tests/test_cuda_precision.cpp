@@ -1,5 +1,5 @@
 // The CUDA kernels on bf16 and fp16 activations (issue 23) against the float computation they round:
-// each function of backend/cuda/{elementwise,activation,pool,loss,normalization}.hpp runs on values
+// each function of backend/cuda/{elementwise,activation,pool,loss,normalization,layer_norm}.hpp runs on values
 // already rounded to T, and is compared with the CPU backend's float function (or a loop, where the
 // CPU has none) on the same values. Built as CUDA (nvcc) only, a program of its own; every test but the
 // first (the order of the values in a 16-byte move, on the host) skips without a GPU.
@@ -403,6 +403,74 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: the channel bias (and its fused R
         cuda::dropout_apply(ctx, 0.3f, 77, 4, 1000, x_d.data(), y_d.data(), n, size, size);
         CHECK(differences(y_d.values(), rounded<T>(want)) == "");
     });
+}
+
+PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a block a row, rounds the GPU's float once, "
+                    "within 1 ulp of the CPU's")
+{
+    using T = TestType;
+    CPU_AND_GPU(host, ctx);
+    // Rows of 768 (GPT-2's: 3 packs a lane), 2048 (8, the most), 264 (2, the second partial), 8 (one
+    // lane), all taken a warp a row when aligned; 300 and 2056 a block a row (not whole moves; too long).
+    for (const auto& [rows, features] : {std::pair<std::size_t, std::size_t>{37, 768}, {9, 2048}, {11, 264}, {5, 8},
+                                         {7, 300}, {3, 2056}})
+        for (const bool affine : {true, false}) {
+            INFO("rows " << rows << ", features " << features << ", affine " << affine);
+            const std::size_t count = rows * features;
+            const auto x = inputs<T>(count, 41), dy = inputs<T>(count, 42);
+            const auto w = inputs<float>(2 * features, 43);   // weight, then bias; float
+            auto w_d = ctx.allocate<float>(2 * features), stats_d = ctx.allocate<float>(4 * rows);
+            auto grads_d = ctx.allocate<float>(4 * features);
+            ctx.upload(w_d.data(), w.data(), 2 * features);
+            const float* weight = affine ? static_cast<const float*>(w_d.data()) : nullptr;
+            const float* bias = affine ? static_cast<const float*>(w_d.data() + features) : nullptr;
+            std::vector<float> want_y(count), want_dx(count), want_stats(2 * rows), want_grads(2 * features);
+            cpu::layer_norm_forward(host, x.data(), want_y.data(), affine ? w.data() : nullptr,
+                                    affine ? w.data() + features : nullptr, rows, features, 1e-5f, want_stats.data(),
+                                    want_stats.data() + rows);
+            cpu::layer_norm_backward(host, x.data(), dy.data(), affine ? w.data() : nullptr,
+                                     static_cast<const float*>(want_stats.data()),
+                                     static_cast<const float*>(want_stats.data() + rows), want_dx.data(),
+                                     affine ? want_grads.data() : nullptr, affine ? want_grads.data() + features : nullptr,
+                                     rows, features);
+            aligned_and_not([&](std::size_t offset) {
+                const std::vector<float> zero(count);
+                OnGpu<T> x_d(ctx, x, offset), dy_d(ctx, dy, offset), y_d(ctx, zero, offset), dx_d(ctx, zero, offset);
+                OnGpu<float> xf_d(ctx, x, offset), dyf_d(ctx, dy, offset), yf_d(ctx, zero, offset), dxf_d(ctx, zero, offset);
+                float* stats = stats_d.data();
+                cuda::layer_norm_forward(ctx, static_cast<const T*>(x_d.data()), y_d.data(), weight, bias, rows, features,
+                                         1e-5f, stats, stats + rows);
+                cuda::layer_norm_forward(ctx, static_cast<const float*>(xf_d.data()), yf_d.data(), weight, bias, rows,
+                                         features, 1e-5f, stats + 2 * rows, stats + 3 * rows);
+                cuda::layer_norm_backward(ctx, static_cast<const T*>(x_d.data()), static_cast<const T*>(dy_d.data()), weight,
+                                          static_cast<const float*>(stats), static_cast<const float*>(stats + rows),
+                                          dx_d.data(), affine ? grads_d.data() : nullptr,
+                                          affine ? grads_d.data() + features : nullptr, rows, features);
+                cuda::layer_norm_backward(ctx, static_cast<const float*>(xf_d.data()), static_cast<const float*>(dyf_d.data()),
+                                          weight, static_cast<const float*>(stats + 2 * rows),
+                                          static_cast<const float*>(stats + 3 * rows), dxf_d.data(),
+                                          affine ? grads_d.data() + 2 * features : nullptr,
+                                          affine ? grads_d.data() + 3 * features : nullptr, rows, features);
+                std::vector<float> got_stats(4 * rows), got_grads(4 * features);
+                ctx.download(got_stats.data(), stats_d.data(), got_stats.size());
+                ctx.download(got_grads.data(), grads_d.data(), got_grads.size());
+                ctx.synchronize();
+                // The T kernels are the float kernels on the same values, each stored value rounded once;
+                // the statistics and the parameter gradients (float) the same bits.
+                const auto y = y_d.values(), dx = dx_d.values();
+                CHECK(differences(y, rounded<T>(yf_d.values())) == "");
+                CHECK(differences(dx, rounded<T>(dxf_d.values())) == "");
+                CHECK(std::equal(got_stats.begin(), got_stats.begin() + 2 * rows, got_stats.begin() + 2 * rows));
+                if (affine) CHECK(std::equal(got_grads.begin(), got_grads.begin() + 2 * features, got_grads.begin() + 2 * features));
+                // Against the CPU: its sums in another order.
+                CHECK(ulps<T>(y, rounded<T>(want_y)) <= 1.0);
+                CHECK(ulps<T>(dx, rounded<T>(want_dx)) <= 1.0);
+                CHECK(ulps<float>(std::vector<float>(got_stats.begin(), got_stats.begin() + 2 * rows), want_stats) <= 64.0);
+                if (affine)
+                    CHECK(ulps<float>(std::vector<float>(got_grads.begin(), got_grads.begin() + 2 * features), want_grads) <=
+                          4096.0);
+            });
+        }
 }
 
 PRECISION_TEST_CASE("bf16 and fp16 on the GPU: channel slices in and out equal the CPU's")

@@ -2,10 +2,11 @@
 // Fully connected layer on the CPU: y (n, out) = x (n, in) W^T + b, W (out, in).
 //
 // x, y, dy, dx and the weights w are T (core::Storage); b, dw, db are float, b and db null for a product
-// without a bias. For bf16/fp16 the T operands are converted to float in memory allocated for the call
-// (the layer passes no scratch), the float products run on them as for float, and each stored output is
-// rounded once, after the bias and the ReLU: bit for bit round_through<T> of the float call on the same
-// (T-valued) inputs.
+// without a bias. For bf16/fp16 the T operands, and the bias rounded to T (as the GPU's epilogue reads
+// it: backend/kernels/linear.hpp), are converted to float in the context's workspace (the layer passes
+// no scratch), the float products run on them as for float, and each stored output is rounded once,
+// after the bias and the ReLU: bit for bit round_through<T> of the float call on the same (T-valued)
+// inputs.
 
 #include <concepts>
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/number.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cpu {
 
@@ -31,12 +33,15 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
         if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
     } else {
         const std::size_t nx = n * std::size_t(in), nw = std::size_t(out) * in, ny = n * std::size_t(out);
-        float* xf = ctx.workspace(nx + nw + ny);
+        float* xf = ctx.workspace(nx + nw + ny + (b ? std::size_t(out) : 0));
         float* wf = xf + nx;
         float* yf = wf + nw;
+        float* bf = b ? yf + ny : nullptr;
         load_float(x, nx, xf);
         load_float(w, nw, wf);
-        linear_forward(ctx, in, out, static_cast<const float*>(wf), b, static_cast<const float*>(xf), yf, n, relu);
+        for (int j = 0; b && j < out; ++j) bf[j] = core::round_through<T>(b[j]);
+        linear_forward(ctx, in, out, static_cast<const float*>(wf), static_cast<const float*>(bf),
+                       static_cast<const float*>(xf), yf, n, relu);
         store_float(yf, ny, y);
     }
 }

@@ -1,7 +1,10 @@
 #pragma once
 // Layer normalisation on the GPU, the CPU backend's contract (backend/cpu/layer_norm.hpp): `rows` rows
-// of `features` values, each normalised on its own. One block a row for the statistics, the output
-// and the input gradient (sums in a tree fixed by the block size); the weight and bias gradients in
+// of `features` values, each normalised on its own. The statistics, the output and the input gradient:
+// where a row is whole 16-byte moves (features a multiple of 8, at most kLayerNormMaxPacks x 256, the
+// pointers 16-byte aligned: GPT's rows), one warp a row, its values read once into registers and the
+// sums taken by a butterfly of shuffles (every lane gets the same bits); otherwise one block a row,
+// sums in a tree fixed by the block size. Both are passes bound by memory. The weight and bias gradients in
 // two passes: each chunk of kLayerNormChunk rows summed in order, a thread a feature, into the
 // context's workspace, then the chunks' sums added in chunk order. The grouping depends on the row
 // count only, so every result is the same on every run and on any number of replicas. x, y, dy, dx are
@@ -10,10 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/launch.hpp"
+#include "replica/backend/cuda/packed.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
@@ -75,6 +81,102 @@ __global__ void layer_norm_backward_input(const T* x, const T* dy, const float* 
     }
 }
 
+// The warp-a-row kernels: kLayerNormWarps rows a block; lane l holds the row's values 8 (k 32 + l) to
+// 8 (k 32 + l) + 7 for k < K, K = ceil(features / 256) <= kLayerNormMaxPacks.
+inline constexpr unsigned kLayerNormWarps = 4;
+inline constexpr unsigned kLayerNormMaxPacks = 8;
+
+// The sum of v over the warp, in a butterfly: every lane adds the same two values at every level (a + b
+// = b + a), so every lane holds the same bits.
+__device__ inline float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <unsigned K, class T>
+__global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_forward_rows(const T* x, T* y, const float* w, const float* b,
+                                                                                 unsigned rows, unsigned features, float eps,
+                                                                                 float* mean, float* rstd)
+{
+    const unsigned r = blockIdx.x * kLayerNormWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const std::size_t row = std::size_t(r) * features;
+    float v[K][8];
+    float s = 0.0f;
+#pragma unroll
+    for (unsigned k = 0; k < K; ++k) {
+        const unsigned f = (k * 32 + lane) * 8;
+        if (f >= features) continue;
+        load8(x + row + f, v[k]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += v[k][j];
+    }
+    const float m = warp_sum(s) / float(features);
+    float q = 0.0f;
+#pragma unroll
+    for (unsigned k = 0; k < K; ++k) {
+        if ((k * 32 + lane) * 8 >= features) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float c = v[k][j] - m;
+            q += c * c;
+        }
+    }
+    const float rs = rsqrtf(warp_sum(q) / float(features) + eps);
+#pragma unroll
+    for (unsigned k = 0; k < K; ++k) {
+        const unsigned f = (k * 32 + lane) * 8;
+        if (f >= features) continue;
+        float o[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float h = (v[k][j] - m) * rs;
+            o[j] = w ? h * __ldg(w + f + j) + __ldg(b + f + j) : h;
+        }
+        store8(y + row + f, o);
+    }
+    if (lane == 0) mean[r] = m, rstd[r] = rs;
+}
+
+template <unsigned K, class T>
+__global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_backward_input_rows(const T* x, const T* dy, const float* w,
+                                                                                        const float* mean, const float* rstd,
+                                                                                        T* dx, unsigned rows, unsigned features)
+{
+    const unsigned r = blockIdx.x * kLayerNormWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const std::size_t row = std::size_t(r) * features;
+    const float m = mean[r], rs = rstd[r];
+    float h[K][8], g[K][8];
+    float sg = 0.0f, sgh = 0.0f;
+#pragma unroll
+    for (unsigned k = 0; k < K; ++k) {
+        const unsigned f = (k * 32 + lane) * 8;
+        if (f >= features) continue;
+        load8(x + row + f, h[k]);
+        load8(dy + row + f, g[k]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            h[k][j] = (h[k][j] - m) * rs;
+            if (w) g[k][j] *= __ldg(w + f + j);
+            sg += g[k][j];
+            sgh += g[k][j] * h[k][j];
+        }
+    }
+    const float mg = warp_sum(sg) / float(features), mgh = warp_sum(sgh) / float(features);
+#pragma unroll
+    for (unsigned k = 0; k < K; ++k) {
+        const unsigned f = (k * 32 + lane) * 8;
+        if (f >= features) continue;
+        float o[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = rs * (g[k][j] - mg - h[k][j] * mgh);
+        store8(dx + row + f, o);
+    }
+}
+
 inline constexpr std::size_t kLayerNormChunk = 64;
 
 // Block (b, c), thread f of block b: feature f over chunk c's rows, in order, into partial's rows 2c
@@ -113,12 +215,58 @@ __global__ void layer_norm_backward_params_total(const float* partial, std::size
 }
 } // namespace kernels
 
+namespace detail {
+// The packs K of the warp-a-row kernels (kernels above) where they serve this call: features a multiple
+// of 8 and at most kLayerNormMaxPacks x 256, every pointer 16-byte aligned, the rows within the grid;
+// 0 otherwise.
+inline unsigned warp_row_packs(std::size_t rows, std::size_t features, std::initializer_list<const void*> pointers)
+{
+    const std::size_t packs = (features + 255) / 256, blocks = (rows + kernels::kLayerNormWarps - 1) / kernels::kLayerNormWarps;
+    if (features % 8 != 0 || packs > kernels::kLayerNormMaxPacks || blocks > 0x7fffffffu) return 0;
+    for (const void* p : pointers)
+        if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 0;
+    return unsigned(packs);
+}
+inline dim3 warp_row_blocks(std::size_t rows) { return dim3(unsigned((rows + kernels::kLayerNormWarps - 1) / kernels::kLayerNormWarps)); }
+
+template <unsigned K = 1, class T>
+void layer_norm_forward_rows(const Context& ctx, unsigned packs, const T* x, T* y, const float* w, const float* b,
+                             std::size_t rows, std::size_t features, float eps, float* mean, float* rstd)
+{
+    if (packs != K) {
+        if constexpr (K < kernels::kLayerNormMaxPacks) layer_norm_forward_rows<K + 1>(ctx, packs, x, y, w, b, rows, features, eps, mean, rstd);
+        return;
+    }
+    kernels::layer_norm_forward_rows<K><<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(
+        x, y, w, b, unsigned(rows), unsigned(features), eps, mean, rstd);
+    check_launch("layer_norm_forward_rows");
+}
+
+template <unsigned K = 1, class T>
+void layer_norm_backward_input_rows(const Context& ctx, unsigned packs, const T* x, const T* dy, const float* w,
+                                    const float* mean, const float* rstd, T* dx, std::size_t rows, std::size_t features)
+{
+    if (packs != K) {
+        if constexpr (K < kernels::kLayerNormMaxPacks)
+            layer_norm_backward_input_rows<K + 1>(ctx, packs, x, dy, w, mean, rstd, dx, rows, features);
+        return;
+    }
+    kernels::layer_norm_backward_input_rows<K><<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(
+        x, dy, w, mean, rstd, dx, unsigned(rows), unsigned(features));
+    check_launch("layer_norm_backward_input_rows");
+}
+} // namespace detail
+
 // y = (x - mean) * rstd * w + b per row (w, b null: 1 and 0); mean and rstd (rows floats) assigned.
 template <core::Storage T>
 void layer_norm_forward(const Context& ctx, const T* x, T* y, const float* w, const float* b, std::size_t rows,
                         std::size_t features, float eps, float* mean, float* rstd)
 {
     if (rows == 0) return;
+    if (const unsigned packs = detail::warp_row_packs(rows, features, {x, y})) {
+        detail::layer_norm_forward_rows(ctx, packs, x, y, w, b, rows, features, eps, mean, rstd);
+        return;
+    }
     kernels::layer_norm_forward<<<unsigned(rows), kernels::kLayerNormThreads, 0, ctx.stream()>>>(
         x, y, w, b, unsigned(features), eps, mean, rstd);
     detail::check_launch("layer_norm_forward");
@@ -144,6 +292,10 @@ void layer_norm_backward(const Context& ctx, const T* x, const T* dy, const floa
         detail::check_launch("layer_norm_backward_params_total");
     }
     if (dx && rows > 0) {
+        if (const unsigned packs = detail::warp_row_packs(rows, features, {x, dy, dx})) {
+            detail::layer_norm_backward_input_rows<1, T>(ctx, packs, x, dy, w, mean, rstd, dx, rows, features);
+            return;
+        }
         kernels::layer_norm_backward_input<<<unsigned(rows), kernels::kLayerNormThreads, 0, ctx.stream()>>>(
             x, dy, w, mean, rstd, dx, unsigned(features));
         detail::check_launch("layer_norm_backward_input");

@@ -14,10 +14,12 @@
 //
 // Element type T (float, bf16, fp16; deduced from the pointers): x, y, w, dx, dy, relu_y and dz are
 // T, b, dw and db float. For bf16 and fp16 the products read T (CUDA_R_16BF, CUDA_R_16F) and compute
-// in FP32 (tensor cores); y comes out in T with the float bias and the ReLU applied before its one
-// rounding (where cuBLASLt offers no such epilogue for the shape: the product, rounded, then
-// add_channel_bias, rounded again); dw and the BGRADB bias gradient come out in FP32, and the GEMV
-// bias gradient is a GemmEx with FP32 output. Plans are kept per T.
+// in FP32 (tensor cores); y comes out in T with the bias and the ReLU applied before its one rounding.
+// The bias the epilogue adds is b rounded to T (cuBLASLt's bias epilogues read a bias of D's type;
+// PyTorch's autocast casts the bias to T too), converted into the context's buffer as the product is
+// queued; where cuBLASLt offers no such epilogue for the shape, the product, rounded, then
+// add_channel_bias of the float b, rounded again. dw and the BGRADB bias gradient come out in FP32,
+// and the GEMV bias gradient is a GemmEx with FP32 output. Plans are kept per T.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -142,7 +144,7 @@ inline int cached_gemm_choice(const Context& ctx, core::TuningCache& cache, cons
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
-inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const float* bias,
+inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias,
                                const cublasLtMatmulAlgo_t& algo, std::size_t workspace)
 {
     if (bias) {
@@ -164,7 +166,7 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     const cudaDataType_t in_type = cuda_type(key.storage), out_type = key.float_output() ? CUDA_R_32F : in_type;
-    if (key.storage != StorageId::fp32 && bias_length) {   // the bias (or its gradient) is float whatever D is
+    if (key.storage != StorageId::fp32 && key.kind == GemmKey::weight_grad_bias) {   // the bias gradient is float
         const cudaDataType_t bias_type = CUDA_R_32F;
         REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
     }
@@ -285,7 +287,7 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
     return gemms.emplace(key, std::move(g)).first->second;
 }
 
-inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const float* bias = nullptr)
+inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias = nullptr)
 {
     REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace));
 }
@@ -301,6 +303,26 @@ inline const float* aligned_bias(const Context& ctx, const float* b, int out)
     }
     REPLICA_CHECK(cudaMemcpyAsync(buffer.data(), b, sizeof(float) * std::size_t(out), cudaMemcpyDeviceToDevice, ctx.stream()));
     return buffer.data();
+}
+
+// The bias as a product's epilogue reads it (queued): float, aligned_bias; bf16 and fp16, b rounded to T
+// in the context's buffer (256-byte aligned), which the product reads before the next layer's
+// conversion overwrites it, the stream keeping the order.
+template <core::Storage T>
+const void* epilogue_bias(const Context& ctx, const float* b, int out)
+{
+    if constexpr (std::same_as<T, float>) {
+        return aligned_bias(ctx, b, out);
+    } else {
+        auto& buffer = ctx.plan_cache().bias_in_storage;
+        if (buffer.size() < sizeof(T) * std::size_t(out)) {
+            ctx.drop_graphs();   // they read the old buffer
+            buffer = ctx.allocate<unsigned char>(sizeof(T) * std::size_t(out));
+        }
+        T* t = reinterpret_cast<T*>(buffer.data());
+        convert(ctx, b, t, std::size_t(out));
+        return t;
+    }
 }
 } // namespace detail
 
@@ -320,13 +342,13 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
     }
     const Gemm& g = detail::linear_gemm(ctx, relu ? GemmKey::forward_relu : GemmKey::forward, in, out, n, w, x, y, tf32, s);
     if constexpr (!std::same_as<T, float>) {
-        if (!g.usable) {   // no float-bias epilogue for this 16-bit product: y (n, out) + b after it
+        if (!g.usable) {   // no bias epilogue for this 16-bit product: y (n, out) + b after it
             detail::run(ctx, detail::linear_gemm(ctx, GemmKey::forward_no_bias, in, out, n, w, x, y, tf32, s), w, x, y);
             add_channel_bias(ctx, b, y, n, std::size_t(out), 1, relu);
             return;
         }
     }
-    detail::run(ctx, g, w, x, y, detail::aligned_bias(ctx, b, out));
+    detail::run(ctx, g, w, x, y, detail::epilogue_bias<T>(ctx, b, out));
 }
 
 // dw, db (null without a bias) assigned; dx (may be null) assigned.

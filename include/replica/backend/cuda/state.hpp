@@ -197,6 +197,7 @@ struct PlanCache {
     core::Buffer<core::bf16> ones_bf16;
     core::Buffer<core::fp16> ones_fp16;
     core::Buffer<float> aligned_bias;
+    core::Buffer<unsigned char> bias_in_storage;   // a 16-bit product's bias rounded to its T (linear.hpp)
 
     void drop_plans()
     {

@@ -3,7 +3,9 @@
 // y (n, out) = x (n, in) W^T + b, W (out, in) row-major. x, y, w and the gradients of x and y are of
 // the model's element type T, flat (no layout); b, dw and db are float. The products run in float
 // (FP32 products on a GPU; bf16 and fp16 on tensor cores), each stored T value rounded once, after
-// the bias and the ReLU. b null: no bias (then db null too: TiedHead's product).
+// the bias and the ReLU. For bf16 and fp16 the bias added is b rounded to T (cuBLASLt's epilogues read
+// a bias of the output's type, and PyTorch's autocast casts it so); its gradient db stays a float sum.
+// b null: no bias (then db null too: TiedHead's product).
 
 #include <concepts>
 #include <cstddef>
