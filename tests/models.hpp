@@ -155,6 +155,12 @@ using UnfusedConvNet =
 // The same for fully connected layers.
 using FusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, ReLU, Linear<7>, ReLU, Linear<5>>;
 using UnfusedMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<12>, Dropout<0.0>, ReLU, Linear<7>, Dropout<0.0>, ReLU, Linear<5>>;
+// Fully connected layers followed by GELU's tanh form (a Chain applies each GELU in the layer's
+// forward pass), and the same kept apart.
+using GeluMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<16>, GELUWith<GeluApprox::tanh>, Linear<8>,
+                              GELUWith<GeluApprox::tanh>, Linear<5>>;
+using GeluMlpApart = Sequential<Input<2, 9, 9>, Flatten, Linear<16>, Dropout<0.0>, GELUWith<GeluApprox::tanh>, Linear<8>,
+                                Dropout<0.0>, GELUWith<GeluApprox::tanh>, Linear<5>>;
 // The same for nested models (ResNet's Sequential<Conv2d, BatchNorm2d>, then ReLU): a stem, a block
 // whose body fuses inside, and a model two levels deep ending in a convolution.
 template <std::size_t C, std::size_t Stride = 1>

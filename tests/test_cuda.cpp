@@ -1130,6 +1130,28 @@ TEST_CASE("A fully connected layer fused with the ReLU after it trains as the tw
     CHECK(max_relative_difference(five_steps(cpu, data, 7, {}), expected) < 1e-4);
 }
 
+TEST_CASE("A fully connected layer applying the GELU after it in its product's epilogue trains as the two apart on the GPU, "
+          "float and bf16", "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    const auto check = [&]<class Fused, class Apart>(std::type_identity<Fused>, std::type_identity<Apart>, double tolerance) {
+        const RandomBatches<Fused> data(100, 3);
+        Fused fused{Device::cuda(0), 5};
+        Apart apart{Device::cuda(0), 5};
+        apart.set_parameters(parameters(fused));
+        // The epilogue's GELU is of the float sum before its rounding to T, and cuBLASLt's own: equal up
+        // to rounding, not bit for bit.
+        const auto expected = five_steps(apart, data, 7, {});
+        CHECK(max_relative_difference(five_steps(fused, data, 7, {}), expected) < tolerance);
+        CHECK(max_relative_difference(expected, parameters(Apart{Device::cuda(0), 5})) > 1e-3);   // it trained
+        Fused cpu{Device::cpu(), 5};
+        CHECK(max_relative_difference(five_steps(cpu, data, 7, {}), expected) < tolerance);
+    };
+    check(std::type_identity<GeluMlpNet>{}, std::type_identity<GeluMlpApart>{}, 1e-4);
+    check(std::type_identity<with_precision<GeluMlpNet, bf16>>{}, std::type_identity<with_precision<GeluMlpApart, bf16>>{},
+          3e-2);
+}
+
 // ---- the next step queued ahead (train_step's `next`) ----
 
 namespace {

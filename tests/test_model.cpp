@@ -83,6 +83,16 @@ TEST_CASE("A fully connected layer fused with the ReLU after it trains to the sa
     fused_trains_as_apart<FusedMlpNet, UnfusedMlpNet>();
 }
 
+TEST_CASE("A fully connected layer applying the GELU after it in its forward pass trains to the same bits as the two apart",
+          "[cpu][transformer]")
+{
+    static_assert(GeluMlpNet::chain::fuses_next_gelu<1> && GeluMlpNet::chain::fuses_next_gelu<3>);
+    static_assert(!GeluMlpApart::chain::fuses_next_gelu<1> && !GeluMlpNet::chain::fuses_next_gelu<2> &&
+                  !Sequential<Input<6>, Linear<8>, GELU, Linear<2>>::chain::fuses_next_gelu<0>);   // the erf form
+    static_assert(Sequential<Input<4, 16>, LayerNorm<>, Linear<64>, GELUWith<GeluApprox::tanh>, Linear<16>>::chain::fuses_next_gelu<1>);
+    fused_trains_as_apart<GeluMlpNet, GeluMlpApart>();
+}
+
 // A nested model fuses the ReLU after it when its last layer does: ResNet's ConvBN, ReLU (BatchNorm
 // reads the ReLU's mask in its backward), a residual block's body, a model two levels deep; a model
 // ending in a ReLU does not; a Residual fuses the ReLU after it as before, not the body's.

@@ -53,7 +53,8 @@ struct ReLU {
 
 // A parameter-free elementwise layer whose kernels a rule names: Rule::forward(ctx, x, y, count) and
 // Rule::backward(ctx, x, y, dy, dx, count) (from the input, the output, or both); Rule::value(v), the
-// function of one value, decodes (layers/decode.hpp).
+// function of one value, decodes (layers/decode.hpp). A rule with `is_gelu_tanh` makes the op one that
+// a fully connected layer before it may apply in its forward pass (layers/op.hpp).
 template <class Rule>
 struct Elementwise {
     template <class In, class T = float>
@@ -61,6 +62,7 @@ struct Elementwise {
         using input_shape = In;
         using output_shape = In;
         static constexpr std::size_t param_count = 0;
+        static constexpr bool is_gelu_tanh = requires { Rule::is_gelu_tanh; };
         using LeafOp::LeafOp;
         void init(float*, std::uint64_t) const {}
         template <class Ctx>
@@ -123,6 +125,7 @@ struct GeluRule<GeluApprox::none> {   // dx = dy * (Phi(x) + x * phi(x)), from t
 };
 template <>
 struct GeluRule<GeluApprox::tanh> {   // the derivative of the tanh form, from the input
+    static constexpr bool is_gelu_tanh = true;
     static float value(float v)
     {
         return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));

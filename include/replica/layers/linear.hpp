@@ -63,6 +63,15 @@ struct Linear {
         {
             linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows, true);
         }
+        // Forward followed by the tanh form of GELU (layers/op.hpp), whose forward then does not run: a.y
+        // receives this op's output and `activated` the GELU's, on a GPU both from the product's
+        // epilogue (one kernel instead of two passes more).
+        static constexpr bool fuses_gelu_tanh = true;
+        template <class Ctx>
+        void forward_gelu_tanh(Ctx& ctx, const Pass&, const ForwardArgs<T>& a, T* activated) const
+        {
+            linear_forward_gelu(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, activated, a.n * rows);
+        }
         // Backward of both: a.y and a.dy are the ReLU's output and its gradient; dz receives this op's.
         template <class Ctx>
         void backward_relu(Ctx& ctx, const Pass&, const BackwardArgs<T>& a, T* dz) const

@@ -37,6 +37,14 @@
 // unchanged: the Chain skips it between two ops (the next one reads the view's input; dy passes
 // through).
 //
+// Optional: an op with `static constexpr bool fuses_gelu_tanh` and forward_gelu_tanh(ctx, pass,
+// ForwardArgs, T* activated) (a fully connected layer) applies the tanh form of GELU that follows it
+// in a Chain (an op whose `is_gelu_tanh` is true) in its forward pass: its own output goes to a.y, as
+// forward writes it, and the GELU's to `activated` (the GELU's output slot); the Chain skips the
+// GELU's forward. Backward is unchanged (the GELU's reads its input, the op's output). Where the
+// backend fuses them (a GPU product's epilogue), the GELU is of the float values before a.y's
+// rounding.
+//
 // Optional: `static constexpr bool takes_addend` (BatchNorm; a Chain whose last op does): forward and
 // forward_relu add ForwardArgs::addend, when it is not null, to the output before the ReLU, in the
 // same pass (a Residual's sum: model/residual.hpp), and backward reads no y (its output is then the

@@ -186,6 +186,25 @@ public:
         if constexpr (I > 0) return fuses_next_relu<I - 1>;
         else return false;
     }();
+    // An op that can apply the tanh form of GELU after it in its forward pass (fuses_gelu_tanh,
+    // forward_gelu_tanh: a fully connected layer, in its product's epilogue on a GPU) writes its own
+    // output and the GELU's, and the GELU's forward is skipped: the GELU's backward reads its input,
+    // so both outputs are kept, and backward runs as without the fusion.
+    template <std::size_t I>
+    static constexpr bool fuses_next_gelu = [] {
+        if constexpr (I + 1 < N) {
+            if constexpr (requires { op_t<I>::fuses_gelu_tanh; } && requires { op_t<I + 1>::is_gelu_tanh; })
+                return op_t<I + 1>::is_gelu_tanh && !fuses_next_relu<I>;
+            else return false;
+        } else {
+            return false;
+        }
+    }();
+    template <std::size_t I>
+    static constexpr bool gelu_fused_into_previous = [] {
+        if constexpr (I > 0) return fuses_next_gelu<I - 1>;
+        else return false;
+    }();
 
     // A view (an op whose `is_view` is true: Flatten of float activations) changes the shape, not the
     // memory: between two ops it does not run, the op after it reads the view's input, and backward
@@ -334,13 +353,16 @@ private:
     void run_forward(Ctx& ctx, const Pass& pass, const ForwardArgs<T>& a, Hook& hook)
     {
         core::static_for<N>([&](auto i) {
-            if constexpr (fused_into_previous<i> || skipped_view<i>) return;   // done by the op before; a view
+            // Done by the op before (a fused ReLU or GELU); a view.
+            if constexpr (fused_into_previous<i> || gelu_fused_into_previous<i> || skipped_view<i>) return;
             constexpr std::size_t last = fuses_next_relu<i> ? i + 1 : i;   // the op whose output this writes
             ForwardArgs<T> args = parts::template forward_args<i>(
                 a, input_of<i>(a.x, a.kept, a.n), last + 1 == N ? a.y : activation(a.kept, a.n, last), act_offset[N],
                 inner_scratch(a.scratch, a.n));
             if constexpr (i + 1 == N) args.addend = a.addend;   // the last op writes the chain's output
-            if constexpr (applies_relu<Relu, i>) parts_.template forward_relu<i>(ctx, pass, args, hook);
+            if constexpr (fuses_next_gelu<i>)
+                parts_.template get<i>().forward_gelu_tanh(ctx, pass, args, i + 2 == N ? a.y : activation(a.kept, a.n, i + 1));
+            else if constexpr (applies_relu<Relu, i>) parts_.template forward_relu<i>(ctx, pass, args, hook);
             else parts_.template forward<i>(ctx, pass, args, hook);
         });
     }

@@ -46,6 +46,16 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
     }
 }
 
+// linear_forward into y, then the tanh form of GELU of y into activated (the contract's unfused form:
+// backend/kernels/linear.hpp).
+template <core::Storage T>
+void linear_forward_gelu(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, T* y,
+                         std::type_identity_t<T>* activated, std::size_t n)
+{
+    linear_forward(ctx, in, out, w, b, x, y, n);
+    gelu_tanh_forward(ctx, static_cast<const T*>(y), activated, n * std::size_t(out));
+}
+
 // dw, db (null without a bias) assigned; dx (may be null) assigned.
 template <core::Storage T>
 void linear_backward(const Context& ctx, int in, int out, const T* w, const T* x, const T* dy,

@@ -2,7 +2,9 @@
 // Fully connected layer on the GPU through cuBLASLt (column-major: a row-major (r, c) matrix is a
 // column-major (c, r) one). y (n, out) = x (n, in) W^T + b, W (out, in); FP32 products (no TF32, as
 // PyTorch by default; a convolution run as products, conv/products.hpp, asks for TF32 where it may).
-// The bias, and a ReLU that follows (Chain fuses it), are added in the product's epilogue; the bias
+// The bias, and a ReLU that follows (Chain fuses it), are added in the product's epilogue, as is the
+// tanh form of GELU that follows (linear_forward_gelu: the product's output goes to the auxiliary
+// matrix, GELU of it to D, where cuBLASLt offers GELU_AUX_BIAS for the shape); the bias
 // gradient comes from the weight gradient's epilogue (BGRADB) where cuBLASLt offers one and db is
 // 16-byte aligned, else from a GEMV. A layer's parameters sit at any float offset of the flat
 // parameter vector: every product is planned for the alignment of its pointers (cuBLASLt then offers
@@ -38,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "replica/backend/cuda/activation.hpp"
 #include "replica/backend/cuda/context.hpp"
 #include "replica/backend/cuda/elementwise.hpp"
 #include "replica/backend/cuda/timing.hpp"
@@ -144,11 +147,16 @@ inline int cached_gemm_choice(const Context& ctx, core::TuningCache& cache, cons
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
+// aux: the epilogue's auxiliary output (Gemm::aux), else null.
 inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias,
-                               const cublasLtMatmulAlgo_t& algo, std::size_t workspace)
+                               const cublasLtMatmulAlgo_t& algo, std::size_t workspace, void* aux = nullptr)
 {
     if (bias) {
         const cublasStatus_t s = cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    if (aux) {
+        const cublasStatus_t s = cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     const float one = 1.0f, zero = 0.0f;
@@ -169,6 +177,11 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
     if (key.storage != StorageId::fp32 && key.kind == GemmKey::weight_grad_bias) {   // the bias gradient is float
         const cudaDataType_t bias_type = CUDA_R_32F;
         REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    }
+    if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {   // the auxiliary matrix is laid out as D, of D's type
+        g.aux = true;
+        const std::int64_t ld = std::int64_t(d.rows);
+        REPLICA_CHECK(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
     g.a = make_matrix_layout(in_type, a.rows, a.cols, std::int64_t(a.rows));
     g.b = make_matrix_layout(in_type, b.rows, b.cols, std::int64_t(b.rows));
@@ -209,14 +222,15 @@ inline Gemm make_gemm(const Context& ctx, Matrix a, cublasOperation_t op_a, Matr
         const bool cached = k >= 0;
         if (!cached) {
             const TimingScratch scratch(ctx, {a.rows * a.cols * sizeof(float), b.rows * b.cols * sizeof(float),
-                                              d.rows * d.cols * sizeof(float), bias_length * sizeof(float)});
+                                              d.rows * d.cols * sizeof(float), bias_length * sizeof(float),
+                                              g.aux ? d.rows * d.cols * sizeof(float) : 0});
             CallTimer timer(ctx);
             took.assign(std::size_t(usable), CallTimer::never);
             k = CallTimer::fastest(usable, [&](int i, double give_up) {
                 return took[std::size_t(i)] = timer.seconds([&] {
                     return run_gemm(ctx, g, scratch.floats(0), scratch.floats(1), scratch.floats(2),
-                                    bias_length ? scratch.floats(3) : nullptr, found[i].algo,
-                                    found[i].workspaceSize) == CUBLAS_STATUS_SUCCESS;
+                                    bias_length ? scratch.floats(3) : nullptr, found[i].algo, found[i].workspaceSize,
+                                    g.aux ? scratch.floats(4) : nullptr) == CUBLAS_STATUS_SUCCESS;
                 }, give_up);
             });
             if (disk) disk->record(gemm_tuning_key(ctx, measured), gemm_tuning_value(found[k].algo, k, took), tuning_log(ctx));
@@ -240,10 +254,11 @@ inline int alignment(const void* p)
 }
 
 // Whether a product without an algorithm may fall back on other work: the bias gradient's (a GEMV),
-// and a 16-bit forward pass's with the bias (the product without it, then add_channel_bias).
+// a 16-bit forward pass's with the bias (the product without it, then add_channel_bias), and a
+// forward pass with GELU (the product, then gelu_tanh_forward).
 inline bool has_fallback(GemmKey::Kind kind, StorageId storage)
 {
-    return kind == GemmKey::weight_grad_bias ||
+    return kind == GemmKey::weight_grad_bias || kind == GemmKey::forward_gelu ||
            (storage != StorageId::fp32 && (kind == GemmKey::forward || kind == GemmKey::forward_relu));
 }
 
@@ -262,6 +277,9 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
     case GemmKey::forward_relu:   // y^T (out, n) = W stored (in, out), transposed, times x^T (in, n), + b
         g = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m},
                       kind == GemmKey::forward_relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, o, key);
+        break;
+    case GemmKey::forward_gelu:   // the same, GELU's input to the auxiliary matrix and its output to D
+        g = make_gemm(ctx, {i, o}, CUBLAS_OP_T, {i, m}, CUBLAS_OP_N, {o, m}, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, o, key);
         break;
     case GemmKey::forward_no_bias:
     case GemmKey::forward_relu_no_bias:   // the same without b
@@ -287,9 +305,10 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
     return gemms.emplace(key, std::move(g)).first->second;
 }
 
-inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias = nullptr)
+inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias = nullptr,
+                void* aux = nullptr)
 {
-    REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace));
+    REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace, aux));
 }
 
 // b where it is 16-byte aligned, else a copy of it in the context's aligned buffer (queued).
@@ -349,6 +368,26 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
         }
     }
     detail::run(ctx, g, w, x, y, detail::epilogue_bias<T>(ctx, b, out));
+}
+
+// y = x W^T + b, as linear_forward writes it, and activated = the tanh form of GELU of the same
+// values, in the product's epilogue (GELU_AUX_BIAS: y is its auxiliary matrix), each rounded once: GELU
+// of the float sum before y's rounding. Where cuBLASLt offers no such epilogue for the shape (or b is
+// null), linear_forward and then gelu_tanh_forward of y (activation.hpp's bits).
+template <core::Storage T>
+void linear_forward_gelu(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, T* y, T* activated,
+                         std::size_t n)
+{
+    if (n == 0) return;
+    // The product's D alignment key: the lesser of its two outputs'.
+    const void* d = detail::alignment(y) < detail::alignment(activated) ? static_cast<const void*>(y) : activated;
+    const Gemm* g = b ? &detail::linear_gemm(ctx, GemmKey::forward_gelu, in, out, n, w, x, d, false, storage_of<T>) : nullptr;
+    if (!g || !g->usable) {
+        linear_forward(ctx, in, out, w, b, x, y, n);
+        gelu_tanh_forward(ctx, static_cast<const T*>(y), activated, n * std::size_t(out));
+        return;
+    }
+    detail::run(ctx, *g, w, x, activated, detail::epilogue_bias<T>(ctx, b, out), y);
 }
 
 // dw, db (null without a bias) assigned; dx (may be null) assigned.

@@ -149,13 +149,14 @@ struct Gemm {
     cublasLtMatmulAlgo_t algo{};
     std::size_t workspace = 0;
     bool usable = false;   // cuBLASLt offers an algorithm (a bias-gradient epilogue may have none)
+    bool aux = false;      // the epilogue also writes its input to an auxiliary matrix (GELU_AUX)
 };
 
 // Which product of a fully connected layer (linear.hpp), over how many samples, with which pointer
 // alignments (bytes, at most 256: cuBLASLt offers only algorithms that can read and write them).
 struct GemmKey {
     enum Kind { forward, forward_relu, weight_grad_bias, weight_grad, input_grad, input_grad_t, forward_no_bias,
-                forward_relu_no_bias };
+                forward_relu_no_bias, forward_gelu };
     int kind, in, out;
     std::size_t n;
     int align_a, align_b, align_d;

@@ -24,6 +24,10 @@ concept LinearKernelsFor = core::Storage<T> &&
         // same bits as relu_forward's).
         linear_forward(ctx, in, out, w, b, x, y, n);
         linear_forward(ctx, in, out, w, b, x, y, n, relu);
+        // y as linear_forward writes it, and dz (n, out) = the tanh form of GELU of it (the GELU after the
+        // layer, in the product's epilogue where a backend fuses them: GELU of the float values before
+        // y's rounding; otherwise gelu_tanh_forward of y). Each stored value rounded once.
+        linear_forward_gelu(ctx, in, out, w, b, x, y, dz, n);
         // dw (out, in) = dy^T x and db (out) = the sum of dy's rows, assigned; dx (n, in) = dy W,
         // assigned, or nothing where dx is null.
         linear_backward(ctx, in, out, w, x, dy, dx, dw, db, n);
