@@ -411,7 +411,8 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a bloc
     using T = TestType;
     CPU_AND_GPU(host, ctx);
     // Rows of 768 (GPT-2's: 3 packs a lane), 2048 (8, the most), 264 (2, the second partial), 8 (one
-    // lane), all taken a warp a row when aligned; 300 and 2056 a block a row (not whole moves; too long).
+    // lane), taken a warp a row, in one move a pack or value by value (the same bits); 300 and 2056 a
+    // block a row (not packs of 8; too long).
     for (const auto& [rows, features] : {std::pair<std::size_t, std::size_t>{37, 768}, {9, 2048}, {11, 264}, {5, 8},
                                          {7, 300}, {3, 2056}})
         for (const bool affine : {true, false}) {
@@ -433,6 +434,7 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a bloc
                                      static_cast<const float*>(want_stats.data() + rows), want_dx.data(),
                                      affine ? want_grads.data() : nullptr, affine ? want_grads.data() + features : nullptr,
                                      rows, features);
+            std::vector<std::vector<float>> outputs;   // y, dx, the statistics, the parameter gradients, by offset
             aligned_and_not([&](std::size_t offset) {
                 const std::vector<float> zero(count);
                 OnGpu<T> x_d(ctx, x, offset), dy_d(ctx, dy, offset), y_d(ctx, zero, offset), dx_d(ctx, zero, offset);
@@ -469,7 +471,12 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a bloc
                 if (affine)
                     CHECK(ulps<float>(std::vector<float>(got_grads.begin(), got_grads.begin() + 2 * features), want_grads) <=
                           4096.0);
+                for (const auto* v : {&y, &dx, &got_stats}) outputs.push_back(*v);
+                outputs.push_back(affine ? got_grads : std::vector<float>{});
             });
+            // Where the values start changes no bit.
+            REQUIRE(outputs.size() == 8);
+            for (std::size_t i = 0; i < 4; ++i) CHECK(differences(outputs[i + 4], outputs[i]) == "");
         }
 }
 

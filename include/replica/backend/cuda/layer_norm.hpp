@@ -1,16 +1,19 @@
 #pragma once
 // Layer normalisation on the GPU, the CPU backend's contract (backend/cpu/layer_norm.hpp): `rows` rows
 // of `features` values, each normalised on its own. The statistics, the output and the input gradient:
-// where a row is whole 16-byte moves (features a multiple of 8, at most kLayerNormMaxPacks x 256, the
-// pointers 16-byte aligned: GPT's rows), one warp a row, its values read once into registers and the
-// sums taken by a butterfly of shuffles (every lane gets the same bits); otherwise one block a row,
-// sums in a tree fixed by the block size. Both are passes bound by memory. The weight and bias gradients in
+// where a row is packs of 8 values (features a multiple of 8, at most kLayerNormMaxPacks x 256: GPT's
+// rows), one warp a row, its values read once into registers (a pack in one 16-byte move where the
+// pointers are 16-byte aligned, else value by value: the same sums in the same order, so the bits do
+// not depend on where an allocation starts) and the sums taken by a butterfly of shuffles (every lane
+// gets the same bits); other rows one block a row, sums in a tree fixed by the block size. Both are
+// passes bound by memory. The weight and bias gradients in
 // two passes: each chunk of kLayerNormChunk rows summed in order, a thread a feature, into the
 // context's workspace, then the chunks' sums added in chunk order. The grouping depends on the row
 // count only, so every result is the same on every run and on any number of replicas. x, y, dy, dx are
 // T (float, bf16, fp16), computed in float; the weight, bias, their gradients and the statistics float.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -82,9 +85,32 @@ __global__ void layer_norm_backward_input(const T* x, const T* dy, const float* 
 }
 
 // The warp-a-row kernels: kLayerNormWarps rows a block; lane l holds the row's values 8 (k 32 + l) to
-// 8 (k 32 + l) + 7 for k < K, K = ceil(features / 256) <= kLayerNormMaxPacks.
+// 8 (k 32 + l) + 7 for k < K where they are in the row, K a power of two >= features / 256 (the packs
+// beyond the row are skipped, so K changes no sum), at most kLayerNormMaxPacks. Aligned: every pointer
+// 16-byte aligned, a pack one move.
 inline constexpr unsigned kLayerNormWarps = 4;
 inline constexpr unsigned kLayerNormMaxPacks = 8;
+
+template <bool Aligned, class T>
+__device__ inline void load_pack(const T* p, float (&v)[8])
+{
+    if constexpr (Aligned) {
+        load8(p, v);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = widen(p[j]);
+    }
+}
+template <bool Aligned, class T>
+__device__ inline void store_pack(T* p, const float (&v)[8])
+{
+    if constexpr (Aligned) {
+        store8(p, v);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) p[j] = narrow<T>(v[j]);
+    }
+}
 
 // The sum of v over the warp, in a butterfly: every lane adds the same two values at every level (a + b
 // = b + a), so every lane holds the same bits.
@@ -95,7 +121,7 @@ __device__ inline float warp_sum(float v)
     return v;
 }
 
-template <unsigned K, class T>
+template <unsigned K, bool Aligned, class T>
 __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_forward_rows(const T* x, T* y, const float* w, const float* b,
                                                                                  unsigned rows, unsigned features, float eps,
                                                                                  float* mean, float* rstd)
@@ -109,7 +135,7 @@ __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_forward_rows(
     for (unsigned k = 0; k < K; ++k) {
         const unsigned f = (k * 32 + lane) * 8;
         if (f >= features) continue;
-        load8(x + row + f, v[k]);
+        load_pack<Aligned>(x + row + f, v[k]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) s += v[k][j];
     }
@@ -135,12 +161,12 @@ __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_forward_rows(
             const float h = (v[k][j] - m) * rs;
             o[j] = w ? h * __ldg(w + f + j) + __ldg(b + f + j) : h;
         }
-        store8(y + row + f, o);
+        store_pack<Aligned>(y + row + f, o);
     }
     if (lane == 0) mean[r] = m, rstd[r] = rs;
 }
 
-template <unsigned K, class T>
+template <unsigned K, bool Aligned, class T>
 __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_backward_input_rows(const T* x, const T* dy, const float* w,
                                                                                         const float* mean, const float* rstd,
                                                                                         T* dx, unsigned rows, unsigned features)
@@ -155,8 +181,8 @@ __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_backward_inpu
     for (unsigned k = 0; k < K; ++k) {
         const unsigned f = (k * 32 + lane) * 8;
         if (f >= features) continue;
-        load8(x + row + f, h[k]);
-        load8(dy + row + f, g[k]);
+        load_pack<Aligned>(x + row + f, h[k]);
+        load_pack<Aligned>(dy + row + f, g[k]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             h[k][j] = (h[k][j] - m) * rs;
@@ -173,7 +199,7 @@ __global__ void __launch_bounds__(kLayerNormWarps * 32) layer_norm_backward_inpu
         float o[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) o[j] = rs * (g[k][j] - mg - h[k][j] * mgh);
-        store8(dx + row + f, o);
+        store_pack<Aligned>(dx + row + f, o);
     }
 }
 
@@ -216,29 +242,38 @@ __global__ void layer_norm_backward_params_total(const float* partial, std::size
 } // namespace kernels
 
 namespace detail {
-// The packs K of the warp-a-row kernels (kernels above) where they serve this call: features a multiple
-// of 8 and at most kLayerNormMaxPacks x 256, every pointer 16-byte aligned, the rows within the grid;
-// 0 otherwise.
-inline unsigned warp_row_packs(std::size_t rows, std::size_t features, std::initializer_list<const void*> pointers)
+// The packs K of the warp-a-row kernels (kernels above) for rows of `features`: the least power of two
+// >= features / 256 where features is a multiple of 8 and K <= kLayerNormMaxPacks, and the rows fit the
+// grid; 0 otherwise (a block a row). The shape alone decides, never the pointers.
+inline unsigned warp_row_packs(std::size_t rows, std::size_t features)
 {
     const std::size_t packs = (features + 255) / 256, blocks = (rows + kernels::kLayerNormWarps - 1) / kernels::kLayerNormWarps;
     if (features % 8 != 0 || packs > kernels::kLayerNormMaxPacks || blocks > 0x7fffffffu) return 0;
-    for (const void* p : pointers)
-        if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 0;
-    return unsigned(packs);
+    return std::bit_ceil(unsigned(packs));
 }
 inline dim3 warp_row_blocks(std::size_t rows) { return dim3(unsigned((rows + kernels::kLayerNormWarps - 1) / kernels::kLayerNormWarps)); }
+inline bool all_aligned(std::initializer_list<const void*> pointers)
+{
+    for (const void* p : pointers)
+        if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    return true;
+}
 
 template <unsigned K = 1, class T>
 void layer_norm_forward_rows(const Context& ctx, unsigned packs, const T* x, T* y, const float* w, const float* b,
                              std::size_t rows, std::size_t features, float eps, float* mean, float* rstd)
 {
     if (packs != K) {
-        if constexpr (K < kernels::kLayerNormMaxPacks) layer_norm_forward_rows<K + 1>(ctx, packs, x, y, w, b, rows, features, eps, mean, rstd);
+        if constexpr (K < kernels::kLayerNormMaxPacks)
+            layer_norm_forward_rows<2 * K>(ctx, packs, x, y, w, b, rows, features, eps, mean, rstd);
         return;
     }
-    kernels::layer_norm_forward_rows<K><<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(
-        x, y, w, b, unsigned(rows), unsigned(features), eps, mean, rstd);
+    const auto launch = [&](auto kernel) {
+        kernel<<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(x, y, w, b, unsigned(rows),
+                                                                                          unsigned(features), eps, mean, rstd);
+    };
+    if (all_aligned({x, y})) launch(kernels::layer_norm_forward_rows<K, true, T>);
+    else launch(kernels::layer_norm_forward_rows<K, false, T>);
     check_launch("layer_norm_forward_rows");
 }
 
@@ -248,11 +283,15 @@ void layer_norm_backward_input_rows(const Context& ctx, unsigned packs, const T*
 {
     if (packs != K) {
         if constexpr (K < kernels::kLayerNormMaxPacks)
-            layer_norm_backward_input_rows<K + 1>(ctx, packs, x, dy, w, mean, rstd, dx, rows, features);
+            layer_norm_backward_input_rows<2 * K>(ctx, packs, x, dy, w, mean, rstd, dx, rows, features);
         return;
     }
-    kernels::layer_norm_backward_input_rows<K><<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(
-        x, dy, w, mean, rstd, dx, unsigned(rows), unsigned(features));
+    const auto launch = [&](auto kernel) {
+        kernel<<<warp_row_blocks(rows), kernels::kLayerNormWarps * 32, 0, ctx.stream()>>>(x, dy, w, mean, rstd, dx,
+                                                                                          unsigned(rows), unsigned(features));
+    };
+    if (all_aligned({x, dy, dx})) launch(kernels::layer_norm_backward_input_rows<K, true, T>);
+    else launch(kernels::layer_norm_backward_input_rows<K, false, T>);
     check_launch("layer_norm_backward_input_rows");
 }
 } // namespace detail
@@ -263,7 +302,7 @@ void layer_norm_forward(const Context& ctx, const T* x, T* y, const float* w, co
                         std::size_t features, float eps, float* mean, float* rstd)
 {
     if (rows == 0) return;
-    if (const unsigned packs = detail::warp_row_packs(rows, features, {x, y})) {
+    if (const unsigned packs = detail::warp_row_packs(rows, features)) {
         detail::layer_norm_forward_rows(ctx, packs, x, y, w, b, rows, features, eps, mean, rstd);
         return;
     }
@@ -292,7 +331,7 @@ void layer_norm_backward(const Context& ctx, const T* x, const T* dy, const floa
         detail::check_launch("layer_norm_backward_params_total");
     }
     if (dx && rows > 0) {
-        if (const unsigned packs = detail::warp_row_packs(rows, features, {x, dy, dx})) {
+        if (const unsigned packs = detail::warp_row_packs(rows, features)) {
             detail::layer_norm_backward_input_rows<1, T>(ctx, packs, x, dy, w, mean, rstd, dx, rows, features);
             return;
         }
