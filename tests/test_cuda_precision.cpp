@@ -471,7 +471,9 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a bloc
                 if (affine)
                     CHECK(ulps<float>(std::vector<float>(got_grads.begin(), got_grads.begin() + 2 * features), want_grads) <=
                           4096.0);
-                for (const auto* v : {&y, &dx, &got_stats}) outputs.push_back(*v);
+                outputs.push_back(y);
+                outputs.push_back(dx);
+                outputs.push_back(got_stats);
                 outputs.push_back(affine ? got_grads : std::vector<float>{});
             });
             // Where the values start changes no bit.
