@@ -161,6 +161,22 @@ using GeluMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<16>, GELUWith<Gelu
                               GELUWith<GeluApprox::tanh>, Linear<5>>;
 using GeluMlpApart = Sequential<Input<2, 9, 9>, Flatten, Linear<16>, Dropout<0.0>, GELUWith<GeluApprox::tanh>, Linear<8>,
                                 Dropout<0.0>, GELUWith<GeluApprox::tanh>, Linear<5>>;
+// Residuals whose bodies end in a fully connected layer or attention (each adds the other branch in
+// its product; the first Residual's ReLU after it too), and the same with each body's last layer kept
+// apart by an identity.
+using ResidualMlpNet = Sequential<Input<2, 9, 9>, Flatten, Linear<16>,
+                                  Residual<Sequential<LayerNorm<>, Linear<32>, GELUWith<GeluApprox::tanh>, Linear<16>>>, ReLU,
+                                  Residual<Sequential<LayerNorm<>, Linear<16>>>, Linear<5>>;
+using ResidualMlpApart =
+    Sequential<Input<2, 9, 9>, Flatten, Linear<16>,
+               Residual<Sequential<LayerNorm<>, Linear<32>, GELUWith<GeluApprox::tanh>, Linear<16>, Dropout<0.0>>>, ReLU,
+               Residual<Sequential<LayerNorm<>, Linear<16>, Dropout<0.0>>>, Linear<5>>;
+using ResidualAttentionNet = Sequential<Input<Tokens<8>>, Embedding<32, 16>, PositionEmbedding<8>,
+                                        Residual<Sequential<LayerNorm<>, CausalSelfAttention<2>>>, LayerNorm<>, Linear<32>,
+                                        SequenceCrossEntropy>;
+using ResidualAttentionApart = Sequential<Input<Tokens<8>>, Embedding<32, 16>, PositionEmbedding<8>,
+                                          Residual<Sequential<LayerNorm<>, CausalSelfAttention<2>, Dropout<0.0>>>, LayerNorm<>,
+                                          Linear<32>, SequenceCrossEntropy>;
 // The same for nested models (ResNet's Sequential<Conv2d, BatchNorm2d>, then ReLU): a stem, a block
 // whose body fuses inside, and a model two levels deep ending in a convolution.
 template <std::size_t C, std::size_t Stride = 1>

@@ -1152,6 +1152,32 @@ TEST_CASE("A fully connected layer applying the GELU after it in its product's e
           3e-2);
 }
 
+TEST_CASE("A Residual whose body ends in a fully connected layer or attention adds the other branch in the product on "
+          "the GPU: as apart, float and bf16", "[cuda][transformer]")
+{
+    REQUIRE_GPU();
+    const auto check = [&]<class Fused, class Apart, class Data>(std::type_identity<Fused>, std::type_identity<Apart>,
+                                                                 const Data& data, double tolerance) {
+        Fused fused{Device::cuda(0), 5};
+        Apart apart{Device::cuda(0), 5};
+        apart.set_parameters(parameters(fused));
+        // The branch is the product's C, added in float before the epilogue's bias and one rounding.
+        const auto expected = five_steps(apart, data, 7, {});
+        CHECK(max_relative_difference(five_steps(fused, data, 7, {}), expected) < tolerance);
+        CHECK(max_relative_difference(expected, parameters(Apart{Device::cuda(0), 5})) > 1e-3);   // it trained
+        Fused cpu{Device::cpu(), 5};
+        CHECK(max_relative_difference(five_steps(cpu, data, 7, {}), expected) < tolerance);
+    };
+    const RandomBatches<ResidualMlpNet> images(100, 3);
+    const TokenBatches<ResidualAttentionNet> tokens(100, 3);
+    check(std::type_identity<ResidualMlpNet>{}, std::type_identity<ResidualMlpApart>{}, images, 1e-4);
+    check(std::type_identity<with_precision<ResidualMlpNet, bf16>>{}, std::type_identity<with_precision<ResidualMlpApart, bf16>>{},
+          images, 3e-2);
+    check(std::type_identity<ResidualAttentionNet>{}, std::type_identity<ResidualAttentionApart>{}, tokens, 1e-4);
+    check(std::type_identity<with_precision<ResidualAttentionNet, bf16>>{},
+          std::type_identity<with_precision<ResidualAttentionApart, bf16>>{}, tokens, 3e-2);
+}
+
 // ---- the next step queued ahead (train_step's `next`) ----
 
 namespace {

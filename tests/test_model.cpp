@@ -93,6 +93,19 @@ TEST_CASE("A fully connected layer applying the GELU after it in its forward pas
     fused_trains_as_apart<GeluMlpNet, GeluMlpApart>();
 }
 
+TEST_CASE("A Residual whose body ends in a fully connected layer or attention adds the other branch in the product: "
+          "the same bits as apart", "[cpu][transformer]")
+{
+    fused_trains_as_apart<ResidualMlpNet, ResidualMlpApart>();
+    const TokenBatches<ResidualAttentionNet> data(100, 3);
+    ResidualAttentionNet fused{Device::cpu(), 5};
+    ResidualAttentionApart apart{Device::cpu(), 5};
+    apart.set_parameters(parameters(fused));
+    const auto expected = five_steps(apart, data, 7, {});
+    CHECK(differences(five_steps(fused, data, 7, {}), expected) == "");
+    CHECK(max_relative_difference(expected, parameters(ResidualAttentionApart{Device::cpu(), 5})) > 1e-3);
+}
+
 // A nested model fuses the ReLU after it when its last layer does: ResNet's ConvBN, ReLU (BatchNorm
 // reads the ReLU's mask in its backward), a residual block's body, a model two levels deep; a model
 // ending in a ReLU does not; a Residual fuses the ReLU after it as before, not the body's.

@@ -444,6 +444,11 @@ void check_linear(const Ctx& ctx, Random& random)
         cpu::linear_forward(ctx, in, out, w.f.data(), b_rounded.data(), x.f.data(), yf.data(), n, relu);
         cpu::linear_forward(ctx, in, out, w.t.data(), b.data(), x.t.data(), yt.data(), n, relu);
         CHECK(rounding_differences("linear_forward", yt, yf) == "");
+        // With an addend (a Residual's other branch), added before the one rounding.
+        const auto addend = rounded<T>(n * out, rng, -1.0f, 1.0f);
+        cpu::linear_forward_add(ctx, in, out, w.f.data(), b_rounded.data(), x.f.data(), addend.f.data(), yf.data(), n, relu);
+        cpu::linear_forward_add(ctx, in, out, w.t.data(), b.data(), x.t.data(), addend.t.data(), yt.data(), n, relu);
+        CHECK(rounding_differences("linear_forward_add", yt, yf) == "");
     }
     for (const bool with_dx : {true, false}) {
         INFO("dx " << with_dx);

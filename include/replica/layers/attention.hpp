@@ -61,6 +61,9 @@ struct CausalSelfAttention {
         {
             return floats_for<T>(n * L * D) + floats_for<T>(n * L * 3 * D) + attention_scratch<T>(ctx, n, L, D, Heads);
         }
+        // A Residual's other branch, when its body ends here, is added in the output projection
+        // (layers/op.hpp: takes_addend); backward reads no y.
+        static constexpr bool takes_addend = true;
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
@@ -68,8 +71,10 @@ struct CausalSelfAttention {
             T* o = a.kept + a.n * L * 3 * D;
             linear_forward(ctx, int(D), int(3 * D), a.weights, a.params + qkv_weights, a.x, qkv, a.n * L);
             attention_forward(ctx, static_cast<const T*>(qkv), o, a.saved, a.n, L, D, Heads, own_scratch(a.scratch, a.n));
-            linear_forward(ctx, int(D), int(D), a.weights + qkv_count, a.params + qkv_count + out_weights,
-                           static_cast<const T*>(o), a.y, a.n * L);
+            const float* bias = a.params + qkv_count + out_weights;
+            if (a.addend)
+                linear_forward_add(ctx, int(D), int(D), a.weights + qkv_count, bias, static_cast<const T*>(o), a.addend, a.y, a.n * L);
+            else linear_forward(ctx, int(D), int(D), a.weights + qkv_count, bias, static_cast<const T*>(o), a.y, a.n * L);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const

@@ -39,10 +39,14 @@ struct Linear {
         {
             init_uniform(p, param_count, 1.0f / std::sqrt(float(N)), seed, id);
         }
+        // A Residual's other branch, when its body ends here, is added in the product (layers/op.hpp:
+        // takes_addend; the product's C on a GPU): no pass of its own, and backward reads no y.
+        static constexpr bool takes_addend = true;
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows);
+            if (a.addend) linear_forward_add(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.addend, a.y, a.n * rows);
+            else linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
@@ -61,7 +65,9 @@ struct Linear {
         template <class Ctx>
         void forward_relu(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
-            linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows, true);
+            if (a.addend)
+                linear_forward_add(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.addend, a.y, a.n * rows, true);
+            else linear_forward(ctx, int(N), int(Out), a.weights, a.params + weight_count, a.x, a.y, a.n * rows, true);
         }
         // Forward followed by the tanh form of GELU (layers/op.hpp), whose forward then does not run: a.y
         // receives this op's output and `activated` the GELU's, on a GPU both from the product's

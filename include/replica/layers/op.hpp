@@ -45,10 +45,10 @@
 // backend fuses them (a GPU product's epilogue), the GELU is of the float values before a.y's
 // rounding.
 //
-// Optional: `static constexpr bool takes_addend` (BatchNorm; a Chain whose last op does): forward and
-// forward_relu add ForwardArgs::addend, when it is not null, to the output before the ReLU, in the
-// same pass (a Residual's sum: model/residual.hpp), and backward reads no y (its output is then the
-// sum's).
+// Optional: `static constexpr bool takes_addend` (BatchNorm, Linear, CausalSelfAttention; a Chain whose
+// last op does): forward and forward_relu add ForwardArgs::addend, when it is not null, to the output
+// before the ReLU, in the same pass (a Residual's sum: model/residual.hpp), and backward reads no y
+// (its output is then the sum's).
 //
 // Optional: `static constexpr std::array<core::ParamBlock, K> param_blocks`: its parameters' kinds
 // (core/param_kind.hpp), block by block in the order of its slice, the counts summing to param_count;

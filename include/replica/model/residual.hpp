@@ -176,8 +176,13 @@ struct Residual {
             if constexpr (body_adds) {
                 ForwardArgs<T> args = parts::template forward_args<0>(a, a.x, a.y, outputs, inner_scratch(a.scratch, a.n));
                 args.addend = other;
-                if (relu) parts_.template forward_relu<0>(ctx, pass, args, hook);
-                else parts_.template forward<0>(ctx, pass, args, hook);
+                if constexpr (requires { body_op::fuses_relu; }) {
+                    if (relu) parts_.template forward_relu<0>(ctx, pass, args, hook);
+                    else parts_.template forward<0>(ctx, pass, args, hook);
+                } else {   // a body that adds but applies no ReLU (one ending in attention): the ReLU apart
+                    parts_.template forward<0>(ctx, pass, args, hook);
+                    if (relu) relu_forward(ctx, static_cast<const T*>(a.y), a.y, a.n * Out::size);
+                }
             } else {
                 T* body_y = a.kept;
                 parts_.template forward<0>(ctx, pass, parts::template forward_args<0>(a, a.x, body_y, outputs, inner_scratch(a.scratch, a.n)),

@@ -21,6 +21,26 @@
 
 namespace REPLICA_NAMESPACE::backend::cpu {
 
+namespace detail {
+// A 16-bit product's float values: b (rounded to T) + x W^T (n, out), in the context's workspace.
+template <core::Storage T>
+float* linear_float_sums(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, std::size_t n)
+{
+    const std::size_t nx = n * std::size_t(in), nw = std::size_t(out) * in, ny = n * std::size_t(out);
+    float* xf = ctx.workspace(nx + nw + ny + (b ? std::size_t(out) : 0));
+    float* wf = xf + nx;
+    float* yf = wf + nw;
+    float* bf = b ? yf + ny : nullptr;
+    load_float(x, nx, xf);
+    load_float(w, nw, wf);
+    for (int j = 0; b && j < out; ++j) bf[j] = core::round_through<T>(b[j]);
+    if (b)
+        for (std::size_t s = 0; s < n; ++s) std::memcpy(yf + s * out, bf, sizeof(float) * out);
+    gemm(false, true, int(n), out, in, 1.0f, xf, in, wf, in, b ? 1.0f : 0.0f, yf, out);
+    return yf;
+}
+} // namespace detail
+
 // relu: the ReLU after the layer is applied too (y is its output).
 template <core::Storage T>
 void linear_forward(const Context& ctx, int in, int out, const T* w, const float* b, const T* x, T* y, std::size_t n,
@@ -32,17 +52,29 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
         gemm(false, true, int(n), out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
         if (relu) relu_forward(ctx, y, y, n * std::size_t(out));
     } else {
-        const std::size_t nx = n * std::size_t(in), nw = std::size_t(out) * in, ny = n * std::size_t(out);
-        float* xf = ctx.workspace(nx + nw + ny + (b ? std::size_t(out) : 0));
-        float* wf = xf + nx;
-        float* yf = wf + nw;
-        float* bf = b ? yf + ny : nullptr;
-        load_float(x, nx, xf);
-        load_float(w, nw, wf);
-        for (int j = 0; b && j < out; ++j) bf[j] = core::round_through<T>(b[j]);
-        linear_forward(ctx, in, out, static_cast<const float*>(wf), static_cast<const float*>(bf),
-                       static_cast<const float*>(xf), yf, n, relu);
-        store_float(yf, ny, y);
+        float* yf = detail::linear_float_sums(ctx, in, out, w, b, x, n);
+        if (relu) relu_forward(ctx, yf, yf, n * std::size_t(out));
+        store_float(yf, n * std::size_t(out), y);
+    }
+}
+
+// y = x W^T + b + addend (n, out), then the ReLU when relu: linear_forward's values with the addend
+// added before the one rounding (backend/kernels/linear.hpp). In float the addend is added to the
+// layer's output, as add_into adds a Residual's branches: the same bits as the two passes.
+template <core::Storage T>
+void linear_forward_add(const Context& ctx, int in, int out, const T* w, const float* b, const T* x,
+                        const std::type_identity_t<T>* addend, T* y, std::size_t n, bool relu = false)
+{
+    const std::size_t ny = n * std::size_t(out);
+    if constexpr (std::same_as<T, float>) {
+        linear_forward(ctx, in, out, w, b, x, y, n);
+        add_into(ctx, static_cast<const float*>(y), addend, y, ny, relu);
+    } else {
+        const float* yf = detail::linear_float_sums(ctx, in, out, w, b, x, n);
+        for (std::size_t i = 0; i < ny; ++i) {
+            const float v = yf[i] + core::to_float(addend[i]);
+            y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
+        }
     }
 }
 

@@ -147,9 +147,11 @@ inline int cached_gemm_choice(const Context& ctx, core::TuningCache& cache, cons
 }
 
 // D = alpha op(A) op(B) (+ epilogue) with its bias pointer, on the context's stream.
-// aux: the epilogue's auxiliary output (Gemm::aux), else null.
+// aux: the epilogue's auxiliary output (Gemm::aux), else null. c: added to the product (beta 1), laid
+// out as D, else null.
 inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias,
-                               const cublasLtMatmulAlgo_t& algo, std::size_t workspace, void* aux = nullptr)
+                               const cublasLtMatmulAlgo_t& algo, std::size_t workspace, void* aux = nullptr,
+                               const void* c = nullptr)
 {
     if (bias) {
         const cublasStatus_t s = cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
@@ -160,7 +162,7 @@ inline cublasStatus_t run_gemm(const Context& ctx, const Gemm& g, const void* a,
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     const float one = 1.0f, zero = 0.0f;
-    return cublasLtMatmul(ctx.cublaslt(), g.desc, &one, a, g.a, b, g.b, &zero, d, g.d, d, g.d, &algo,
+    return cublasLtMatmul(ctx.cublaslt(), g.desc, &one, a, g.a, b, g.b, c ? &one : &zero, c ? c : d, g.d, d, g.d, &algo,
                           ctx.blas_workspace(), workspace, ctx.stream());
 }
 
@@ -306,9 +308,9 @@ inline const Gemm& linear_gemm(const Context& ctx, GemmKey::Kind kind, int in, i
 }
 
 inline void run(const Context& ctx, const Gemm& g, const void* a, const void* b, void* d, const void* bias = nullptr,
-                void* aux = nullptr)
+                void* aux = nullptr, const void* c = nullptr)
 {
-    REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace, aux));
+    REPLICA_CHECK(run_gemm(ctx, g, a, b, d, bias, g.algo, g.workspace, aux, c));
 }
 
 // b where it is 16-byte aligned, else a copy of it in the context's aligned buffer (queued).
@@ -368,6 +370,28 @@ void linear_forward(const Context& ctx, int in, int out, const T* w, const float
         }
     }
     detail::run(ctx, g, w, x, y, detail::epilogue_bias<T>(ctx, b, out));
+}
+
+// y = x W^T + b + addend (n, out; a Residual's other branch), then the ReLU when relu: the addend is
+// the product's C (beta 1), added in float before the epilogue's bias, ReLU and one rounding. Where
+// cuBLASLt offers no epilogue for the shape, linear_forward, then add and relu_forward.
+template <core::Storage T>
+void linear_forward_add(const Context& ctx, int in, int out, const T* w, const float* b, const T* x,
+                        const std::type_identity_t<T>* addend, T* y, std::size_t n, bool relu = false)
+{
+    if (n == 0) return;
+    // C is laid out and aligned as D: the key's D alignment is the lesser of the two.
+    const void* d = detail::alignment(y) < detail::alignment(addend) ? static_cast<const void*>(y) : addend;
+    const GemmKey::Kind kind = b ? (relu ? GemmKey::forward_relu : GemmKey::forward)
+                                 : (relu ? GemmKey::forward_relu_no_bias : GemmKey::forward_no_bias);
+    const Gemm& g = detail::linear_gemm(ctx, kind, in, out, n, w, x, d, false, storage_of<T>);
+    if (!g.usable) {
+        linear_forward(ctx, in, out, w, b, x, y, n);
+        add(ctx, addend, y, n * std::size_t(out));
+        if (relu) relu_forward(ctx, static_cast<const T*>(y), y, n * std::size_t(out));
+        return;
+    }
+    detail::run(ctx, g, w, x, y, b ? detail::epilogue_bias<T>(ctx, b, out) : nullptr, nullptr, addend);
 }
 
 // y = x W^T + b, as linear_forward writes it, and activated = the tanh form of GELU of the same

@@ -24,6 +24,10 @@ concept LinearKernelsFor = core::Storage<T> &&
         // same bits as relu_forward's).
         linear_forward(ctx, in, out, w, b, x, y, n);
         linear_forward(ctx, in, out, w, b, x, y, n, relu);
+        // y = x W^T + b + addend (n, out: relu_y's place), then max(y, 0) when relu: the addend added
+        // in float before the one rounding (a Residual's other branch, in the layer's pass).
+        linear_forward_add(ctx, in, out, w, b, x, relu_y, y, n);
+        linear_forward_add(ctx, in, out, w, b, x, relu_y, y, n, relu);
         // y as linear_forward writes it, and dz (n, out) = the tanh form of GELU of it (the GELU after the
         // layer, in the product's epilogue where a backend fuses them: GELU of the float values before
         // y's rounding; otherwise gelu_tanh_forward of y). Each stored value rounded once.
