@@ -481,16 +481,17 @@ TEST_CASE("auto_parallel given a memory budget picks the first layout that fits 
     CHECK(log.str().find(" 2 threaded ") == std::string::npos);   // data over 2 devices does not fit
     CHECK(chosen.memory().total() <= measured.memory_budget);
     CHECK(norm_relative(want, without(five_adamw_steps(chosen, data), noise)) < 1e-6);
-    // LossScale is refused at run time where a pipeline or tensor layout was chosen (a compile error
-    // there, which every other layout takes); ClipGradNorm trains there as on the plain model.
+    // An Accumulate of a LossScale is refused at run time where a pipeline or tensor layout was chosen
+    // (a compile error there, which every other layout takes); a LossScale of a ClipGradNorm trains
+    // there as on the plain model.
     AutoOptions pipe = base;
     pipe.memory_budget = need(Layout::pipeline);
     auto piped = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), pipe);
     REQUIRE((piped.layout() == Layout::pipeline || piped.layout() == Layout::tensor));
-    LossScale scaled{AdamW{{.lr = 0.01f}}};
+    Accumulate scaled{LossScale{AdamW{{.lr = 0.01f}}}, 2};
     CHECK_THROWS_WITH(train_step(piped, scaled, data.batch(0, 10, 0)), Catch::Contains("to fit its memory budget"));
     PipeGpt again{Device::cpu(), 4};
-    ClipGradNorm clipped{SGD{{.lr = 0.1f}}, 0.05f}, same = clipped;
+    LossScale clipped{ClipGradNorm{SGD{{.lr = 0.1f}}, 0.05f}}, same = clipped;
     train_step(again, clipped, data.batch(0, 10, 0));
     train_step(piped, same, data.batch(0, 10, 0));
     CHECK(norm_relative(without(parameters(again), noise), without(parameters(piped), noise)) < 1e-6);
@@ -613,5 +614,88 @@ TEST_CASE("ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of 
     {
         using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
         check_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
+    }
+}
+
+namespace {
+// Batches whose input feature 0 is 2^20 in the first step's samples, and M's parameters from seed 5
+// with its first Linear<16> taking nothing from feature 0 and its hidden units 8-15 dead (biases of
+// -100): the weights from feature 0 of units 0-7 get a gradient about 2^20 times any other, which
+// overflows at a scale that keeps every other gradient finite. That is in a pipeline's first stage,
+// and on a TensorParallel's first rank (units 0-7 are its share), only.
+template <class M>
+struct LoudFirstStep {
+    static constexpr std::size_t in = M::input_shape::size, hidden = 16;
+    RandomBatches<M> data{50, 3};
+    std::vector<float> w;
+    LoudFirstStep()
+    {
+        for (std::size_t s = 0; s < 10; ++s) data.inputs[s * in] = 0x1p20f;
+        M m{Device::cpu(), 5};
+        w = parameters(m);
+        for (std::size_t j = 0; j < hidden; ++j) w[j * in] = 0.0f;                      // weights (16, in)
+        for (std::size_t j = hidden / 2; j < hidden; ++j) w[hidden * in + j] = -100.0f;   // then biases
+    }
+};
+
+// 5 steps of 10 samples under the LossScale `opt` (a copy), from the first step of `loud`: whether
+// each was skipped, and the scale after it.
+template <class Model, class Data, class Opt>
+std::pair<std::vector<bool>, std::vector<float>> five_scaled_steps(Model& model, const Data& loud, Opt opt)
+{
+    model.set_parameters(loud.w);
+    std::pair<std::vector<bool>, std::vector<float>> seen;
+    for (std::size_t s = 0; s < 5; ++s) {
+        train_step(model, opt, loud.data.batch(s * 10, 10, s * 10));
+        seen.first.push_back(opt.skipped_last());
+        seen.second.push_back(opt.scale());
+    }
+    return seen;
+}
+
+// LossScale over the layout that make() builds against the plain model M: the first step overflows in
+// one part only and is skipped on every part, the scale backs off once (2^120 to 2^110) and then
+// grows every 2 clean steps, as on the plain model; the parameters are the plain model's (the same
+// bits where `same_bits`: the same sums in the same order).
+template <class M, class Make, class Opt>
+void check_scaled_equals_plain(Make&& make, const Opt& opt, bool same_bits = false)
+{
+    const LoudFirstStep<M> loud;
+    M plain{Device::cpu(), 5};
+    auto layout = make();
+    const auto want = five_scaled_steps(plain, loud, opt);
+    const auto got = five_scaled_steps(layout, loud, opt);
+    CHECK(want.first == std::vector<bool>{true, false, false, false, false});
+    CHECK(want.second == std::vector<float>{0x1p110f, 0x1p110f, 0x1p111f, 0x1p111f, 0x1p112f});
+    CHECK(got.first == want.first);
+    CHECK(got.second == want.second);
+    if (same_bits) CHECK(differences(parameters(layout), parameters(plain)) == "");
+    else CHECK(norm_relative(parameters(layout), parameters(plain)) < 1e-6);
+}
+} // namespace
+
+TEST_CASE("LossScale over a Pipeline, a TensorParallel and a DataParallel of pipelines: an overflow in one part "
+          "skips every part's update, and the scale moves as on the plain model",
+          "[cpu][tensor][pipeline][loss_scale]")
+{
+    const LossScaleOptions o{.init_scale = 0x1p120f, .backoff_factor = 0x1p-10f, .growth_interval = 2};
+    const AdamW adamw{{.lr = 0.01f, .weight_decay = 0.1f}};
+    SECTION("Pipeline of 2 and 3 stages, GPipe and 1F1B; one micro-batch: the same bits")
+    {
+        check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>, GPipe>{cpus(2), 5, {.micro_batches = 2}}; },
+                                           LossScale{adamw, o});
+        check_scaled_equals_plain<PipeMlp>(
+            [] { return Pipeline<PipeMlp, Cuts<2, 4>, OneFOneB>{cpus(3), 5, {.micro_batches = 1}}; },
+            LossScale{ClipGradNorm{adamw, 0.5f}, o}, true);
+    }
+    SECTION("TensorParallel, 2 ways: the overflow on rank 0 only")
+    {
+        check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
+                                            LossScale{ClipGradNorm{adamw, 0.5f}, o});
+    }
+    SECTION("DataParallel of 2 pipelines of 2 stages")
+    {
+        using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
+        check_scaled_equals_plain<PipeMlp>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, LossScale{adamw, o});
     }
 }

@@ -176,6 +176,7 @@ public:
             ranks_.emplace_back(std::vector<Device>{devices_[r]}, seed, 0, false, group_.get(), r);
             runs_.push_back(runs_of(r));
         }
+        split_state_ = split_state_ranges();
         group_->connect(ranks_);
         typename M::chain whole{model::Build{0, std::span<const Device>(devices_).first(1)}};
         std::vector<float> w(param_count);
@@ -281,32 +282,21 @@ public:
                     "DataParallel, in that mode");
     }
 
-    // ClipGradNorm (model::ClipsByNorm): the whole model's sum of squares is rank 0's whole gradient
-    // (the blocks every rank holds alike, counted once, and its pieces of the split ones) plus the
-    // other ranks' pieces of the split blocks, added in rank order on the host; every rank then clips
-    // by it and applies the wrapped optimizer.
+    // An optimizer that looks at the whole gradient (ClipGradNorm, LossScale, an Accumulate of a
+    // ClipGradNorm) looks at it over the ranks (model::update_in_parts), each rank's part on its own
+    // thread and the answers combined on the host in rank order. A sum of squares counts rank 0's
+    // whole gradient (the blocks every rank holds alike, counted once, and its pieces of the split
+    // ones) and the other ranks' pieces of the split blocks; a non-finite gradient on any rank skips
+    // every rank's update.
     template <class Opt>
     void update(const Opt& opt)
     {
-        if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
-            std::array<double, Ways> squares{};
-            on_every_rank([&](shard_type& s, std::size_t r) {
-                squares[r] = s.template gradient_squares<typename shard_type::param_rule, 0>(r == 0 ? whole_ : split_);
-            });
-            double total = 0.0;
-            for (double part : squares) total += part;
-            on_every_rank([&](shard_type& s, std::size_t) {
-                s.clip_gradient(total, opt.max_norm());
-                s.update(opt.wrapped());
-            });
-        } else {
-            static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
-                          "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
-                          "not, cannot update a TensorParallel yet (LossScale: its ranks would have to agree on "
-                          "skipping an update; Accumulate of a ClipGradNorm: the mean's norm spans its ranks): use "
-                          "ClipGradNorm alone, or the plain model");
-            on_every_rank([&](shard_type& s, std::size_t) { s.update(opt); });
-        }
+        static_assert(model::UpdatesInParts<Opt, backend::cpu::Context>,
+                      "an optimizer that looks at the whole gradient without saying how to look at it in parts "
+                      "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
+                      "TensorParallel yet: wrap the Accumulate in the LossScale, or train the plain model");
+        Ranks parts{*this};
+        model::update_in_parts(opt, parts);
     }
 
     Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
@@ -355,6 +345,43 @@ private:
         std::unique_ptr<backend::Communicator> comm_;
     };
 
+    // The ranks as a gradient in parts (model::GradientPartsContract), in rank order.
+    struct Ranks {
+        using context = backend::cpu::Context;
+        using rule = typename shard_type::param_rule;
+        TensorParallel& t;
+
+        bool unscale(float inv_scale)
+        {
+            std::array<bool, Ways> finite{};
+            t.on_every_rank([&](shard_type& s, std::size_t r) { finite[r] = s.template unscale<rule, 0>(inv_scale); });
+            bool all = true;
+            for (bool f : finite) all = all && f;
+            return all;
+        }
+        double squares(core::GradientAt at = core::GradientAt::params)
+        {
+            const bool sums = at == core::GradientAt::state;
+            std::array<double, Ways> squares{};
+            t.on_every_rank([&](shard_type& s, std::size_t r) {
+                squares[r] = s.template gradient_squares<rule, 0>(
+                    r == 0 ? (sums ? t.whole_state_ : t.whole_) : (sums ? t.split_state_ : t.split_), at);
+            });
+            double total = 0.0;
+            for (double part : squares) total += part;
+            return total;
+        }
+        void clip(double squares, float max_norm, core::GradientAt at = core::GradientAt::params)
+        {
+            t.on_every_rank([&](shard_type& s, std::size_t) { s.template clip_gradient<rule, 0>(squares, max_norm, at); });
+        }
+        template <class O>
+        void apply(const O& o)
+        {
+            t.on_every_rank([&](shard_type& s, std::size_t) { s.template update_part<rule, 0>(o); });
+        }
+    };
+
     // A run of parameters that rank r holds: M's [whole, whole + count) at the rank's [mine, ...), and
     // where their optimizer state begins in each (trainable ones).
     struct Run {
@@ -399,6 +426,18 @@ private:
             if (s.split.runs == 0 || s.count == 0) continue;
             if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.count;
             else ranges.push_back({s.offset, s.offset + s.count});
+        }
+        return ranges;
+    }
+    // The same in state indices: the trainable parameters of the split blocks (rank 0's runs, whose
+    // places in a rank's vector are every rank's).
+    std::vector<std::pair<std::size_t, std::size_t>> split_state_ranges() const
+    {
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        for (const Run& run : runs_.front()) {
+            if (!run.split || !run.trainable) continue;
+            if (!ranges.empty() && ranges.back().second == run.mine_state) ranges.back().second += run.count;
+            else ranges.push_back({run.mine_state, run.mine_state + run.count});
         }
         return ranges;
     }
@@ -462,6 +501,8 @@ private:
     std::vector<std::vector<Run>> runs_;   // rank r's parameters among M's
     // Where a rank's gradient_squares reads: rank 0 all of its gradient, the others their split blocks.
     std::vector<std::pair<std::size_t, std::size_t>> whole_{{0, shard_type::param_count}}, split_ = split_ranges();
+    // The same in state indices, for an Accumulate's sums (Ranks::squares at GradientAt::state).
+    std::vector<std::pair<std::size_t, std::size_t>> whole_state_{{0, shard_type::trainable_count}}, split_state_;
     WorkerPool pool_;
     std::vector<float> elsewhere_;      // predict: the outputs of ranks 1 ..
 };
