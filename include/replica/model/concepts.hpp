@@ -81,7 +81,8 @@ struct Evaluation {
 // update of the parameters of w that the segments name (core/param_kind.hpp: the model's plan under
 // its ParamRule, model/param_layout.hpp) from their gradients g on ctx (train/sgd.hpp); `at` says
 // where g holds a parameter's gradient (GradientAt::params by default). Optionally prepare(ctx, g,
-// count): the model's whole gradient, once per update before apply (train/clip.hpp).
+// count): the model's whole gradient, once per update before apply (train/clip.hpp); and then
+// update_in_parts(parts), the same look at a gradient that lies in parts (UpdatesInParts below).
 template <class O>
 concept Optimizer = requires {
     { O::state_per_param } -> std::convertible_to<std::size_t>;

@@ -24,10 +24,12 @@
 //             (p - 1) / (m + p - 1) of a step.
 //
 // Parameters, optimizer state and checkpoints are M's: parameters() is the stages' concatenation,
-// M's flat vector; ClipGradNorm's norm is summed over the stages on the host. Not yet: BatchNorm (its
-// statistics are over the batch, not a micro-batch), LossScale (its stages would have to agree on a
-// skip), the reproducible mode, and a tied head cut away from its embedding; each is refused with a
-// message.
+// M's flat vector. An optimizer that looks at the whole gradient looks at the stages' parts
+// (model::update_in_parts): ClipGradNorm's norm is summed over the stages on the host, LossScale
+// skips every stage's update when any stage's gradient is not finite, an Accumulate of a ClipGradNorm
+// clips each window's mean by the norm over the stages. Not yet: BatchNorm (its statistics are over
+// the batch, not a micro-batch), an Accumulate of a LossScale, the reproducible mode, and a tied head
+// cut away from its embedding; each is refused with a message.
 
 #include <algorithm>
 #include <array>
@@ -357,8 +359,10 @@ public:
                       "an optimizer that looks at the whole gradient without saying how to look at it in parts "
                       "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
                       "Pipeline yet: wrap the Accumulate in the LossScale, or train the plain model");
-        Stages parts{*this};
-        model::update_in_parts(opt, parts);
+        if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            Stages parts{*this};
+            model::update_in_parts(opt, parts);
+        }
     }
 
     // Loss sum and correct predictions over n samples, a micro-batch's worth at a time through the stages.

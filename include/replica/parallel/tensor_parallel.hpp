@@ -21,10 +21,12 @@
 // Parameters, optimizer state and checkpoints are M's (replica_type = M): parameters() gathers each
 // split block's pieces into M's block (core::ParamSplit says where each piece lies), set_parameters
 // hands each rank its pieces; the parameters start as M's from the same seed. The result equals M's up
-// to float summation order (the partial products summed over the ranks). ClipGradNorm's norm is
-// summed over the ranks (each parameter once) on the host. Not yet: activations in bf16 or fp16 (the
-// sums are over floats), LossScale (its ranks would have to agree on a skip), the reproducible mode, a
-// nested DataParallel; each is refused with a message.
+// to float summation order (the partial products summed over the ranks). An optimizer that looks at
+// the whole gradient looks at the ranks' parts (model::update_in_parts): ClipGradNorm's norm (of an
+// Accumulate's mean too) is summed over the ranks, each parameter once, on the host; LossScale skips
+// every rank's update when any rank's gradient is not finite. Not yet: activations in bf16 or fp16
+// (the sums are over floats), an Accumulate of a LossScale, the reproducible mode, a nested
+// DataParallel; each is refused with a message.
 
 #include <algorithm>
 #include <array>
@@ -295,8 +297,10 @@ public:
                       "an optimizer that looks at the whole gradient without saying how to look at it in parts "
                       "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
                       "TensorParallel yet: wrap the Accumulate in the LossScale, or train the plain model");
-        Ranks parts{*this};
-        model::update_in_parts(opt, parts);
+        if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            Ranks parts{*this};
+            model::update_in_parts(opt, parts);
+        }
     }
 
     Evaluation evaluate(const input_element* x, const std::int32_t* labels, std::size_t n)
