@@ -1,8 +1,9 @@
 // Parallel layouts beyond plain replicas, against the plain model on CPU devices: Pipeline
 // (parallel/pipeline.hpp), a model cut into stages and trained with micro-batches under each schedule,
 // TensorParallel (parallel/tensor_parallel.hpp), a model's attention and MLPs split over devices, and
-// DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard). Their [cuda]
-// tests (stages, ranks and replicas sharing one GPU) are in test_cuda.cpp.
+// DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard); and optimizers
+// that look at the whole gradient over them (layout_checks.hpp). Their [cuda] tests (stages, ranks
+// and replicas sharing one GPU) are in test_cuda.cpp.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "layout_checks.hpp"
 #include "models.hpp"
 #include "support.hpp"
 
@@ -617,68 +619,6 @@ TEST_CASE("ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of 
     }
 }
 
-namespace {
-// Batches whose input feature 0 is 2^20 in the first step's samples, and M's parameters from seed 5
-// with its first Linear<16> taking nothing from feature 0 and its hidden units 8-15 dead (biases of
-// -100): the weights from feature 0 of units 0-7 get a gradient about 2^20 times any other, which
-// overflows at a scale that keeps every other gradient finite. That is in a pipeline's first stage,
-// and on a TensorParallel's first rank (units 0-7 are its share), only.
-template <class M>
-struct LoudFirstStep {
-    static constexpr std::size_t in = M::input_shape::size, hidden = 16;
-    RandomBatches<M> data{50, 3};
-    std::vector<float> w;
-    LoudFirstStep()
-    {
-        for (std::size_t s = 0; s < 10; ++s) data.inputs[s * in] = 0x1p20f;
-        M m{Device::cpu(), 5};
-        w = parameters(m);
-        for (std::size_t j = 0; j < hidden; ++j) w[j * in] = 0.0f;                      // weights (16, in)
-        for (std::size_t j = hidden / 2; j < hidden; ++j) w[hidden * in + j] = -100.0f;   // then biases
-    }
-};
-
-// 5 steps of 10 samples under the LossScale `opt` (a copy), from the first step of `loud`: whether
-// each was skipped, and the scale after it.
-template <class Model, class Data, class Opt>
-std::pair<std::vector<bool>, std::vector<float>> five_scaled_steps(Model& model, const Data& loud, Opt opt)
-{
-    model.set_parameters(loud.w);
-    std::pair<std::vector<bool>, std::vector<float>> seen;
-    for (std::size_t s = 0; s < 5; ++s) {
-        train_step(model, opt, loud.data.batch(s * 10, 10, s * 10));
-        seen.first.push_back(opt.skipped_last());
-        seen.second.push_back(opt.scale());
-    }
-    return seen;
-}
-
-// LossScale over the layout that make() builds against the plain model M: the first step overflows in
-// one part only and is skipped on every part (with an Accumulate of 2: the first window), the scale
-// backs off once (2^120 to 2^110) and then grows every 2 clean updates, as on the plain model; the
-// parameters are the plain model's (the same bits where `same_bits`: the same sums in the same order).
-template <class M, class Make, class Opt>
-void check_scaled_equals_plain(Make&& make, const Opt& opt, bool same_bits = false)
-{
-    const LoudFirstStep<M> loud;
-    M plain{Device::cpu(), 5};
-    auto layout = make();
-    const auto want = five_scaled_steps(plain, loud, opt);
-    const auto got = five_scaled_steps(layout, loud, opt);
-    if constexpr (requires { opt.wrapped().updates_now(); }) {
-        CHECK(want.first == std::vector<bool>{false, true, false, false, false});
-        CHECK(want.second == std::vector<float>{0x1p120f, 0x1p110f, 0x1p110f, 0x1p110f, 0x1p110f});
-    } else {
-        CHECK(want.first == std::vector<bool>{true, false, false, false, false});
-        CHECK(want.second == std::vector<float>{0x1p110f, 0x1p110f, 0x1p111f, 0x1p111f, 0x1p112f});
-    }
-    CHECK(got.first == want.first);
-    CHECK(got.second == want.second);
-    if (same_bits) CHECK(differences(parameters(layout), parameters(plain)) == "");
-    else CHECK(norm_relative(parameters(layout), parameters(plain)) < 1e-6);
-}
-} // namespace
-
 TEST_CASE("LossScale over a Pipeline, a TensorParallel and a DataParallel of pipelines: an overflow in one part "
           "skips every part's update, and the scale moves as on the plain model",
           "[cpu][tensor][pipeline][loss_scale]")
@@ -688,58 +628,29 @@ TEST_CASE("LossScale over a Pipeline, a TensorParallel and a DataParallel of pip
     SECTION("Pipeline of 2 and 3 stages, GPipe and 1F1B; one micro-batch: the same bits")
     {
         check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>, GPipe>{cpus(2), 5, {.micro_batches = 2}}; },
-                                           LossScale{adamw, o});
+                                           LossScale{ClipGradNorm{adamw, 0.5f}, o}, 1e-6);
         check_scaled_equals_plain<PipeMlp>(
-            [] { return Pipeline<PipeMlp, Cuts<2, 4>, OneFOneB>{cpus(3), 5, {.micro_batches = 1}}; },
-            LossScale{ClipGradNorm{adamw, 0.5f}, o}, true);
+            [] { return Pipeline<PipeMlp, Cuts<2, 4>, OneFOneB>{cpus(3), 5, {.micro_batches = 1}}; }, LossScale{adamw, o}, 0.0);
     }
     SECTION("TensorParallel, 2 ways: the overflow on rank 0 only")
     {
         check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
-                                            LossScale{ClipGradNorm{adamw, 0.5f}, o});
+                                            LossScale{ClipGradNorm{adamw, 0.5f}, o}, 1e-6);
     }
     SECTION("an Accumulate of 2 batches: the window with the overflow dropped, on a Pipeline and a TensorParallel")
     {
         check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>>{cpus(2), 5, {.micro_batches = 2}}; },
-                                           LossScale{Accumulate{ClipGradNorm{adamw, 0.5f}, 2}, o});
+                                           LossScale{Accumulate{ClipGradNorm{adamw, 0.5f}, 2}, o}, 1e-6);
         check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
-                                            LossScale{Accumulate{adamw, 2}, o});
+                                            LossScale{Accumulate{adamw, 2}, o}, 1e-6);
     }
     SECTION("DataParallel of 2 pipelines of 2 stages")
     {
         using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
-        check_scaled_equals_plain<PipeMlp>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, LossScale{adamw, o});
+        check_scaled_equals_plain<PipeMlp>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, LossScale{adamw, o},
+                                           1e-6);
     }
 }
-
-namespace {
-// Accumulate{ClipGradNorm{opt, max_norm}, 2} over the layout that make() builds against the plain
-// model, 6 steps (three windows): a bound that clips each window's mean (the result differs from
-// opt's alone by more than float rounding), and one that none reaches (the plain model's result is
-// Accumulate{opt, 2}'s bit for bit).
-template <class M, class Make, class Opt>
-void check_accumulated_clip_equals_plain(Make&& make, const Opt& opt, double clip_effect)
-{
-    const TokenBatches<M> data(60, 3);
-    const std::vector<bool> noise = zero_gradient<M>(data);
-    auto five = [&](auto& model, auto o) {
-        for (std::size_t s = 0; s < 6; ++s) train_step(model, o, data.batch(s * 10, 10, s * 10));
-        return without(parameters(model), noise);
-    };
-    M unclipped{Device::cpu(), 5};
-    const std::vector<float> alone = five(unclipped, Accumulate{opt, 2});
-    for (const float max_norm : {0.05f, 1e4f}) {
-        CAPTURE(max_norm);
-        M plain{Device::cpu(), 5};
-        auto layout = make();
-        const std::vector<float> want = five(plain, Accumulate{ClipGradNorm{opt, max_norm}, 2});
-        const std::vector<float> got = five(layout, Accumulate{ClipGradNorm{opt, max_norm}, 2});
-        CHECK(norm_relative(want, got) < 1e-6);
-        if (max_norm < 1.0f) CHECK(norm_relative(want, alone) > clip_effect);
-        else CHECK(differences(want, alone) == "");
-    }
-}
-} // namespace
 
 TEST_CASE("An Accumulate of a ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of pipelines clips "
           "each window's mean by the whole model's norm, as on the plain model",
@@ -748,20 +659,21 @@ TEST_CASE("An Accumulate of a ClipGradNorm over a TensorParallel, a Pipeline and
     const SGD sgd{{.lr = 0.1f, .momentum = 0.9f}};
     SECTION("TensorParallel, 2 ways, and with frozen parameters")
     {
-        check_accumulated_clip_equals_plain<PipeGpt>([] { return TensorParallel<PipeGpt, 2>{cpus(2), 5}; }, sgd, 1e-3);
+        check_accumulated_clip_equals_plain<PipeGpt>([] { return TensorParallel<PipeGpt, 2>{cpus(2), 5}; }, sgd, 1e-3, 1e-6);
         using Frozen = with_param_rule<PipeGpt, FreezeBiasesAndEmbeddings>;
-        check_accumulated_clip_equals_plain<Frozen>([] { return TensorParallel<Frozen, 2>{cpus(2), 5}; }, sgd, 1e-3);
+        check_accumulated_clip_equals_plain<Frozen>([] { return TensorParallel<Frozen, 2>{cpus(2), 5}; }, sgd, 1e-3, 1e-6);
     }
     SECTION("Pipeline of 2 and 3 stages, 1F1B and GPipe")
     {
         check_accumulated_clip_equals_plain<PipeGpt>(
-            [] { return Pipeline<PipeGpt, Cuts<3>, OneFOneB>{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3);
+            [] { return Pipeline<PipeGpt, Cuts<3>, OneFOneB>{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3, 1e-6);
         check_accumulated_clip_equals_plain<PipeGpt>(
-            [] { return Pipeline<PipeGpt, Cuts<2, 4>, GPipe>{cpus(3), 5, {.micro_batches = 2}}; }, sgd, 1e-3);
+            [] { return Pipeline<PipeGpt, Cuts<2, 4>, GPipe>{cpus(3), 5, {.micro_batches = 2}}; }, sgd, 1e-3, 1e-6);
     }
     SECTION("DataParallel of 2 pipelines of 2 stages")
     {
         using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
-        check_accumulated_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
+        check_accumulated_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3,
+                                                     1e-6);
     }
 }
