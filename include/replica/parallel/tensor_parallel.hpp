@@ -24,9 +24,10 @@
 // to float summation order (the partial products summed over the ranks). An optimizer that looks at
 // the whole gradient looks at the ranks' parts (model::update_in_parts): ClipGradNorm's norm (of an
 // Accumulate's mean too) is summed over the ranks, each parameter once, on the host; LossScale skips
-// every rank's update when any rank's gradient is not finite. Not yet: activations in bf16 or fp16
-// (the sums are over floats), an Accumulate of a LossScale, the reproducible mode, a nested
-// DataParallel; each is refused with a message.
+// every rank's update when any rank's gradient is not finite. Activations in bf16 or fp16 are summed
+// over the ranks as floats (layers/tensor_parallel.hpp): each rank's part rounded to 16 bits first,
+// so the result is M's within 16-bit rounding. Not yet: an Accumulate of a LossScale, the
+// reproducible mode, a nested DataParallel; each is refused with a message.
 
 #include <algorithm>
 #include <array>
@@ -119,18 +120,16 @@ struct split<model::Sequential<E...>, Ways> {
 template <class M, std::size_t Ways>
 using tensor_split = typename detail::split<M, Ways>::type;
 
-// TensorParallel<M, Ways> exists: M is a float model, not holding a nested DataParallel, with
-// something to split, and Ways divides every split layer's heads or hidden units.
+// TensorParallel<M, Ways> exists: M does not hold a nested DataParallel, has something to split, and
+// Ways divides every split layer's heads or hidden units.
 template <class M, std::size_t Ways>
-inline constexpr bool tensor_splits = std::is_same_v<typename M::storage, float> && !M::chain::spans_devices &&
+inline constexpr bool tensor_splits = !M::chain::spans_devices &&
                                       detail::split<M, Ways>::even && !std::is_same_v<tensor_split<M, Ways>, M>;
 
 template <class M, std::size_t Ways>
 class TensorParallel : public LayoutOf<M, TensorParallel<M, Ways>> {
     static_assert(model::is_sequential<M>::value, "TensorParallel<M, Ways>: M must be a model, a Sequential<Input<...>, ...>");
     static_assert(Ways >= 2, "TensorParallel<M, Ways> splits over at least 2 devices");
-    static_assert(std::is_same_v<typename M::storage, float>,
-                  "TensorParallel<M, Ways> runs in float (its sums over the devices are of floats): remove M's Precision<...>");
     static_assert(!M::chain::spans_devices, "a TensorParallel's model cannot hold a nested DataParallel");
     static_assert(!std::is_same_v<tensor_split<M, Ways>, M>,
                   "TensorParallel<M, Ways>: M has nothing to split; it splits CausalSelfAttention<Heads> by heads, and "
