@@ -426,6 +426,7 @@ private:
             core::static_for<P>([&](auto s) { std::get<s>(p.stages_).template update_part<param_rule, first_id<s>>(o); });
         }
     };
+
     static std::vector<Device> check_devices(std::vector<Device> d)
     {
         core::require(d.size() == P, "a Pipeline of " + std::to_string(P) + " stages needs " + std::to_string(P) +
