@@ -1,7 +1,7 @@
 #pragma once
 // An optimizer that looks at the whole gradient (LossScale, an Accumulate of a ClipGradNorm) over a
-// layout whose gradient lies in parts, against the plain model: shared by test_layouts.cpp (CPU
-// devices) and test_cuda.cpp (stages and ranks sharing a GPU).
+// layout whose gradient lies in parts, and a TensorParallel of bf16 activations, against the plain
+// model: shared by test_layouts.cpp (CPU devices) and test_cuda.cpp (stages and ranks sharing a GPU).
 
 #include <cstddef>
 #include <utility>
@@ -101,6 +101,35 @@ void check_accumulated_clip_equals_plain(Make&& make, const Opt& opt, double cli
         if (max_norm < 1.0f) CHECK(norm_relative(want, alone) > clip_effect);
         else CHECK(differences(want, alone) == "");
     }
+}
+
+// TensorParallel<PipeGpt in bf16, 2> on `devices` against the plain bf16 model on `device`, 5 AdamW
+// steps: each rank's part of a sum is rounded to bf16 before the sum, so the result is as far from the
+// plain bf16 model's as that is from the float model's; the whole blocks are the same bits on every
+// rank.
+inline void check_bf16_split_equals_plain(std::vector<Device> devices, Device device = Device::cpu())
+{
+    using Gpt16 = with_precision<PipeGpt, bf16>;
+    using TP = TensorParallel<Gpt16, 2>;
+    const TokenBatches<PipeGpt> data(50, 3);
+    const std::vector<bool> noise = zero_gradient<PipeGpt>(data, device);   // key biases, absent tokens
+    auto five = [&](auto& model) {
+        AdamW opt{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}};
+        for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
+        return without(parameters(model), noise);
+    };
+    Gpt16 plain{device, 5};
+    PipeGpt in_float{device, 5};
+    TP split{std::move(devices), 5};
+    const std::vector<float> want = five(plain), got = five(split), whole = five(in_float);
+    const double rounding = norm_relative(want, whole);
+    CHECK(rounding > 1e-3);
+    CHECK(norm_relative(want, got) < 2 * rounding);
+    CHECK(norm_relative(whole, got) < 2 * rounding);
+    const std::vector<float> first = split.rank(0).parameters(), other = split.rank(1).parameters();
+    for (const auto& range : model::param_ranges_of<typename TP::shard_type::chain>)
+        if (range.split.runs == 0)
+            for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
 }
 
 } // namespace replica::testing

@@ -1046,26 +1046,7 @@ TEST_CASE("TensorParallel with bf16 activations on ranks sharing the GPU: the pl
           "[cuda][same-gpu][tensor][precision]")
 {
     REQUIRE_GPU();
-    using Gpt16 = with_precision<PipeGpt, bf16>;
-    using TP = TensorParallel<Gpt16, 2>;
-    const TokenBatches<PipeGpt> data(50, 3);
-    auto five_steps = [&](auto& model) {
-        AdamW opt{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}};
-        for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 10, 10, s * 10));
-        return parameters(model);
-    };
-    const std::vector<bool> noise = zero_gradient<PipeGpt>(data, Device::cuda(0));   // key biases, absent tokens
-    Gpt16 plain{Device::cuda(0), 5};
-    PipeGpt whole{Device::cuda(0), 5};
-    TP split{shared_gpu(2), 5};
-    const std::vector<float> want = without(five_steps(plain), noise);
-    const std::vector<float> got = without(five_steps(split), noise);
-    const double rounding = norm_relative(want, without(five_steps(whole), noise));   // bf16 against float
-    CHECK(norm_relative(want, got) < 2 * rounding);
-    const std::vector<float> first = split.rank(0).parameters(), other = split.rank(1).parameters();
-    for (const auto& range : model::param_ranges_of<typename TP::shard_type::chain>)
-        if (range.split.runs == 0)
-            for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
+    check_bf16_split_equals_plain(shared_gpu(2), Device::cuda(0));
 }
 
 TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<LeNet>(63); }

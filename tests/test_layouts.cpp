@@ -341,26 +341,7 @@ TEST_CASE("TensorParallel with bf16 activations: the sums over the ranks in floa
           "bf16 rounding, the whole blocks the same bits on every rank",
           "[cpu][tensor][precision]")
 {
-    using Gpt16 = with_precision<PipeGpt, bf16>;
-    using TP = TensorParallel<Gpt16, 2>;
-    const auto data = data_for<PipeGpt>();
-    const std::vector<bool> noise = zero_gradient<PipeGpt>(data);
-    Gpt16 plain{Device::cpu(), 5};
-    TP split{cpus(2), 5};
-    PipeGpt whole{Device::cpu(), 5};
-    const std::vector<float> want = without(five_adamw_steps(plain, data), noise);
-    const std::vector<float> got = without(five_adamw_steps(split, data), noise);
-    const std::vector<float> in_float = without(five_adamw_steps(whole, data), noise);
-    // Each rank's part of a sum is rounded to bf16 before the sum: as far from the plain bf16 model
-    // as that is from float.
-    const double rounding = norm_relative(want, in_float);
-    CHECK(rounding > 1e-3);
-    CHECK(norm_relative(want, got) < 2 * rounding);
-    CHECK(norm_relative(in_float, got) < 2 * rounding);
-    const std::vector<float> first = split.rank(0).parameters(), other = split.rank(1).parameters();
-    for (const auto& range : model::param_ranges_of<typename TP::shard_type::chain>)
-        if (range.split.runs == 0)
-            for (std::size_t i = range.offset; i < range.offset + range.count; ++i) REQUIRE(other[i] == first[i]);
+    check_bf16_split_equals_plain(cpus(2));
 }
 
 TEST_CASE("TensorParallel evaluates and predicts as the plain model, and its checkpoints are the plain model's",
