@@ -24,6 +24,7 @@
 #include "catch.hpp"
 #include "cuda_support.hpp"
 #include "fixtures.hpp"
+#include "layout_checks.hpp"
 #include "models.hpp"
 #include "support.hpp"
 
@@ -1010,6 +1011,44 @@ TEST_CASE("TensorParallel on ranks sharing the GPU, and on distinct GPUs where t
     check(std::type_identity<PipeGpt>{}, std::integral_constant<std::size_t, 2>{}, shared_gpu(2));
     check(std::type_identity<TinyGpt>{}, std::integral_constant<std::size_t, 4>{}, shared_gpu(4));
     if (cuda_devices().size() >= 2) check(std::type_identity<TinyGpt>{}, std::integral_constant<std::size_t, 2>{}, gpus(2));
+}
+
+TEST_CASE("LossScale and an Accumulate of a ClipGradNorm over stages, ranks and replicas of pipelines sharing the "
+          "GPU: the plain GPU model's skips, scales and clipped means",
+          "[cuda][same-gpu][pipeline][tensor][loss_scale]")
+{
+    REQUIRE_GPU();
+    const LossScaleOptions o{.init_scale = 0x1p120f, .backoff_factor = 0x1p-10f, .growth_interval = 2};
+    const AdamW adamw{{.lr = 0.01f, .weight_decay = 0.1f}};
+    const Device gpu = Device::cuda(0);
+    // An overflow in the first stage, on the first rank, only (layout_checks.hpp).
+    check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>, GPipe>{shared_gpu(2), 5, {.micro_batches = 2}}; },
+                                       LossScale{ClipGradNorm{adamw, 0.5f}, o}, 1e-5, gpu);
+    check_scaled_equals_plain<PipeMlp>(
+        [] { return Pipeline<PipeMlp, Cuts<2, 4>, OneFOneB>{shared_gpu(3), 5, {.micro_batches = 1}}; }, LossScale{adamw, o},
+        0.0, gpu);   // one micro-batch: the plain model's kernels on the same shapes, the same bits
+    check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{shared_gpu(2), 5}; },
+                                        LossScale{Accumulate{ClipGradNorm{adamw, 0.5f}, 2}, o}, 1e-5, gpu);
+    using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
+    check_scaled_equals_plain<PipeMlp>([] { return Both{shared_gpu(4), 5, {}, {.micro_batches = 2}}; }, LossScale{adamw, o},
+                                       1e-5, gpu);
+    // Each window's mean clipped by the norm over the parts.
+    const SGD sgd{{.lr = 0.1f, .momentum = 0.9f}};
+    check_accumulated_clip_equals_plain<PipeGpt>([] { return TensorParallel<PipeGpt, 2>{shared_gpu(2), 5}; }, sgd, 1e-3,
+                                                 1e-5, gpu);
+    check_accumulated_clip_equals_plain<PipeGpt>(
+        [] { return Pipeline<PipeGpt, Cuts<2, 4>, OneFOneB>{shared_gpu(3), 5, {.micro_batches = 2}}; }, sgd, 1e-3, 1e-5, gpu);
+    using BothGpt = DataParallel<Pipeline<PipeGpt, Cuts<3>, GPipe>, SingleThread>;
+    check_accumulated_clip_equals_plain<PipeGpt>([] { return BothGpt{shared_gpu(4), 5, {}, {.micro_batches = 2}}; }, sgd,
+                                                 1e-3, 1e-5, gpu);
+}
+
+TEST_CASE("TensorParallel with bf16 activations on ranks sharing the GPU: the plain bf16 GPU model within bf16 "
+          "rounding, the whole blocks the same bits on every rank",
+          "[cuda][same-gpu][tensor][precision]")
+{
+    REQUIRE_GPU();
+    check_bf16_split_equals_plain(shared_gpu(2), Device::cuda(0));
 }
 
 TEST_CASE("DataParallel over GPUs matches one GPU: LeNet", "[cuda][multi-gpu]") { REQUIRE_GPU(); many_gpus_match_one<LeNet>(63); }

@@ -1,8 +1,9 @@
 // Parallel layouts beyond plain replicas, against the plain model on CPU devices: Pipeline
 // (parallel/pipeline.hpp), a model cut into stages and trained with micro-batches under each schedule,
 // TensorParallel (parallel/tensor_parallel.hpp), a model's attention and MLPs split over devices, and
-// DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard). Their [cuda]
-// tests (stages, ranks and replicas sharing one GPU) are in test_cuda.cpp.
+// DataParallel with its optimizer state sharded (ZeRO-1, DataParallelOptions::shard); and optimizers
+// that look at the whole gradient over them (layout_checks.hpp). Their [cuda] tests (stages, ranks
+// and replicas sharing one GPU) are in test_cuda.cpp.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "layout_checks.hpp"
 #include "models.hpp"
 #include "support.hpp"
 
@@ -335,6 +337,13 @@ TEST_CASE("TensorParallel: attention split by heads and MLPs by hidden units ove
     SECTION("an MLP, its first pair split") { check_split_equals_plain<SplitMlp, 2>(); }
 }
 
+TEST_CASE("TensorParallel with bf16 activations: the sums over the ranks in float, the plain bf16 model within "
+          "bf16 rounding, the whole blocks the same bits on every rank",
+          "[cpu][tensor][precision]")
+{
+    check_bf16_split_equals_plain(cpus(2));
+}
+
 TEST_CASE("TensorParallel evaluates and predicts as the plain model, and its checkpoints are the plain model's",
           "[cpu][tensor][checkpoint]")
 {
@@ -481,16 +490,17 @@ TEST_CASE("auto_parallel given a memory budget picks the first layout that fits 
     CHECK(log.str().find(" 2 threaded ") == std::string::npos);   // data over 2 devices does not fit
     CHECK(chosen.memory().total() <= measured.memory_budget);
     CHECK(norm_relative(want, without(five_adamw_steps(chosen, data), noise)) < 1e-6);
-    // LossScale is refused at run time where a pipeline or tensor layout was chosen (a compile error
-    // there, which every other layout takes); ClipGradNorm trains there as on the plain model.
+    // An Accumulate of a LossScale is refused at run time where a pipeline or tensor layout was chosen
+    // (a compile error there, which every other layout takes); a LossScale of a ClipGradNorm trains
+    // there as on the plain model.
     AutoOptions pipe = base;
     pipe.memory_budget = need(Layout::pipeline);
     auto piped = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), pipe);
     REQUIRE((piped.layout() == Layout::pipeline || piped.layout() == Layout::tensor));
-    LossScale scaled{AdamW{{.lr = 0.01f}}};
+    Accumulate scaled{LossScale{AdamW{{.lr = 0.01f}}}, 2};
     CHECK_THROWS_WITH(train_step(piped, scaled, data.batch(0, 10, 0)), Catch::Contains("to fit its memory budget"));
     PipeGpt again{Device::cpu(), 4};
-    ClipGradNorm clipped{SGD{{.lr = 0.1f}}, 0.05f}, same = clipped;
+    LossScale clipped{ClipGradNorm{SGD{{.lr = 0.1f}}, 0.05f}}, same = clipped;
     train_step(again, clipped, data.batch(0, 10, 0));
     train_step(piped, same, data.batch(0, 10, 0));
     CHECK(norm_relative(without(parameters(again), noise), without(parameters(piped), noise)) < 1e-6);
@@ -613,5 +623,64 @@ TEST_CASE("ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of 
     {
         using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
         check_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3);
+    }
+}
+
+TEST_CASE("LossScale over a Pipeline, a TensorParallel and a DataParallel of pipelines: an overflow in one part "
+          "skips every part's update, and the scale moves as on the plain model",
+          "[cpu][tensor][pipeline][loss_scale]")
+{
+    const LossScaleOptions o{.init_scale = 0x1p120f, .backoff_factor = 0x1p-10f, .growth_interval = 2};
+    const AdamW adamw{{.lr = 0.01f, .weight_decay = 0.1f}};
+    SECTION("Pipeline of 2 and 3 stages, GPipe and 1F1B; one micro-batch: the same bits")
+    {
+        check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>, GPipe>{cpus(2), 5, {.micro_batches = 2}}; },
+                                           LossScale{ClipGradNorm{adamw, 0.5f}, o}, 1e-6);
+        check_scaled_equals_plain<PipeMlp>(
+            [] { return Pipeline<PipeMlp, Cuts<2, 4>, OneFOneB>{cpus(3), 5, {.micro_batches = 1}}; }, LossScale{adamw, o}, 0.0);
+    }
+    SECTION("TensorParallel, 2 ways: the overflow on rank 0 only")
+    {
+        check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
+                                            LossScale{ClipGradNorm{adamw, 0.5f}, o}, 1e-6);
+    }
+    SECTION("an Accumulate of 2 batches: the window with the overflow dropped, on a Pipeline and a TensorParallel")
+    {
+        check_scaled_equals_plain<PipeMlp>([] { return Pipeline<PipeMlp, Cuts<3>>{cpus(2), 5, {.micro_batches = 2}}; },
+                                           LossScale{Accumulate{ClipGradNorm{adamw, 0.5f}, 2}, o}, 1e-6);
+        check_scaled_equals_plain<SplitMlp>([] { return TensorParallel<SplitMlp, 2>{cpus(2), 5}; },
+                                            LossScale{Accumulate{adamw, 2}, o}, 1e-6);
+    }
+    SECTION("DataParallel of 2 pipelines of 2 stages")
+    {
+        using Both = DataParallel<Pipeline<PipeMlp, Cuts<3>>, Threaded>;
+        check_scaled_equals_plain<PipeMlp>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, LossScale{adamw, o},
+                                           1e-6);
+    }
+}
+
+TEST_CASE("An Accumulate of a ClipGradNorm over a TensorParallel, a Pipeline and a DataParallel of pipelines clips "
+          "each window's mean by the whole model's norm, as on the plain model",
+          "[cpu][tensor][pipeline][clip]")
+{
+    const SGD sgd{{.lr = 0.1f, .momentum = 0.9f}};
+    SECTION("TensorParallel, 2 ways, and with frozen parameters")
+    {
+        check_accumulated_clip_equals_plain<PipeGpt>([] { return TensorParallel<PipeGpt, 2>{cpus(2), 5}; }, sgd, 1e-3, 1e-6);
+        using Frozen = with_param_rule<PipeGpt, FreezeBiasesAndEmbeddings>;
+        check_accumulated_clip_equals_plain<Frozen>([] { return TensorParallel<Frozen, 2>{cpus(2), 5}; }, sgd, 1e-3, 1e-6);
+    }
+    SECTION("Pipeline of 2 and 3 stages, 1F1B and GPipe")
+    {
+        check_accumulated_clip_equals_plain<PipeGpt>(
+            [] { return Pipeline<PipeGpt, Cuts<3>, OneFOneB>{cpus(2), 5, {.micro_batches = 2}}; }, sgd, 1e-3, 1e-6);
+        check_accumulated_clip_equals_plain<PipeGpt>(
+            [] { return Pipeline<PipeGpt, Cuts<2, 4>, GPipe>{cpus(3), 5, {.micro_batches = 2}}; }, sgd, 1e-3, 1e-6);
+    }
+    SECTION("DataParallel of 2 pipelines of 2 stages")
+    {
+        using Both = DataParallel<Pipeline<PipeGpt, Cuts<3>>, Threaded>;
+        check_accumulated_clip_equals_plain<PipeGpt>([] { return Both{cpus(4), 5, {}, {.micro_batches = 2}}; }, sgd, 1e-3,
+                                                     1e-6);
     }
 }

@@ -19,8 +19,9 @@
 // layer, take one sum forward and one backward. Each parameter block states which part of the whole
 // layer's block it holds (core::ParamSplit); a block that is not split is the whole one on every
 // rank, and receives the same gradient there. The sums are the group's (layers/op.hpp's
-// TensorGroup), in rank order, so every rank gets the same bits. Float activations only: the group
-// sums floats.
+// TensorGroup), in rank order, so every rank gets the same bits. The group sums floats: 16-bit
+// activations (bf16, fp16) are converted to floats in the op's scratch, summed, and rounded back, so
+// each rank's part is rounded to T before the sum, where the whole layer rounds its result once.
 
 #include <array>
 #include <cmath>
@@ -44,6 +45,25 @@ inline TensorGroup* split_group(const Build& b, std::size_t ways, const char* la
                       "> model only, which splits M's layers itself; write the plain layer in M");
     return b.group;
 }
+
+// The group's sum of `count` values of T in `data`, on the rank's context: in place for floats; 16-bit
+// values through `scratch` (sum_scratch<T>(count) floats), converted, summed and rounded back.
+template <class T>
+constexpr std::size_t sum_scratch(std::size_t count)
+{
+    return std::is_same_v<T, float> ? 0 : count;
+}
+template <class Ctx, class T>
+void sum_over(Ctx& ctx, TensorGroup* group, std::size_t rank, T* data, std::size_t count, float* scratch)
+{
+    if constexpr (std::is_same_v<T, float>) {
+        group->all_reduce(rank, data, count);
+    } else {
+        convert(ctx, static_cast<const T*>(data), scratch, count);
+        group->all_reduce(rank, scratch, count);
+        convert(ctx, static_cast<const float*>(scratch), data, count);
+    }
+}
 } // namespace detail
 
 template <std::size_t Out, std::size_t Ways>
@@ -54,7 +74,6 @@ struct ColumnParallelLinear {
 
     template <class In, class T = float>
     struct op : LeafOp {
-        static_assert(std::is_same_v<T, float>, "a tensor-parallel model runs in float: remove its Precision<...>");
         static_assert(In::rank == 1 || In::rank == 2, "ColumnParallelLinear needs a (features) or (positions, features) input");
         static constexpr std::size_t rows = In::rank == 1 ? 1 : In::dims[0];
         static constexpr std::size_t N = In::size / rows;
@@ -73,6 +92,11 @@ struct ColumnParallelLinear {
             init_uniform(p, param_count, 1.0f / std::sqrt(float(N)), seed, id, std::uint32_t(rank * param_count));
         }
         template <class Ctx>
+        std::size_t scratch_size(const Ctx&, std::size_t n) const
+        {
+            return detail::sum_scratch<T>(n * In::size);
+        }
+        template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             linear_forward(ctx, int(N), int(local), a.weights, a.params + weight_count, a.x, a.y, a.n * rows);
@@ -81,7 +105,7 @@ struct ColumnParallelLinear {
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             linear_backward(ctx, int(N), int(local), a.weights, a.x, a.dy, a.dx, a.dparams, a.dparams + weight_count, a.n * rows);
-            if (a.dx) group->all_reduce(rank, a.dx, a.n * In::size);
+            if (a.dx) detail::sum_over(ctx, group, rank, a.dx, a.n * In::size, a.scratch);
         }
 
         TensorGroup* group;
@@ -95,7 +119,6 @@ struct RowParallelLinear {
 
     template <class In, class T = float>
     struct op : LeafOp {
-        static_assert(std::is_same_v<T, float>, "a tensor-parallel model runs in float: remove its Precision<...>");
         static_assert(In::rank == 1 || In::rank == 2, "RowParallelLinear needs a (features) or (positions, features) input");
         static constexpr std::size_t rows = In::rank == 1 ? 1 : In::dims[0];
         static constexpr std::size_t N = In::size / rows;   // this rank's share of the whole layer's inputs
@@ -113,10 +136,15 @@ struct RowParallelLinear {
             init_uniform(p, param_count, 1.0f / std::sqrt(float(N * Ways)), seed, id);
         }
         template <class Ctx>
+        std::size_t scratch_size(const Ctx&, std::size_t n) const
+        {
+            return detail::sum_scratch<T>(n * output_shape::size);
+        }
+        template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
         {
             linear_forward(ctx, int(N), int(Out), a.weights, rank == 0 ? a.params + weight_count : nullptr, a.x, a.y, a.n * rows);
-            group->all_reduce(rank, a.y, a.n * output_shape::size);
+            detail::sum_over(ctx, group, rank, a.y, a.n * output_shape::size, a.scratch);
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
@@ -137,7 +165,6 @@ struct HeadParallelAttention {
 
     template <class In, class T = float>
     struct op : LeafOp {
-        static_assert(std::is_same_v<T, float>, "a tensor-parallel model runs in float: remove its Precision<...>");
         static_assert(In::rank == 2, "HeadParallelAttention needs a (positions, features) input");
         static constexpr std::size_t L = In::dims[0];
         static constexpr std::size_t D = In::dims[1];          // the whole layer's features
@@ -161,12 +188,13 @@ struct HeadParallelAttention {
         {
             init_uniform(p, param_count, 1.0f / std::sqrt(float(D)), seed, id, std::uint32_t(rank * param_count));
         }
-        // Backward's gradients of o (n L d) and qkv (n L 3d), then the backend's scratch; forward
-        // uses the backend's alone, at the same place.
+        // Backward's gradients of o (n L d) and qkv (n L 3d) in T, then the backend's scratch, then
+        // the sum's (n L D, 16-bit T only); forward uses the backend's and the sum's, at the same places.
         template <class Ctx>
         std::size_t scratch_size(const Ctx& ctx, std::size_t n) const
         {
-            return n * L * 4 * d + attention_scratch<T>(ctx, n, L, d, local_heads);
+            return floats_for<T>(n * L * d) + floats_for<T>(n * L * 3 * d) + attention_scratch<T>(ctx, n, L, d, local_heads) +
+                   detail::sum_scratch<T>(n * L * D);
         }
         template <class Ctx>
         void forward(Ctx& ctx, const Pass&, const ForwardArgs<T>& a) const
@@ -177,29 +205,37 @@ struct HeadParallelAttention {
             attention_forward(ctx, static_cast<const T*>(qkv), o, a.saved, a.n, L, d, local_heads, own_scratch(a.scratch, a.n));
             linear_forward(ctx, int(d), int(D), a.weights + qkv_count, rank == 0 ? a.params + qkv_count + out_weights : nullptr,
                            static_cast<const T*>(o), a.y, a.n * L);
-            group->all_reduce(rank, a.y, a.n * L * D);
+            detail::sum_over(ctx, group, rank, a.y, a.n * L * D, sum_area(ctx, a.scratch, a.n));
         }
         template <class Ctx>
         void backward(Ctx& ctx, const Pass&, const BackwardArgs<T>& a) const
         {
             const T* qkv = a.kept;
             const T* o = a.kept + a.n * L * 3 * d;
-            T* d_o = a.scratch;
-            T* dqkv = a.scratch + a.n * L * d;
+            T* d_o = reinterpret_cast<T*>(a.scratch);
+            T* dqkv = reinterpret_cast<T*>(a.scratch + floats_for<T>(a.n * L * d));
             linear_backward(ctx, int(d), int(D), a.weights + qkv_count, o, a.dy, d_o, a.dparams + qkv_count,
                             a.dparams + qkv_count + out_weights, a.n * L);
             attention_backward(ctx, qkv, o, static_cast<const float*>(a.saved), static_cast<const T*>(d_o), dqkv, a.n, L, d,
                                local_heads, own_scratch(a.scratch, a.n));
             linear_backward(ctx, int(D), int(3 * d), a.weights, a.x, static_cast<const T*>(dqkv), a.dx, a.dparams,
                             a.dparams + qkv_weights, a.n * L);
-            if (a.dx) group->all_reduce(rank, a.dx, a.n * L * D);
+            if (a.dx) detail::sum_over(ctx, group, rank, a.dx, a.n * L * D, sum_area(ctx, a.scratch, a.n));
         }
 
         TensorGroup* group;
         std::size_t rank;
 
     private:
-        static float* own_scratch(float* scratch, std::size_t n) { return scratch + n * L * 4 * d; }
+        static float* own_scratch(float* scratch, std::size_t n)
+        {
+            return scratch + floats_for<T>(n * L * d) + floats_for<T>(n * L * 3 * d);
+        }
+        template <class Ctx>
+        static float* sum_area(const Ctx& ctx, float* scratch, std::size_t n)
+        {
+            return own_scratch(scratch, n) + attention_scratch<T>(ctx, n, L, d, local_heads);
+        }
     };
 };
 

@@ -81,7 +81,8 @@ struct Evaluation {
 // update of the parameters of w that the segments name (core/param_kind.hpp: the model's plan under
 // its ParamRule, model/param_layout.hpp) from their gradients g on ctx (train/sgd.hpp); `at` says
 // where g holds a parameter's gradient (GradientAt::params by default). Optionally prepare(ctx, g,
-// count): the model's whole gradient, once per update before apply (train/clip.hpp).
+// count): the model's whole gradient, once per update before apply (train/clip.hpp); and then
+// update_in_parts(parts), the same look at a gradient that lies in parts (UpdatesInParts below).
 template <class O>
 concept Optimizer = requires {
     { O::state_per_param } -> std::convertible_to<std::size_t>;
@@ -91,18 +92,46 @@ concept Optimizer = requires {
 template <class O, class Ctx>
 concept PreparesGradient = requires(const O& o, Ctx& ctx, float* g, std::size_t n) { o.prepare(ctx, g, n); };
 
-// An optimizer whose look at the whole gradient is a clip by its L2 norm and nothing else
-// (ClipGradNorm, train/clip.hpp): max_norm(), and wrapped(), the optimizer that applies the clipped
-// gradient and does not look at the whole gradient itself. A layout whose gradient lies in parts on
-// several contexts (a Pipeline's stages, a TensorParallel's ranks) clips it itself: the sum of
-// squares of its parts, each parameter counted once (the kernel op sum_of_squares), added on the
-// host; every part scaled by the total (clip_to_norm); then wrapped()'s update.
-template <class O, class Ctx>
-concept ClipsByNorm = requires(const O& o) {
-    requires O::clips_by_norm;
-    { o.max_norm() } -> std::convertible_to<float>;
-    o.wrapped();
-} && !PreparesGradient<std::remove_cvref_t<decltype(std::declval<const O&>().wrapped())>, Ctx>;
+// A gradient that lies in parts on several contexts (a Pipeline's stages, a TensorParallel's ranks,
+// model::update_in_parts), as the layout that holds it offers it to an optimizer:
+//   unscale(inv_scale)        every part's gradient *= inv_scale (its frozen parameters' set to zero
+//                             first, as a plain update does); whether every part's was finite before:
+//                             one answer for all parts, each part's counted.
+//   squares(at)               the sum of squares, in double, of the whole gradient, each parameter
+//                             counted once (the kernel op sum_of_squares a part, added on the host in
+//                             part order); at == GradientAt::state: of the first float of optimizer
+//                             state of each trainable parameter instead (an Accumulate's sum).
+//   clip(squares, max_norm, at)  every part's gradient (or that state) *= max_norm / (norm + 1e-6)
+//                             when norm = sqrt(squares) exceeds max_norm (the kernel op clip_to_norm).
+//   apply(o)                  every part applies optimizer o to its slice, o's apply without its
+//                             prepare; its state is state_per_param floats a trainable parameter.
+// context: the context type the parts' optimizer calls take. The calls wait for the parts' answers;
+// their order is the optimizer's.
+template <class Ctx>
+struct GradientPartsContract {
+    using context = Ctx;
+    bool unscale(float inv_scale);
+    double squares(core::GradientAt at = core::GradientAt::params);
+    void clip(double squares, float max_norm, core::GradientAt at = core::GradientAt::params);
+    template <class O>
+    void apply(const O& o);
+};
+
+// An optimizer that a layout holding its gradient in parts can apply (`Parts` as
+// GradientPartsContract says): one that does not look at the whole gradient (each part applies it),
+// or one that says how to look at it in parts, o.update_in_parts(parts), with the same result as its
+// prepare on the whole gradient (ClipGradNorm, LossScale, an Accumulate of a ClipGradNorm).
+template <class O, class Ctx, class Parts = GradientPartsContract<Ctx>>
+concept UpdatesInParts = !PreparesGradient<O, Ctx> || requires(const O& o, Parts& parts) { o.update_in_parts(parts); };
+
+// The update of a gradient in parts: o's own update_in_parts, or every part's apply.
+template <class O, class Parts>
+    requires UpdatesInParts<O, typename Parts::context, Parts>
+void update_in_parts(const O& o, Parts& parts)
+{
+    if constexpr (requires { o.update_in_parts(parts); }) o.update_in_parts(parts);
+    else parts.apply(o);
+}
 
 // An optimizer that leaves the parameters as they are: for timing steps (auto_parallel) and for
 // stating the contracts below.

@@ -435,41 +435,44 @@ public:
     template <ParamRuleType Rule, std::uint32_t First, class Opt>
     void update_with(const Opt& opt)
     {
-        using plan = UpdatePlan<chain, Rule, First>;
-        visit([&](auto& ctx) {
-            const std::size_t need = plan::trainable * Opt::state_per_param;
-            if (state_.size() != need) {
-                core::require(!state_given_,
-                              "the optimizer state set (a checkpoint, set_optimizer_state) holds " +
-                                  std::to_string(state_.size()) + " values, but this optimizer keeps " +
-                                  std::to_string(Opt::state_per_param) + " for each of the " +
-                                  std::to_string(plan::trainable) + " trainable parameters (" + std::to_string(need) +
-                                  "): set the state of this optimizer, or none");
-                state_ = ctx.template allocate<float>(need);
-            }
-            state_given_ = false;
-            prepare_gradient<plan>(opt, ctx, grads_.data());
-            chain_.template update<Rule, First>(ctx, opt, params_.data(), grads_.data(), state_.data());
-            refresh_weights(ctx);
-        });
+        update_slice<Rule, First, true>(opt);
     }
 
-    // ---- ClipGradNorm over a gradient in parts (a Pipeline's stages, a TensorParallel's ranks) ----
-    // gradient_squares<Rule, First>(ranges): the sum of squares, in double, of this stage's gradient
-    // over each [begin, end) of `ranges` (sum_of_squares each, added here in their order), its frozen
-    // parameters' gradients first set to zero as update_with<Rule, First> does; waits for the answer.
-    // clip_gradient(squares, max_norm): the whole gradient *= max_norm / (norm + 1e-6) when norm =
+    // ---- an update over a gradient in parts (a Pipeline's stages, a TensorParallel's ranks) ----
+    // The layout offers this stage as a part of its gradient (model::GradientPartsContract) and
+    // combines the parts' answers on the host. Each call waits for this stage's answer, or queues.
+    // unscale<Rule, First>(inv_scale): frozen parameters' gradients set to zero (as
+    // update_with<Rule, First> does), then the gradient *= inv_scale; whether it was finite before.
+    // gradient_squares<Rule, First>(ranges, at): the sum of squares, in double, over each [begin,
+    // end) of `ranges` (sum_of_squares each, added here in their order) of the gradient, its frozen
+    // parameters' first set to zero; at == GradientAt::state: of the optimizer state, `ranges` in
+    // state indices (an Accumulate's sum).
+    // clip_gradient<Rule, First>(squares, max_norm, at): the whole gradient (at == GradientAt::state:
+    // the first float of state of each trainable parameter) *= max_norm / (norm + 1e-6) when norm =
     // sqrt(squares), the whole model's sum, exceeds max_norm; queued.
+    // update_part<Rule, First>(opt): update_with's update without opt's prepare (the layout has
+    // looked at the whole gradient in parts).
     template <ParamRuleType Rule, std::uint32_t First>
-    double gradient_squares(std::span<const std::pair<std::size_t, std::size_t>> ranges)
+    bool unscale(float inv_scale)
     {
         using plan = UpdatePlan<chain, Rule, First>;
         return visit([&](auto& ctx) {
             for (const auto& [begin, end] : plan::frozen_runs) fill(ctx, grads_.data() + begin, 0.0f, end - begin);
+            return unscale_gradient(ctx, grads_.data(), param_count, inv_scale);
+        });
+    }
+    template <ParamRuleType Rule, std::uint32_t First>
+    double gradient_squares(std::span<const std::pair<std::size_t, std::size_t>> ranges,
+                            core::GradientAt at = core::GradientAt::params)
+    {
+        using plan = UpdatePlan<chain, Rule, First>;
+        return visit([&](auto& ctx) {
+            const float* from = at == core::GradientAt::state ? state_.data() : grads_.data();
+            if (at == core::GradientAt::params)
+                for (const auto& [begin, end] : plan::frozen_runs) fill(ctx, grads_.data() + begin, 0.0f, end - begin);
             grow(ctx, squares_, ranges.size());
             for (std::size_t k = 0; k < ranges.size(); ++k)
-                sum_of_squares(ctx, static_cast<const float*>(grads_.data() + ranges[k].first),
-                               ranges[k].second - ranges[k].first, squares_.data() + k);
+                sum_of_squares(ctx, from + ranges[k].first, ranges[k].second - ranges[k].first, squares_.data() + k);
             std::vector<double>& part = squares_host_;   // kept: no allocation an update
             part.resize(ranges.size());
             ctx.download(part.data(), squares_.data(), part.size());
@@ -479,13 +482,22 @@ public:
             return total;
         });
     }
-    void clip_gradient(double squares, float max_norm)
+    template <ParamRuleType Rule, std::uint32_t First>
+    void clip_gradient(double squares, float max_norm, core::GradientAt at = core::GradientAt::params)
     {
+        using plan = UpdatePlan<chain, Rule, First>;
         visit([&](auto& ctx) {
             grow(ctx, squares_, 1);
             ctx.upload(squares_.data(), &squares, 1);
-            clip_to_norm(ctx, grads_.data(), param_count, static_cast<const double*>(squares_.data()), max_norm);
+            const bool sums = at == core::GradientAt::state;
+            clip_to_norm(ctx, sums ? state_.data() : grads_.data(), sums ? plan::trainable : param_count,
+                         static_cast<const double*>(squares_.data()), max_norm);
         });
+    }
+    template <ParamRuleType Rule, std::uint32_t First, class Opt>
+    void update_part(const Opt& opt)
+    {
+        update_slice<Rule, First, false>(opt);
     }
 
     // ---- a shard of the update (ZeRO-1: DataParallelOptions::shard) ----
@@ -684,13 +696,36 @@ private:
         chain_.backward(ctx, pass, back, on_layer);
     }
 
+    // update_with (Prepare: opt's look at the whole gradient first) and update_part.
+    template <ParamRuleType Rule, std::uint32_t First, bool Prepare, class Opt>
+    void update_slice(const Opt& opt)
+    {
+        using plan = UpdatePlan<chain, Rule, First>;
+        visit([&](auto& ctx) {
+            const std::size_t need = plan::trainable * Opt::state_per_param;
+            if (state_.size() != need) {
+                core::require(!state_given_,
+                              "the optimizer state set (a checkpoint, set_optimizer_state) holds " +
+                                  std::to_string(state_.size()) + " values, but this optimizer keeps " +
+                                  std::to_string(Opt::state_per_param) + " for each of the " +
+                                  std::to_string(plan::trainable) + " trainable parameters (" + std::to_string(need) +
+                                  "): set the state of this optimizer, or none");
+                state_ = ctx.template allocate<float>(need);
+            }
+            state_given_ = false;
+            prepare_gradient<plan, Prepare>(opt, ctx, grads_.data());
+            chain_.template update<Rule, First>(ctx, opt, params_.data(), grads_.data(), state_.data());
+            refresh_weights(ctx);
+        });
+    }
+
     // An optimizer that looks at the whole gradient first (ClipGradNorm, LossScale) sees frozen
     // parameters' gradients as zeros, as if they had none. A function of its own, not a branch in
     // update()'s lambda: nvcc does not discard that branch there.
-    template <class Plan, class Opt, class Ctx>
+    template <class Plan, bool Prepare = true, class Opt, class Ctx>
     static void prepare_gradient(const Opt& opt, Ctx& ctx, float* gradient)
     {
-        if constexpr (PreparesGradient<Opt, Ctx>) {
+        if constexpr (Prepare && PreparesGradient<Opt, Ctx>) {
             static_assert(!chain::spans_devices,
                           "an optimizer that looks at the whole gradient (ClipGradNorm) cannot update a model "
                           "holding a nested DataParallel: its replicas update slice by slice");

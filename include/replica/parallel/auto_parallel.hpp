@@ -341,18 +341,17 @@ private:
             else return f(m);
         }, impl_);
     }
-    // An optimizer that looks at the whole gradient other than ClipGradNorm (LossScale, an Accumulate
-    // of a ClipGradNorm) cannot update a Pipeline or TensorParallel yet: an Error at run time there
-    // (the other layouts take it), not a compile error for every model.
+    // An optimizer that looks at the whole gradient without saying how to look at it in parts (an
+    // Accumulate of a LossScale, model::UpdatesInParts) cannot update a Pipeline or TensorParallel
+    // yet: an Error at run time there (the other layouts take it), not a compile error for every model.
     template <class L, class Opt>
     static constexpr bool refuses = (is_pipeline<L>::value || is_tensor_parallel<L>::value) &&
-                                    model::PreparesGradient<Opt, backend::cpu::Context> &&
-                                    !model::ClipsByNorm<Opt, backend::cpu::Context>;
+                                    !model::UpdatesInParts<Opt, backend::cpu::Context>;
     [[noreturn]] static void refuse_whole_gradient(const std::string& chosen)
     {
         throw Error("auto_parallel chose " + chosen + " to fit its memory budget, which cannot take an optimizer that "
-                    "looks at the whole gradient other than ClipGradNorm (LossScale, an Accumulate of a ClipGradNorm) "
-                    "yet: use ClipGradNorm alone, or a budget that data parallelism fits");
+                    "looks at the whole gradient without saying how to look at it in parts (an Accumulate of a "
+                    "LossScale) yet: wrap the Accumulate in the LossScale, or give a budget that data parallelism fits");
     }
 
     static Impl make(M&& model, std::vector<Device> devices, AutoOptions o, Candidate& chosen)

@@ -140,7 +140,8 @@ public:
                     "the plain model, or a DataParallel of it, in that mode");
     }
 
-    // Every replica applies the same update to the same summed gradient.
+    // Every replica applies the same update to the same summed gradient: an optimizer that looks at the
+    // whole gradient (over each replica's stages) finds the same answers on every replica.
     template <class Opt>
     void update(const Opt& opt)
     {

@@ -24,10 +24,12 @@
 //             (p - 1) / (m + p - 1) of a step.
 //
 // Parameters, optimizer state and checkpoints are M's: parameters() is the stages' concatenation,
-// M's flat vector; ClipGradNorm's norm is summed over the stages on the host. Not yet: BatchNorm (its
-// statistics are over the batch, not a micro-batch), LossScale (its stages would have to agree on a
-// skip), the reproducible mode, and a tied head cut away from its embedding; each is refused with a
-// message.
+// M's flat vector. An optimizer that looks at the whole gradient looks at the stages' parts
+// (model::update_in_parts): ClipGradNorm's norm is summed over the stages on the host, LossScale
+// skips every stage's update when any stage's gradient is not finite, an Accumulate of a ClipGradNorm
+// clips each window's mean by the norm over the stages. Not yet: BatchNorm (its statistics are over
+// the batch, not a micro-batch), an Accumulate of a LossScale, the reproducible mode, and a tied head
+// cut away from its embedding; each is refused with a message.
 
 #include <algorithm>
 #include <array>
@@ -346,31 +348,20 @@ public:
                     "in that mode");
     }
 
-    // ClipGradNorm (model::ClipsByNorm): the whole model's sum of squares is the stages' sums, added
-    // in stage order on the host; every stage then clips by it and applies the wrapped optimizer.
+    // An optimizer that looks at the whole gradient (ClipGradNorm, LossScale, an Accumulate of a
+    // ClipGradNorm) looks at it over the stages (model::update_in_parts): each stage's answer (its
+    // sum of squares, whether its gradient is finite) waited for, and combined on the host in stage
+    // order; then every stage applies the optimizer to its slice.
     template <class Opt>
     void update(const Opt& opt)
     {
-        if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
-            double total = 0.0;
-            core::static_for<P>([&](auto s) {
-                auto& st = std::get<s>(stages_);
-                const std::pair<std::size_t, std::size_t> all{0, st.param_count};
-                total += st.template gradient_squares<param_rule, first_id<s>>(std::span(&all, 1));
-            });
-            core::static_for<P>([&](auto s) {
-                auto& st = std::get<s>(stages_);
-                st.clip_gradient(total, opt.max_norm());
-                st.template update_with<param_rule, first_id<s>>(opt.wrapped());
-            });
-        } else {
-            static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
-                          "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
-                          "not, cannot update a Pipeline yet (LossScale: its stages would have to agree on skipping an "
-                          "update; Accumulate of a ClipGradNorm: the mean's norm spans its stages): use ClipGradNorm "
-                          "alone, or the plain model");
-            core::static_for<P>(
-                [&](auto s) { std::get<s>(stages_).template update_with<param_rule, first_id<s>>(opt); });
+        static_assert(model::UpdatesInParts<Opt, backend::cpu::Context>,
+                      "an optimizer that looks at the whole gradient without saying how to look at it in parts "
+                      "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
+                      "Pipeline yet: wrap the Accumulate in the LossScale, or train the plain model");
+        if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            Stages parts{*this};
+            model::update_in_parts(opt, parts);
         }
     }
 
@@ -396,6 +387,46 @@ public:
     }
 
 private:
+    template <std::size_t S>
+    using stage_plan = model::UpdatePlan<typename stage_type<S>::chain, param_rule, first_id<S>>;
+
+    // The stages as a gradient in parts (model::GradientPartsContract), in stage order.
+    struct Stages {
+        using context = backend::cpu::Context;
+        Pipeline& p;
+
+        bool unscale(float inv_scale)
+        {
+            bool finite = true;
+            core::static_for<P>([&](auto s) {
+                finite = std::get<s>(p.stages_).template unscale<param_rule, first_id<s>>(inv_scale) && finite;
+            });
+            return finite;
+        }
+        double squares(core::GradientAt at = core::GradientAt::params)
+        {
+            double total = 0.0;
+            core::static_for<P>([&](auto s) {
+                auto& st = std::get<s>(p.stages_);
+                const std::pair<std::size_t, std::size_t> all{
+                    0, at == core::GradientAt::params ? st.param_count : stage_plan<s>::trainable};
+                total += st.template gradient_squares<param_rule, first_id<s>>(std::span(&all, 1), at);
+            });
+            return total;
+        }
+        void clip(double squares, float max_norm, core::GradientAt at = core::GradientAt::params)
+        {
+            core::static_for<P>([&](auto s) {
+                std::get<s>(p.stages_).template clip_gradient<param_rule, first_id<s>>(squares, max_norm, at);
+            });
+        }
+        template <class O>
+        void apply(const O& o)
+        {
+            core::static_for<P>([&](auto s) { std::get<s>(p.stages_).template update_part<param_rule, first_id<s>>(o); });
+        }
+    };
+
     static std::vector<Device> check_devices(std::vector<Device> d)
     {
         core::require(d.size() == P, "a Pipeline of " + std::to_string(P) + " stages needs " + std::to_string(P) +

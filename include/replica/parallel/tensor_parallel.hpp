@@ -21,10 +21,13 @@
 // Parameters, optimizer state and checkpoints are M's (replica_type = M): parameters() gathers each
 // split block's pieces into M's block (core::ParamSplit says where each piece lies), set_parameters
 // hands each rank its pieces; the parameters start as M's from the same seed. The result equals M's up
-// to float summation order (the partial products summed over the ranks). ClipGradNorm's norm is
-// summed over the ranks (each parameter once) on the host. Not yet: activations in bf16 or fp16 (the
-// sums are over floats), LossScale (its ranks would have to agree on a skip), the reproducible mode, a
-// nested DataParallel; each is refused with a message.
+// to float summation order (the partial products summed over the ranks). An optimizer that looks at
+// the whole gradient looks at the ranks' parts (model::update_in_parts): ClipGradNorm's norm (of an
+// Accumulate's mean too) is summed over the ranks, each parameter once, on the host; LossScale skips
+// every rank's update when any rank's gradient is not finite. Activations in bf16 or fp16 are summed
+// over the ranks as floats (layers/tensor_parallel.hpp): each rank's part rounded to 16 bits first,
+// so the result is M's within 16-bit rounding. Not yet: an Accumulate of a LossScale, the
+// reproducible mode, a nested DataParallel; each is refused with a message.
 
 #include <algorithm>
 #include <array>
@@ -117,18 +120,16 @@ struct split<model::Sequential<E...>, Ways> {
 template <class M, std::size_t Ways>
 using tensor_split = typename detail::split<M, Ways>::type;
 
-// TensorParallel<M, Ways> exists: M is a float model, not holding a nested DataParallel, with
-// something to split, and Ways divides every split layer's heads or hidden units.
+// TensorParallel<M, Ways> exists: M does not hold a nested DataParallel, has something to split, and
+// Ways divides every split layer's heads or hidden units.
 template <class M, std::size_t Ways>
-inline constexpr bool tensor_splits = std::is_same_v<typename M::storage, float> && !M::chain::spans_devices &&
+inline constexpr bool tensor_splits = !M::chain::spans_devices &&
                                       detail::split<M, Ways>::even && !std::is_same_v<tensor_split<M, Ways>, M>;
 
 template <class M, std::size_t Ways>
 class TensorParallel : public LayoutOf<M, TensorParallel<M, Ways>> {
     static_assert(model::is_sequential<M>::value, "TensorParallel<M, Ways>: M must be a model, a Sequential<Input<...>, ...>");
     static_assert(Ways >= 2, "TensorParallel<M, Ways> splits over at least 2 devices");
-    static_assert(std::is_same_v<typename M::storage, float>,
-                  "TensorParallel<M, Ways> runs in float (its sums over the devices are of floats): remove M's Precision<...>");
     static_assert(!M::chain::spans_devices, "a TensorParallel's model cannot hold a nested DataParallel");
     static_assert(!std::is_same_v<tensor_split<M, Ways>, M>,
                   "TensorParallel<M, Ways>: M has nothing to split; it splits CausalSelfAttention<Heads> by heads, and "
@@ -176,6 +177,7 @@ public:
             ranks_.emplace_back(std::vector<Device>{devices_[r]}, seed, 0, false, group_.get(), r);
             runs_.push_back(runs_of(r));
         }
+        split_state_ = split_state_ranges();
         group_->connect(ranks_);
         typename M::chain whole{model::Build{0, std::span<const Device>(devices_).first(1)}};
         std::vector<float> w(param_count);
@@ -281,31 +283,22 @@ public:
                     "DataParallel, in that mode");
     }
 
-    // ClipGradNorm (model::ClipsByNorm): the whole model's sum of squares is rank 0's whole gradient
-    // (the blocks every rank holds alike, counted once, and its pieces of the split ones) plus the
-    // other ranks' pieces of the split blocks, added in rank order on the host; every rank then clips
-    // by it and applies the wrapped optimizer.
+    // An optimizer that looks at the whole gradient (ClipGradNorm, LossScale, an Accumulate of a
+    // ClipGradNorm) looks at it over the ranks (model::update_in_parts), each rank's part on its own
+    // thread and the answers combined on the host in rank order. A sum of squares counts rank 0's
+    // whole gradient (the blocks every rank holds alike, counted once, and its pieces of the split
+    // ones) and the other ranks' pieces of the split blocks; a non-finite gradient on any rank skips
+    // every rank's update.
     template <class Opt>
     void update(const Opt& opt)
     {
-        if constexpr (model::ClipsByNorm<Opt, backend::cpu::Context>) {
-            std::array<double, Ways> squares{};
-            on_every_rank([&](shard_type& s, std::size_t r) {
-                squares[r] = s.template gradient_squares<typename shard_type::param_rule, 0>(r == 0 ? whole_ : split_);
-            });
-            double total = 0.0;
-            for (double part : squares) total += part;
-            on_every_rank([&](shard_type& s, std::size_t) {
-                s.clip_gradient(total, opt.max_norm());
-                s.update(opt.wrapped());
-            });
-        } else {
-            static_assert(!model::PreparesGradient<Opt, backend::cpu::Context>,
-                          "an optimizer that looks at the whole gradient, other than a ClipGradNorm of one that does "
-                          "not, cannot update a TensorParallel yet (LossScale: its ranks would have to agree on "
-                          "skipping an update; Accumulate of a ClipGradNorm: the mean's norm spans its ranks): use "
-                          "ClipGradNorm alone, or the plain model");
-            on_every_rank([&](shard_type& s, std::size_t) { s.update(opt); });
+        static_assert(model::UpdatesInParts<Opt, backend::cpu::Context>,
+                      "an optimizer that looks at the whole gradient without saying how to look at it in parts "
+                      "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
+                      "TensorParallel yet: wrap the Accumulate in the LossScale, or train the plain model");
+        if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            Ranks parts{*this};
+            model::update_in_parts(opt, parts);
         }
     }
 
@@ -355,6 +348,43 @@ private:
         std::unique_ptr<backend::Communicator> comm_;
     };
 
+    // The ranks as a gradient in parts (model::GradientPartsContract), in rank order.
+    struct Ranks {
+        using context = backend::cpu::Context;
+        using rule = typename shard_type::param_rule;
+        TensorParallel& t;
+
+        bool unscale(float inv_scale)
+        {
+            std::array<bool, Ways> finite{};
+            t.on_every_rank([&](shard_type& s, std::size_t r) { finite[r] = s.template unscale<rule, 0>(inv_scale); });
+            bool all = true;
+            for (bool f : finite) all = all && f;
+            return all;
+        }
+        double squares(core::GradientAt at = core::GradientAt::params)
+        {
+            const bool sums = at == core::GradientAt::state;
+            std::array<double, Ways> squares{};
+            t.on_every_rank([&](shard_type& s, std::size_t r) {
+                squares[r] = s.template gradient_squares<rule, 0>(
+                    r == 0 ? (sums ? t.whole_state_ : t.whole_) : (sums ? t.split_state_ : t.split_), at);
+            });
+            double total = 0.0;
+            for (double part : squares) total += part;
+            return total;
+        }
+        void clip(double squares, float max_norm, core::GradientAt at = core::GradientAt::params)
+        {
+            t.on_every_rank([&](shard_type& s, std::size_t) { s.template clip_gradient<rule, 0>(squares, max_norm, at); });
+        }
+        template <class O>
+        void apply(const O& o)
+        {
+            t.on_every_rank([&](shard_type& s, std::size_t) { s.template update_part<rule, 0>(o); });
+        }
+    };
+
     // A run of parameters that rank r holds: M's [whole, whole + count) at the rank's [mine, ...), and
     // where their optimizer state begins in each (trainable ones).
     struct Run {
@@ -399,6 +429,18 @@ private:
             if (s.split.runs == 0 || s.count == 0) continue;
             if (!ranges.empty() && ranges.back().second == s.offset) ranges.back().second += s.count;
             else ranges.push_back({s.offset, s.offset + s.count});
+        }
+        return ranges;
+    }
+    // The same in state indices: the trainable parameters of the split blocks (rank 0's runs, whose
+    // places in a rank's vector are every rank's).
+    std::vector<std::pair<std::size_t, std::size_t>> split_state_ranges() const
+    {
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        for (const Run& run : runs_.front()) {
+            if (!run.split || !run.trainable) continue;
+            if (!ranges.empty() && ranges.back().second == run.mine_state) ranges.back().second += run.count;
+            else ranges.push_back({run.mine_state, run.mine_state + run.count});
         }
         return ranges;
     }
@@ -462,6 +504,8 @@ private:
     std::vector<std::vector<Run>> runs_;   // rank r's parameters among M's
     // Where a rank's gradient_squares reads: rank 0 all of its gradient, the others their split blocks.
     std::vector<std::pair<std::size_t, std::size_t>> whole_{{0, shard_type::param_count}}, split_ = split_ranges();
+    // The same in state indices, for an Accumulate's sums (Ranks::squares at GradientAt::state).
+    std::vector<std::pair<std::size_t, std::size_t>> whole_state_{{0, shard_type::trainable_count}}, split_state_;
     WorkerPool pool_;
     std::vector<float> elsewhere_;      // predict: the outputs of ranks 1 ..
 };

@@ -19,6 +19,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
+#include "replica/model/concepts.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -28,6 +29,52 @@ public:
     static constexpr std::size_t state_per_param = 1 + Opt::state_per_param;   // the sum, then Opt's
     static constexpr std::uint32_t checkpoint_id = 0;                          // names none (checkpoint.hpp)
 
+private:
+    // A part's update on a window's k-th batch, in two halves around the look at the parts' means;
+    // each an optimizer over Accumulate's state.
+    struct ToMean {
+        static constexpr std::size_t state_per_param = Accumulate::state_per_param;
+        const Accumulate* self;
+        template <class Ctx>
+        void apply(Ctx& ctx, float*, const float* grad, float* state, std::span<const core::ParamSegment> segments,
+                   core::GradientAt = core::GradientAt::params) const
+        {
+            accumulate_gradient(ctx, grad, state, segments, true, 1.0f / float(self->k_));
+        }
+    };
+    template <class O>
+    struct FromMean {
+        static constexpr std::size_t state_per_param = Accumulate::state_per_param;
+        const O* opt;
+        template <class Ctx>
+        void apply(Ctx& ctx, float* w, const float*, float* state, std::span<const core::ParamSegment> segments,
+                   core::GradientAt = core::GradientAt::params) const
+        {
+            const std::size_t trainable = trainable_of(segments);
+            opt->apply(ctx, w, state, state + trainable, segments, core::GradientAt::state);
+            fill(ctx, state, 0.0f, trainable);
+        }
+    };
+
+    // Parts' means as a gradient in parts: the first float of state a trainable parameter
+    // (GradientAt::state), which apply(o) hands to o with the state after it, then clears.
+    template <class Parts>
+    struct Means {
+        using context = typename Parts::context;
+        Parts& parts;
+        double squares(core::GradientAt = core::GradientAt::params) { return parts.squares(core::GradientAt::state); }
+        void clip(double squares, float max_norm, core::GradientAt = core::GradientAt::params)
+        {
+            parts.clip(squares, max_norm, core::GradientAt::state);
+        }
+        template <class O>
+        void apply(const O& o)
+        {
+            parts.apply(FromMean<O>{&o});
+        }
+    };
+
+public:
     Accumulate(Opt opt, std::size_t k) : opt_(std::move(opt)), k_(k)
     {
         core::require(k >= 1, "Accumulate: k, the batches per update, must be at least 1, got " + std::to_string(k));
@@ -65,6 +112,24 @@ public:
         requires requires(const Opt& o, Ctx& c, float* g, std::size_t n) { o.prepare(c, g, n); }
     void prepare(Ctx&, float*, std::size_t) const
     {
+    }
+
+    // The same over a gradient in parts (model::GradientPartsContract), for a wrapped optimizer that
+    // looks at the whole gradient: on a window's k-th batch every part makes its sum the mean, the
+    // wrapped optimizer looks at the parts' means as its whole gradient (their squares, their clip),
+    // and every part applies it to its mean and clears the sum; on the others every part adds.
+    template <class Parts>
+        requires model::PreparesGradient<Opt, typename Parts::context> &&
+                 model::UpdatesInParts<Opt, typename Parts::context, Means<Parts>>
+    void update_in_parts(Parts& parts) const
+    {
+        if (!updates_now()) {
+            parts.apply(*this);   // adds the batch's gradient to the sum, nothing else
+            return;
+        }
+        parts.apply(ToMean{this});
+        Means<Parts> means{parts};
+        model::update_in_parts(opt_, means);
     }
 
     // The slice's state: the sum (one float a trainable parameter, at its state index), then the

@@ -7,9 +7,9 @@
 // update, its frozen parameters' gradients zeros (model/param_rules.hpp: they count as none): under a DataParallel that is each replica's all-reduced gradient, the same on every
 // replica, so every replica clips alike. The norm is computed and applied on the model's device
 // (no host round trip). A Pipeline, a TensorParallel and a DataParallel of pipelines hold their
-// gradient in parts on several devices: they add the parts' sums of squares on the host (each
-// parameter once) and scale every part by the total, then apply wrapped() (model::ClipsByNorm); the
-// result is the plain model's up to the sum's order. A model holding a nested DataParallel (whose
+// gradient in parts on several devices: update_in_parts adds the parts' sums of squares on the host
+// (each parameter once), scales every part by the total, then updates with wrapped() in parts
+// (model::update_in_parts); the result is the plain model's up to the sum's order. A model holding a nested DataParallel (whose
 // replicas update slice by slice) does not take it: that is a compile error.
 //
 // State: the wrapped optimizer's. Checkpoints name the wrapped optimizer.
@@ -24,6 +24,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
+#include "replica/model/concepts.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -31,7 +32,6 @@ template <class Opt>
 class ClipGradNorm {
 public:
     static constexpr std::size_t state_per_param = Opt::state_per_param;
-    static constexpr bool clips_by_norm = true;   // model::ClipsByNorm: prepare() clips and does nothing else
 
     ClipGradNorm(Opt opt, float max_norm) : opt_(std::move(opt)), max_norm_(max_norm)
     {
@@ -72,6 +72,15 @@ public:
     void prepare(Ctx& ctx, float* gradient, std::size_t count) const
     {
         clip_by_norm(ctx, gradient, count, max_norm_);
+    }
+
+    // The same over a gradient in parts (model::GradientPartsContract).
+    template <class Parts>
+        requires model::UpdatesInParts<Opt, typename Parts::context, Parts>
+    void update_in_parts(Parts& parts) const
+    {
+        parts.clip(parts.squares(), max_norm_);
+        model::update_in_parts(opt_, parts);
     }
 
     template <class Ctx>

@@ -22,8 +22,10 @@
 // every replica runs prepare() and apply() on its own all-reduced gradient, possibly from several
 // threads at once; those gradients are the same bit for bit, so every replica finds the same answer
 // and the replicas take the same decision (the flag they share is only ever set to one value per
-// update). A model holding a nested DataParallel (updated slice by slice) does not take it: a
-// compile error, as for ClipGradNorm.
+// update). A Pipeline, a TensorParallel and a DataParallel of pipelines hold their gradient in parts
+// on several devices: update_in_parts unscales every part and combines their answers, so that one
+// non-finite part skips every part's update (model::update_in_parts). A model holding a nested
+// DataParallel (updated slice by slice) does not take it: a compile error, as for ClipGradNorm.
 //
 // The check needs its answer on the host before the update is issued: on a GPU the host waits for
 // the step's gradient there, so the fast mode (train_step's `next`) still queues the next step before
@@ -45,6 +47,7 @@
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
+#include "replica/model/concepts.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -178,6 +181,19 @@ public:
             }
         }
         if constexpr (requires { opt_.prepare(ctx, gradient, count); }) opt_.prepare(ctx, gradient, count);
+    }
+
+    // The same over a gradient in parts (model::GradientPartsContract): every part checked and
+    // unscaled, and when any was not finite, every part skips as apply() does.
+    template <class Parts>
+        requires model::UpdatesInParts<Wrapped, typename Parts::context, Parts> &&
+                 requires(Parts& p) { { p.unscale(1.0f) } -> std::same_as<bool>; }
+    void update_in_parts(Parts& parts) const
+    {
+        if (scaling_.enabled && !found_non_finite_.load(std::memory_order_relaxed))
+            if (!parts.unscale(1.0f / state_.scale)) found_non_finite_.store(true, std::memory_order_relaxed);
+        if (found_non_finite_.load(std::memory_order_relaxed)) parts.apply(*this);   // nothing, or the window's sum dropped
+        else model::update_in_parts(opt_, parts);
     }
 
     template <class Ctx>

@@ -5,5 +5,5 @@ using Net = Sequential<Input<16>, Linear<8>, ReLU, Linear<4>>;
 int main()
 {
     Pipeline<Net, Cuts<2>> model{{Device::cpu(0), Device::cpu(1)}};
-    model.update(Accumulate{ClipGradNorm{SGD{{.lr = 0.1f}}, 1.0f}, 2});
+    model.update(Accumulate{LossScale{SGD{{.lr = 0.1f}}}, 2});
 }
