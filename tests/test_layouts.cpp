@@ -483,11 +483,22 @@ TEST_CASE("auto_parallel given a memory budget picks the first layout that fits 
     measured.dispatch = DispatchChoice::measured;
     measured.steps = 1;
     measured.log = &log;
-    measured.memory_budget = std::max(need(Layout::tensor), need(Layout::pipeline));
+    // A budget that the two layouts needing least fit, and the other two not.
+    std::vector<std::pair<std::size_t, Layout>> needs;
+    for (Layout l : order) needs.emplace_back(need(l), l);
+    std::sort(needs.begin(), needs.end());
+    measured.memory_budget = needs[1].first;
+    REQUIRE(needs[2].first > measured.memory_budget);
     auto chosen = auto_parallel(PipeGpt{Device::cpu(), 4}, cpus(2), measured);
     CAPTURE(log.str());
     CHECK(log.str().find("auto_parallel measured (samples/s):") != std::string::npos);
-    CHECK(log.str().find(" 2 threaded ") == std::string::npos);   // data over 2 devices does not fit
+    const std::pair<Layout, const char*> timed[] = {{Layout::data, " 2 threaded "}, {Layout::sharded, "ZeRO-1 over 2 devices"},
+                                                    {Layout::tensor, "tensor-parallel over 2 devices"},
+                                                    {Layout::pipeline, "pipeline over 2 devices"}};
+    for (const auto& [l, name] : timed) {
+        CAPTURE(name);
+        CHECK((log.str().find(name) != std::string::npos) == (need(l) <= measured.memory_budget));
+    }
     CHECK(chosen.memory().total() <= measured.memory_budget);
     CHECK(norm_relative(want, without(five_adamw_steps(chosen, data), noise)) < 1e-6);
     // An Accumulate of a LossScale is refused at run time where a pipeline or tensor layout was chosen
