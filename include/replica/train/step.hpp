@@ -41,7 +41,7 @@ struct StepOptions {
 // n). A function of n and max_replicas alone, so every device count runs the same shards. As few and as
 // large as max_replicas devices allow, because each shard costs a pass over the gradient (its fixed-point
 // conversion) and runs its layers on a smaller batch; max_replicas of them keep that many devices
-// busy, and the counts that divide it (1, 2, 4 of 8) evenly so.
+// busy, and the counts that divide it (1, 2, 4 of 8) evenly when it divides n.
 inline std::size_t default_micro_shard(std::size_t n, std::size_t max_replicas)
 {
     core::require(max_replicas > 0, "StepOptions::max_replicas must be at least 1: the default micro-shard cuts the "
@@ -168,11 +168,11 @@ Metrics evaluate(M& model, const data::DatasetOf<E>& set, std::size_t batch_size
 } // namespace replica::train
 
 namespace REPLICA_NAMESPACE {
+using train::default_micro_shard;
 using train::evaluate;
 using train::Metrics;
 using train::parameters;
 using train::predict;
-using train::default_micro_shard;
 using train::StepOptions;
 using train::train_step;
 } // namespace replica
