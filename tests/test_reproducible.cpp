@@ -228,6 +228,23 @@ TEST_CASE("Reproducible mode's default micro-shard: the batch cut into max_repli
     }
 }
 
+// The Trainer's default micro-shard too: batches of 16 (shards of 2) and an epoch's last of 12 (shards
+// of 2, six), one model against 3 replicas, statistics included.
+TEST_CASE("Reproducible mode's default micro-shard in the Trainer: the same bits on 1 and 3 replicas", "[cpu][reproducible][batchnorm]")
+{
+    const auto set = data::synthetic_dataset(60, SmallResNet::input_shape::size, 1, 5, 3);
+    const TrainOptions options{.batch_size = 16, .epochs = 2, .seed = 5, .reproducible = true, .progress = false, .log = nullptr};
+    SmallResNet single{Device::cpu(), 1};
+    AdamW a{{.lr = 0.01f}};
+    Trainer{single, a, options}.fit(set);
+    DataParallel<SmallResNet, Threaded> three{cpus(3), 1};
+    AdamW b{{.lr = 0.01f}};
+    Trainer{three, b, options}.fit(set);
+    CHECK(differences(parameters(three), parameters(single)) == "");
+    CHECK(differences(three.statistics(), single.statistics()) == "");
+    CHECK(differences(parameters(single), parameters(SmallResNet{Device::cpu(), 1})) != "");   // it trained
+}
+
 // A default micro-shard for no replica at all is refused, naming the option; an explicit size needs
 // no max_replicas (it is not read).
 TEST_CASE("Reproducible mode: max_replicas of 0 is refused with the option's name", "[cpu][reproducible]")
