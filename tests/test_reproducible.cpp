@@ -229,7 +229,7 @@ TEST_CASE("Reproducible mode's default micro-shard: the batch cut into max_repli
 }
 
 // The Trainer's default micro-shard too: batches of 16 (shards of 2) and an epoch's last of 12 (shards
-// of 2, six), one model against 3 replicas, statistics included.
+// of 2, six), one model against 3 replicas, statistics included; and its max_replicas.
 TEST_CASE("Reproducible mode's default micro-shard in the Trainer: the same bits on 1 and 3 replicas", "[cpu][reproducible][batchnorm]")
 {
     const auto set = data::synthetic_dataset(60, SmallResNet::input_shape::size, 1, 5, 3);
@@ -243,6 +243,17 @@ TEST_CASE("Reproducible mode's default micro-shard in the Trainer: the same bits
     CHECK(differences(parameters(three), parameters(single)) == "");
     CHECK(differences(three.statistics(), single.statistics()) == "");
     CHECK(differences(parameters(single), parameters(SmallResNet{Device::cpu(), 1})) != "");   // it trained
+    // max_replicas reaches the step: 4 shards of 4 (and 3) are another run, theirs on any replica count.
+    TrainOptions fours = options;
+    fours.max_replicas = 4;
+    SmallResNet single4{Device::cpu(), 1};
+    AdamW c{{.lr = 0.01f}};
+    Trainer{single4, c, fours}.fit(set);
+    CHECK(differences(parameters(single4), parameters(single)) != "");
+    DataParallel<SmallResNet, Threaded> two{cpus(2), 1};
+    AdamW d{{.lr = 0.01f}};
+    Trainer{two, d, fours}.fit(set);
+    CHECK(differences(parameters(two), parameters(single4)) == "");
 }
 
 // A default micro-shard for no replica at all is refused, naming the option; an explicit size needs

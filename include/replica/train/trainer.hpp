@@ -64,7 +64,8 @@ struct TrainOptions {
     bool skip_nonfinite = false;            // undo and skip a step whose loss is NaN or infinite, instead of
                                             // stopping; costs a host copy of parameters and optimizer state per step
     std::size_t micro_shard = 0;            // samples per micro-shard in reproducible mode; 0: each batch
-                                            // cut into 8 (default_micro_shard, StepOptions::max_replicas)
+                                            // cut into max_replicas shards (default_micro_shard)
+    std::size_t max_replicas = 8;           // see StepOptions
     bool progress = true;                   // live line on a terminal
     std::ostream* log = &std::cout;         // one line per epoch; null: silent
     // The History written while training (HistoryWriter: CSV a line per record, JSON after every
@@ -124,7 +125,10 @@ private:
     using Source = data::SampleSourceOf<typename M::input_element>;
     using ValidationSet = data::DatasetOf<typename M::input_element>;
 
-    StepOptions step_options() const { return {.reproducible = options_.reproducible, .micro_shard = options_.micro_shard}; }
+    StepOptions step_options() const
+    {
+        return {.reproducible = options_.reproducible, .micro_shard = options_.micro_shard, .max_replicas = options_.max_replicas};
+    }
 
     History fit_source(const Source& train_set, const ValidationSet& validation_set)
     {
