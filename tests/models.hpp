@@ -189,12 +189,14 @@ using UnfusedNestedNet =
                Sequential<Sequential<Conv2d<3, 3, 2, 1>>>, Dropout<0.0>, ReLU, GlobalAvgPool, Linear<5>>;
 
 // The reproducible mode as the tests run it, and its standard run: 5 SGD steps of 20 samples from
-// `seed` (micro-shards of 8, 8 and 4: uneven over every replica count).
+// `seed` (micro-shards of 8, 8 and 4: uneven over every replica count); or 5 steps of another
+// optimizer, `opt` as it is before the first.
 inline constexpr StepOptions kReproducible{.reproducible = true, .micro_shard = 8};
-template <class Model, class Data>
-std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed, StepOptions options = kReproducible)
+inline SGD five_steps_sgd() { return SGD{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}}; }
+template <class Model, class Data, class Opt = SGD>
+std::vector<float> five_steps(Model& model, const Data& data, std::uint64_t seed, StepOptions options = kReproducible,
+                              Opt opt = five_steps_sgd())
 {
-    SGD opt{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f}};
     for (std::size_t s = 0; s < 5; ++s) train_step(model, opt, data.batch(s * 20, 20, s * 20, seed), options);
     return parameters(model);
 }

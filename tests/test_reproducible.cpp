@@ -20,33 +20,37 @@ namespace {
 // Five steps of 20 samples (five_steps) on one model, then on 1, 2, 3 and 4 replicas with either
 // dispatch policy (Threaded only for BatchNorm over the global batch, which SingleThread refuses at
 // compile time): the same parameters and statistics bit for bit, run to run too; another seed differs.
-template <class M, class Data>
-void bit_identical_on_any_replica_count(const Data& data, StepOptions options = kReproducible)
+template <class M, class Data, class Opt = SGD>
+void bit_identical_on_any_replica_count(const Data& data, StepOptions options = kReproducible, const Opt& opt = five_steps_sgd())
 {
     M single{Device::cpu(), 1};
-    const auto expected = five_steps(single, data, 7, options);
+    const auto expected = five_steps(single, data, 7, options, opt);
     const auto stats = single.statistics();
     for (std::size_t replicas : {1, 2, 3, 4}) {
         CAPTURE(replicas);
         if constexpr (M::syncs == 0) {
             DataParallel<M, SingleThread> one_thread{cpus(replicas), 1};
-            CHECK(differences(five_steps(one_thread, data, 7, options), expected) == "");
+            CHECK(differences(five_steps(one_thread, data, 7, options, opt), expected) == "");
             CHECK(differences(one_thread.statistics(), stats) == "");
         }
         DataParallel<M, Threaded> threaded{cpus(replicas), 1};
-        CHECK(differences(five_steps(threaded, data, 7, options), expected) == "");
+        CHECK(differences(five_steps(threaded, data, 7, options, opt), expected) == "");
         CHECK(differences(threaded.statistics(), stats) == "");
     }
     M again{Device::cpu(), 1};
-    CHECK(differences(five_steps(again, data, 7, options), expected) == "");   // run to run
+    CHECK(differences(five_steps(again, data, 7, options, opt), expected) == "");   // run to run
     M other_seed{Device::cpu(), 2};
-    CHECK(differences(five_steps(other_seed, data, 8, options), expected) != "");   // another seed: other initial weights and masks
+    CHECK(differences(five_steps(other_seed, data, 8, options, opt), expected) != "");   // another seed: other initial weights and masks
 }
 template <class M>
 void bit_identical_on_any_replica_count()
 {
     bit_identical_on_any_replica_count<M>(RandomBatches<M>(100, 4));
 }
+
+// GPT's optimizer: AdamW (its step count in the object: a fresh copy each run), under a clip of the
+// whole gradient's norm as GPT-2 trains.
+AdamW gpt_adamw() { return AdamW{{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f}}; }
 
 } // namespace
 
@@ -120,19 +124,152 @@ TEST_CASE("Reproducible mode: a nested DataParallel holding BatchNorm is bit-ide
           "[cpu][reproducible][batchnorm]")
 {
     const RandomBatches<BatchNormNestedPlain> data(100, 4);
-    BatchNormNestedPlain plain{Device::cpu(), 6};
-    const auto expected = five_steps(plain, data, 7);
-    const auto stats = plain.statistics();
-    REQUIRE(differences(stats, BatchNormNestedPlain{Device::cpu(), 6}.statistics()) != "");   // they moved
-    const auto eval_plain = plain.evaluate(data.inputs.data(), data.labels.data(), 30);
-    for (std::size_t replicas : {1, 2, 3, 4}) {
+    auto with = [&](const auto& opt, StepOptions options) {
+        BatchNormNestedPlain plain{Device::cpu(), 6};
+        const auto expected = five_steps(plain, data, 7, options, opt);
+        const auto stats = plain.statistics();
+        REQUIRE(differences(stats, BatchNormNestedPlain{Device::cpu(), 6}.statistics()) != "");   // they moved
+        const auto eval_plain = plain.evaluate(data.inputs.data(), data.labels.data(), 30);
+        for (std::size_t replicas : {1, 2, 3, 4}) {
+            CAPTURE(replicas);
+            BatchNormNested<Threaded> nested{cpus(replicas), 6};
+            CHECK(differences(five_steps(nested, data, 7, options, opt), expected) == "");
+            CHECK(differences(nested.statistics(), stats) == "");
+            const auto eval = nested.evaluate(data.inputs.data(), data.labels.data(), 30);
+            CHECK(eval.loss_sum == Approx(eval_plain.loss_sum).epsilon(1e-5));
+        }
+    };
+    with(five_steps_sgd(), kReproducible);
+    with(AdamW{{.lr = 0.01f}}, {.reproducible = true, .micro_shard = 3});
+}
+
+// AdamW divides by the root of each parameter's squared gradients, so a last-bit difference in a
+// gradient near zero (attention's key biases: zero in exact arithmetic) becomes a step of the learning
+// rate: the sum must be exact. Tied head (its gradient added to the embedding's) and untied, shards of
+// 8 (three, uneven) and of 2 (ten), plain and clipped.
+TEST_CASE("Reproducible mode with AdamW: GPTs are bit-identical on 1-4 replicas, both policies, and across runs",
+          "[cpu][reproducible][transformer]")
+{
+    const TokenBatches<TinyGpt> tiny(100, 3);
+    bit_identical_on_any_replica_count<TinyGpt>(tiny, kReproducible, gpt_adamw());
+    bit_identical_on_any_replica_count<TinyGpt>(tiny, {.reproducible = true, .micro_shard = 2}, ClipGradNorm{gpt_adamw(), 0.5f});
+    const TokenBatches<PipeGpt> two_blocks(100, 5);
+    bit_identical_on_any_replica_count<PipeGpt>(two_blocks, {.reproducible = true, .micro_shard = 3}, ClipGradNorm{gpt_adamw(), 0.5f});
+}
+
+TEST_CASE("Reproducible mode with AdamW: residual networks with BatchNorm are bit-identical on 1-4 replicas, statistics included",
+          "[cpu][reproducible][batchnorm]")
+{
+    const AdamW adamw{{.lr = 0.01f}};
+    bit_identical_on_any_replica_count<SmallResNet>(RandomBatches<SmallResNet>(100, 4), kReproducible, adamw);
+    // Each replica's own BatchNorm statistics: no sync point, so SingleThread too.
+    bit_identical_on_any_replica_count<SmallResNetPerReplica>(RandomBatches<SmallResNetPerReplica>(100, 4),
+                                                              {.reproducible = true, .micro_shard = 3}, adamw);
+}
+
+// The standard networks themselves, steps of 20 samples: ResNet-20 (BatchNorm in every block,
+// projection shortcuts) and the text demo's CharGPT (four blocks, 64 positions, tied head).
+TEST_CASE("Reproducible mode with AdamW: ResNet-20 is bit-identical on 1-4 replicas, statistics included",
+          "[cpu][reproducible][batchnorm]")
+{
+    bit_identical_on_any_replica_count<ResNet20>(RandomBatches<ResNet20>(100, 4), kReproducible, AdamW{{.lr = 0.01f}});
+}
+
+// CharGPT's step is the costliest here: one replica count a policy (the small GPTs above take all).
+TEST_CASE("Reproducible mode with AdamW: CharGPT is bit-identical on 2 and 3 replicas, both policies", "[cpu][reproducible][transformer]")
+{
+    const TokenBatches<CharGPT> data(100, 3);
+    CharGPT single{Device::cpu(), 1};
+    const auto expected = five_steps(single, data, 7, kReproducible, gpt_adamw());
+    DataParallel<CharGPT, SingleThread> one_thread{cpus(3), 1};
+    CHECK(differences(five_steps(one_thread, data, 7, kReproducible, gpt_adamw()), expected) == "");
+    DataParallel<CharGPT, Threaded> threaded{cpus(2), 1};
+    CHECK(differences(five_steps(threaded, data, 7, kReproducible, gpt_adamw()), expected) == "");
+}
+
+// Without a micro-shard the batch is cut into max_replicas shards (8 by default): 20 samples into
+// shards of 3 (seven, the last of 2), which 1 and 3 replicas (3, 2 and 2 shards) run to the same bits,
+// the bits of micro_shard = 3 and not those of shards of 8.
+TEST_CASE("Reproducible mode's default micro-shard: the batch cut into max_replicas shards, the same bits on 1 and 3 replicas",
+          "[cpu][reproducible][batchnorm]")
+{
+    CHECK(default_micro_shard(20, 8) == 3);
+    CHECK(default_micro_shard(128, 8) == 16);
+    CHECK(default_micro_shard(129, 8) == 17);
+    CHECK(default_micro_shard(5, 8) == 1);
+    CHECK(default_micro_shard(20, 4) == 5);
+    CHECK(default_micro_shard(20, 1) == 20);
+    const StepOptions by_default{.reproducible = true};
+    const RandomBatches<SmallResNet> images(100, 4);
+    SmallResNet single{Device::cpu(), 1};
+    const auto expected = five_steps(single, images, 7, by_default);
+    const auto stats = single.statistics();
+    for (std::size_t replicas : {1, 3}) {
         CAPTURE(replicas);
-        BatchNormNested<Threaded> nested{cpus(replicas), 6};
-        CHECK(differences(five_steps(nested, data, 7), expected) == "");
-        CHECK(differences(nested.statistics(), stats) == "");
-        const auto eval = nested.evaluate(data.inputs.data(), data.labels.data(), 30);
-        CHECK(eval.loss_sum == Approx(eval_plain.loss_sum).epsilon(1e-5));
+        DataParallel<SmallResNet, Threaded> threaded{cpus(replicas), 1};
+        CHECK(differences(five_steps(threaded, images, 7, by_default), expected) == "");
+        CHECK(differences(threaded.statistics(), stats) == "");
     }
+    SmallResNet threes{Device::cpu(), 1}, eights{Device::cpu(), 1};
+    CHECK(differences(five_steps(threes, images, 7, {.reproducible = true, .micro_shard = 3}), expected) == "");
+    CHECK(differences(five_steps(eights, images, 7, kReproducible), expected) != "");
+    // Another max_replicas, another shard (5 samples), the same on any replica count; SingleThread too.
+    const TokenBatches<TinyGpt> tokens(100, 3);
+    TinyGpt gpt{Device::cpu(), 1};
+    const auto gpt_expected = five_steps(gpt, tokens, 7, {.reproducible = true, .max_replicas = 4}, gpt_adamw());
+    TinyGpt fives{Device::cpu(), 1};
+    CHECK(differences(five_steps(fives, tokens, 7, {.reproducible = true, .micro_shard = 5}, gpt_adamw()), gpt_expected) == "");
+    for (std::size_t replicas : {1, 3}) {
+        CAPTURE(replicas);
+        DataParallel<TinyGpt, SingleThread> one_thread{cpus(replicas), 1};
+        DataParallel<TinyGpt, Threaded> threaded{cpus(replicas), 1};
+        CHECK(differences(five_steps(one_thread, tokens, 7, {.reproducible = true, .max_replicas = 4}, gpt_adamw()), gpt_expected) == "");
+        CHECK(differences(five_steps(threaded, tokens, 7, {.reproducible = true, .max_replicas = 4}, gpt_adamw()), gpt_expected) == "");
+    }
+}
+
+// The Trainer's default micro-shard too: batches of 16 (shards of 2) and an epoch's last of 12 (shards
+// of 2, six), one model against 3 replicas, statistics included; and its max_replicas.
+TEST_CASE("Reproducible mode's default micro-shard in the Trainer: the same bits on 1 and 3 replicas", "[cpu][reproducible][batchnorm]")
+{
+    const auto set = data::synthetic_dataset(60, SmallResNet::input_shape::size, 1, 5, 3);
+    const TrainOptions options{.batch_size = 16, .epochs = 2, .seed = 5, .reproducible = true, .progress = false, .log = nullptr};
+    SmallResNet single{Device::cpu(), 1};
+    AdamW a{{.lr = 0.01f}};
+    Trainer{single, a, options}.fit(set);
+    DataParallel<SmallResNet, Threaded> three{cpus(3), 1};
+    AdamW b{{.lr = 0.01f}};
+    Trainer{three, b, options}.fit(set);
+    CHECK(differences(parameters(three), parameters(single)) == "");
+    CHECK(differences(three.statistics(), single.statistics()) == "");
+    CHECK(differences(parameters(single), parameters(SmallResNet{Device::cpu(), 1})) != "");   // it trained
+    // max_replicas reaches the step: 4 shards of 4 (and 3) are another run, theirs on any replica count.
+    TrainOptions fours = options;
+    fours.max_replicas = 4;
+    SmallResNet single4{Device::cpu(), 1};
+    AdamW c{{.lr = 0.01f}};
+    Trainer{single4, c, fours}.fit(set);
+    CHECK(differences(parameters(single4), parameters(single)) != "");
+    DataParallel<SmallResNet, Threaded> two{cpus(2), 1};
+    AdamW d{{.lr = 0.01f}};
+    Trainer{two, d, fours}.fit(set);
+    CHECK(differences(parameters(two), parameters(single4)) == "");
+}
+
+// A default micro-shard for no replica at all is refused, naming the option; an explicit size needs
+// no max_replicas (it is not read).
+TEST_CASE("Reproducible mode: max_replicas of 0 is refused with the option's name", "[cpu][reproducible]")
+{
+    const TokenBatches<TinyGpt> tokens(20, 3);
+    TinyGpt gpt{Device::cpu(), 1};
+    AdamW opt = gpt_adamw();
+    const auto before = parameters(gpt);
+    CHECK_THROWS_WITH(train_step(gpt, opt, tokens.batch(0, 20, 0), {.reproducible = true, .max_replicas = 0}),
+                      Catch::Contains("StepOptions::max_replicas must be at least 1"));
+    CHECK(differences(parameters(gpt), before) == "");
+    CHECK(opt.step_count() == 0);
+    train_step(gpt, opt, tokens.batch(0, 20, 0), {.reproducible = true, .micro_shard = 4, .max_replicas = 0});
+    CHECK(differences(parameters(gpt), before) != "");
 }
 
 TEST_CASE("Reproducible mode: close to the fast mode", "[cpu][reproducible]")

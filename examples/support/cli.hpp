@@ -250,12 +250,14 @@ private:
 // --reproducible and --micro-shard.
 struct ReproducibleFlags {
     bool reproducible = false;
-    std::size_t micro_shard = 8;
+    std::size_t micro_shard = 0;   // not given: StepOptions' default micro-shard
 
     void add(CLI::App& app)
     {
         app.add_flag("--reproducible", reproducible, "bit-identical results on any number of devices and across runs");
-        count_option(app, "--micro-shard", micro_shard, "samples per micro-shard with --reproducible", 1, 1u << 20);
+        app.add_option("--micro-shard", micro_shard,
+                       "samples per micro-shard with --reproducible (default: the batch cut into 8 shards)")
+            ->check(whole_number(1, 1u << 20));
     }
 };
 

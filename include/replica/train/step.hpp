@@ -27,8 +27,33 @@ struct StepOptions {
     // CPU and GPU replicas (on a GPU: deterministic cuDNN algorithms from then on); a nested
     // DataParallel runs each shard on its first device.
     bool reproducible = false;
-    std::size_t micro_shard = 8;
+    // Samples per micro-shard; 0: default_micro_shard(the batch's size, max_replicas).
+    std::size_t micro_shard = 0;
+    // The most replicas the default micro-shard keeps busy: it cuts the batch into this many shards.
+    // A property of the run, not of the model it runs on (the replica count must not change a bit), so
+    // more replicas than this leave some without a shard: set it to the largest device count the run
+    // is meant to be reproduced on.
+    std::size_t max_replicas = 8;
 };
+
+// The reproducible mode's micro-shard when none is given: a batch of n samples cut into max_replicas
+// shards, ceil(n / max_replicas) samples each (the last smaller; fewer shards when they do not divide
+// n). A function of n and max_replicas alone, so every device count runs the same shards. As few and as
+// large as max_replicas devices allow, because each shard costs a pass over the gradient (its fixed-point
+// conversion) and runs its layers on a smaller batch; max_replicas of them keep that many devices
+// busy, and the counts that divide it (1, 2, 4 of 8) evenly when it divides n.
+inline std::size_t default_micro_shard(std::size_t n, std::size_t max_replicas)
+{
+    core::require(max_replicas > 0, "StepOptions::max_replicas must be at least 1: the default micro-shard cuts the "
+                                    "batch into that many shards");
+    return std::max<std::size_t>(1, (n + max_replicas - 1) / max_replicas);
+}
+
+// The micro-shard a reproducible step of n samples runs with under `options`.
+inline std::size_t micro_shard_of(const StepOptions& options, std::size_t n)
+{
+    return options.micro_shard > 0 ? options.micro_shard : default_micro_shard(n, options.max_replicas);
+}
 
 // Mean loss over the batch (every labelled element of it), computed before the update. `next`, the
 // batch the following call will train on (its memory unchanged until that call returns), lets the
@@ -56,7 +81,7 @@ float train_step(M& model, Opt&& opt, const data::BatchOf<E>& batch, const StepO
     static_assert(model::check_input_element<typename M::input_element, E>());
     using R = typename model::replica_of<M>::type;
     core::require(batch.size > 0, "train_step: the batch is empty");
-    core::require(options.micro_shard > 0, "train_step: micro_shard must be at least 1 sample");
+    const std::size_t shard = options.reproducible ? micro_shard_of(options, batch.size) : 0;
     using loss = typename M::loss;
     R::check_inputs(batch.inputs, batch.size);   // before anything is queued
     loss::template check_labels<typename M::output_shape>(batch.labels, batch.size);
@@ -76,7 +101,7 @@ float train_step(M& model, Opt&& opt, const data::BatchOf<E>& batch, const StepO
         if constexpr (scales_loss) {
             try {
                 loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
-                                                               float(scale / elements), options.micro_shard);
+                                                               float(scale / elements), shard);
             } catch (const core::FixedRangeError&) {
                 if (!opt.enabled()) throw;
                 opt.note_non_finite();
@@ -84,7 +109,7 @@ float train_step(M& model, Opt&& opt, const data::BatchOf<E>& batch, const StepO
             }
         } else {
             loss_sum = model.reproducible_forward_backward(pass, batch.inputs, batch.labels, batch.size,
-                                                           float(1.0 / elements), options.micro_shard);
+                                                           float(1.0 / elements), shard);
         }
         model.update(opt);
     } else {
@@ -143,6 +168,7 @@ Metrics evaluate(M& model, const data::DatasetOf<E>& set, std::size_t batch_size
 } // namespace replica::train
 
 namespace REPLICA_NAMESPACE {
+using train::default_micro_shard;
 using train::evaluate;
 using train::Metrics;
 using train::parameters;

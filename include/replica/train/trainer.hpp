@@ -63,7 +63,9 @@ struct TrainOptions {
     bool reproducible = false;              // bit-identical on any replica count (see StepOptions)
     bool skip_nonfinite = false;            // undo and skip a step whose loss is NaN or infinite, instead of
                                             // stopping; costs a host copy of parameters and optimizer state per step
-    std::size_t micro_shard = 8;            // samples per micro-shard in reproducible mode
+    std::size_t micro_shard = 0;            // samples per micro-shard in reproducible mode; 0: each batch
+                                            // cut into max_replicas shards (default_micro_shard)
+    std::size_t max_replicas = 8;           // see StepOptions
     bool progress = true;                   // live line on a terminal
     std::ostream* log = &std::cout;         // one line per epoch; null: silent
     // The History written while training (HistoryWriter: CSV a line per record, JSON after every
@@ -123,6 +125,11 @@ private:
     using Source = data::SampleSourceOf<typename M::input_element>;
     using ValidationSet = data::DatasetOf<typename M::input_element>;
 
+    StepOptions step_options() const
+    {
+        return {.reproducible = options_.reproducible, .micro_shard = options_.micro_shard, .max_replicas = options_.max_replicas};
+    }
+
     History fit_source(const Source& train_set, const ValidationSet& validation_set)
     {
         if constexpr (detail::is_loss_scale<Opt>) {
@@ -152,7 +159,7 @@ private:
         data::LoaderOf<typename M::input_element> loader(train_set, batch, options_.seed, /*shuffle=*/true);   // checks the training set
         if constexpr (requires { model_.process_share(batch, std::size_t{0}); })   // several processes: read our part
             loader.only([this](std::size_t n) {
-                return model_.process_share(n, options_.reproducible ? options_.micro_shard : 0);
+                return model_.process_share(n, options_.reproducible ? micro_shard_of(step_options(), n) : 0);
             });
 
         CheckpointState state{.epoch = 0, .step = 0, .seed = options_.seed, .history = {}};
@@ -204,7 +211,7 @@ private:
                     saved_parameters_ = model_.parameters();
                     saved_state_ = model_.optimizer_state();
                 }
-                const float loss = train_step(model_, opt, *b, {options_.reproducible, options_.micro_shard},
+                const float loss = train_step(model_, opt, *b, step_options(),
                                               next ? &*next : nullptr);
                 ++step;
                 ++state.step;
