@@ -63,8 +63,9 @@ def starts_with_prelude(case):
     return first is not None and first.group(1) == PRELUDE
 
 
-with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, \
-        tempfile.TemporaryDirectory(prefix="replica-compile-fail.") as scratch:
+# The pool ends (its compilers done) before the scratch folder is removed.
+with tempfile.TemporaryDirectory(prefix="replica-compile-fail.") as scratch, \
+        concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
     prelude_first = [c for c in files if starts_with_prelude(c)] if is_gcc() else []
     # The precompiled header first, the cases that cannot use it beside it, then the rest.
     pch = pool.submit(precompile, scratch) if prelude_first else None
