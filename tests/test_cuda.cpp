@@ -961,10 +961,16 @@ TEST_CASE("ZeRO-1 on replicas sharing the GPU gives the unsharded bits, both pol
         Model whole{shared_gpu(replicas), 5};
         Model sharded{shared_gpu(replicas), 5, {.shard = Shard::optimizer_state}};
         const auto want = five_steps(whole), got = five_steps(sharded);
+        // Unsharded, every replica updates alike from the same summed gradient.
+        for (std::size_t r = 1; r < replicas; ++r) CHECK(differences(whole.replica(r).parameters(), want.first) == "");
         CHECK(differences(got.first, want.first) == "");
         CHECK(differences(got.second, want.second) == "");
         for (std::size_t r = 0; r < replicas; ++r) CHECK(differences(sharded.replica(r).parameters(), want.first) == "");
         CHECK(sharded.optimizer_state_floats(0) < want.second.size());
+        if constexpr (std::is_same_v<typename Model::replica_type, PipeGpt>) {   // the plain model, up to the sums' order
+            PipeGpt plain{Device::cuda(0), 5};
+            CHECK(norm_relative(five_steps(plain).first, want.first) < 1e-5);
+        }
     };
     check(std::type_identity<DataParallel<PipeGpt, Threaded>>{}, 2);
     check(std::type_identity<DataParallel<PipeGpt, SingleThread>>{}, 3);
