@@ -10,10 +10,13 @@ beside it: on a shared machine the times are only indicative.
 
     python3 bench/pytorch_cpu_bench.py                                  # every network, 1 and 2 threads
     python3 bench/pytorch_cpu_bench.py --models resnet20,lenet --threads 2 --steps 10 --json out.json
+    python3 bench/pytorch_cpu_bench.py --models resnet20 --precision bf16   # bf16 activations (autocast there)
 
 Networks and batches (--models; --batch NAME=B overrides): resnet20 128, resnet18 16 (224x224),
 alexnet 128, googlenet 32, textcnn 128, fcn 16, lenet 64 (the defaults of train_bench, resnet18's cut
-to 16 for the CPU). JSON (--json FILE, or - for standard output): {"machine": ..., "runs": [{"model",
+to 16 for the CPU). --precision bf16 (the residual networks): ours with bf16 activations and fp32
+master parameters (oneDNN's bf16 convolutions where the CPU has bf16 products), PyTorch under
+torch.autocast to bfloat16 with channels_last. JSON (--json FILE, or - for standard output): {"machine": ..., "runs": [{"model",
 "batch", "threads", "ours": {config: median_ms}, "ours_ms", "pytorch_ms", "ratio", "load": [...]}]}.
 """
 
@@ -58,7 +61,7 @@ def run_json(command, env=None):
 def ours(s, model, batch, threads):
     """train_bench's median step times: {configuration: ms}."""
     common = [s.train_bench, "--model", model, "--batch", str(batch), "--steps", str(s.steps), "--warmup",
-              str(s.warmup), "--json"]
+              str(s.warmup), "--precision", s.precision, "--json"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     times = {}
     record = run_json(common + ["--devices", "cpu:0", "--blas-threads", str(threads)], env)
@@ -73,7 +76,7 @@ def ours(s, model, batch, threads):
 def pytorch(s, python, model, batch, threads):
     record = run_json([python, os.path.join(HERE, "pytorch_bench.py"), "--model", model, "--gpus", "0", "--threads",
                        str(threads), "--batch", str(batch), "--steps", str(s.steps), "--warmup", str(s.warmup),
-                       "--json"], dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                       "--precision", s.precision, "--json"], dict(os.environ, OMP_NUM_THREADS=str(threads)))
     return record["median_ms"]
 
 
@@ -86,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", action="append", default=[], metavar="NAME=B", help="another batch for a network")
     p.add_argument("--steps", type=int, default=10, help="timed steps per run (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="the activations' type in both (default: fp32; bf16: the residual networks)")
     p.add_argument("--json", metavar="FILE", help="write the JSON record there (- : standard output)")
     s = p.parse_args(argv)
     s.models = [m for m in s.models.split(",") if m]
@@ -125,7 +130,7 @@ def main(argv=None):
     record = {"machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                           "train_bench": s.train_bench, "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
                           "torch_python": shutil.which(python) or python},
-              "steps": s.steps, "warmup": s.warmup, "runs": runs}
+              "steps": s.steps, "warmup": s.warmup, "precision": s.precision, "runs": runs}
     if s.json == "-":
         print(json.dumps(record, indent=1))
     elif s.json:

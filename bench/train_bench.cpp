@@ -105,8 +105,9 @@ try {
                    "else $HOME/.cache/replica)");
     auto* precision_option =
         app.add_option("--precision", precision, "the activations' type: fp32 or bf16 (fp32 master parameters in "
-                                                 "both; bf16 in train_bench_cuda; gpt2: bf16 in train_bench_cuda, fp32 "
-                                                 "in train_bench, the default there)")
+                                                 "both; bf16 in train_bench_cuda, and for the residual networks in train_bench, "
+                                                 "on oneDNN's bf16 products where the CPU has them; gpt2: bf16 in "
+                                                 "train_bench_cuda, fp32 in train_bench, the default there)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
     app.add_flag("--json", json, "print one JSON object");

@@ -647,3 +647,85 @@ TEMPLATE_TEST_CASE("BatchNorm's backward through a ReLU's mask equals relu_backw
                       Catch::Contains("pass the masked gradient they wrote as dy"));
 }
 
+
+#if defined(REPLICA_ONEDNN)
+namespace {
+// How many bf16 values of got are not from_float(want[i]); throws nothing, but marks any more than one
+// bf16 step apart in `far`.
+std::size_t bf16_steps_off(const std::vector<bf16>& got, const std::vector<float>& want, std::size_t& far)
+{
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const auto a = std::int32_t(bits_of(got[i])), b = std::int32_t(bits_of(core::from_float<bf16>(want[i])));
+        if (a == b) continue;
+        ++off;
+        if (std::abs(a - b) > 1 || ((a ^ b) & 0x8000) != 0) ++far;   // more than one step, or signs differ
+    }
+    return off;
+}
+
+// oneDNN's bf16 convolution of window g against its float one on the same (bf16-valued) inputs: the
+// same float sums in another order, so each output is the float result rounded once, up to one step
+// where the float sums straddle a rounding boundary (rarely: 1% of values at most here).
+template <core::Window g>
+void check_onednn_bf16(int cout, std::size_t n, std::mt19937_64& rng)
+{
+    const Ctx ctx;
+    const std::size_t in = n * g.in_size(), out = n * std::size_t(cout) * g.out_pixels();
+    const std::size_t weights = std::size_t(cout) * g.col_rows();
+    const auto x = rounded<bf16>(in, rng), w = rounded<bf16>(weights, rng, -0.5f, 0.5f), dy = rounded<bf16>(out, rng);
+    const std::vector<float> b = random_floats(std::size_t(cout), rng);
+    Scratch sf(cpu::conv_scratch_size<g>(ctx, cout, n)), st(cpu::conv_scratch_size<g, bf16>(ctx, cout, n));
+    const std::size_t plans_before = ctx.onednn().plans_made();
+    auto close = [&](const char* what, const std::vector<bf16>& got, const std::vector<float>& want) {
+        std::size_t far = 0;
+        const std::size_t off = bf16_steps_off(got, want, far);
+        INFO(what << ": " << off << " of " << got.size() << " a step off, " << far << " further");
+        CHECK(far == 0);
+        CHECK(off * 100 <= got.size());
+    };
+    for (const bool relu : {false, true}) {
+        INFO("relu " << relu);
+        std::vector<float> yf(out);
+        std::vector<bf16> yt(out);
+        cpu::conv_forward<g>(ctx, cout, w.f.data(), b.data(), x.f.data(), yf.data(), n, sf.data(), relu);
+        cpu::conv_forward<g>(ctx, cout, w.t.data(), b.data(), x.t.data(), yt.data(), n, st.data(), relu);
+        close("conv_forward", yt, yf);
+    }
+    std::vector<float> dxf(in), dwf(weights), dbf(cout), dwt(weights), dbt(cout);
+    std::vector<bf16> dxt(in);
+    cpu::conv_backward<g>(ctx, cout, w.f.data(), x.f.data(), dy.f.data(), dxf.data(), dwf.data(), dbf.data(), n, sf.data());
+    cpu::conv_backward<g>(ctx, cout, w.t.data(), x.t.data(), dy.t.data(), dxt.data(), dwt.data(), dbt.data(), n, st.data());
+    close("conv_backward dx", dxt, dxf);
+    CHECK(testing::norm_relative(dwt, dwf) < 1e-6);   // float sums of the same exact products
+    CHECK(testing::norm_relative(dbt, dbf) < 1e-6);
+    // Added to dx's values: summed in float, rounded once (not the gradient rounded, then the sum).
+    const auto dx0 = rounded<bf16>(in, rng);
+    std::vector<bf16> acc = dx0.t;
+    cpu::conv_backward<g>(ctx, cout, w.t.data(), x.t.data(), dy.t.data(), acc.data(), dwt.data(), dbt.data(), n, st.data(),
+                          true);
+    std::vector<float> sum(in);
+    for (std::size_t i = 0; i < in; ++i) sum[i] = dx0.f[i] + dxf[i];
+    close("conv_backward accumulated dx", acc, sum);
+    CHECK(ctx.onednn().plans_made() > plans_before);   // oneDNN ran them (a plan for each pass made)
+    CHECK(sf.guard_intact());
+    CHECK(st.guard_intact());
+}
+} // namespace
+
+TEST_CASE("oneDNN's bf16 convolutions, on a CPU with bf16 products: the float sums rounded once", "[cpu][precision]")
+{
+    if (!cpu::onednn::native_bf16()) {
+        WARN("this CPU has no bf16 products (AVX-512 BF16, AMX): bf16 convolutions keep the library's path");
+        return;
+    }
+    const testing::ConvPathScope onednn(backend::cpu::ConvPath::onednn);
+    Random random;
+    INFO(random.rerun);
+    auto& rng = random.rng;
+    SECTION("3x3, stride 1, padding 1 (ResNet's)") { check_onednn_bf16<core::Window{16, 8, 8, 3, 3, 1, 1, 1, 1, 8, 8}>(16, 6, rng); }
+    SECTION("3x3, stride 2, padding 1") { check_onednn_bf16<core::Window{16, 9, 9, 3, 3, 2, 2, 1, 1, 5, 5}>(32, 4, rng); }
+    SECTION("1x1, stride 2 (a projection shortcut)") { check_onednn_bf16<core::Window{16, 8, 8, 1, 1, 2, 2, 0, 0, 4, 4}>(32, 4, rng); }
+    SECTION("5x5 over one channel (LeNet's first)") { check_onednn_bf16<core::Window{1, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>(6, 5, rng); }
+}
+#endif

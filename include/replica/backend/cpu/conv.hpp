@@ -1,7 +1,8 @@
 #pragma once
-// Convolutions on the CPU: im2col + one GEMM per chunk of samples, or, for float convolutions in
-// builds with oneDNN (REPLICA_ONEDNN), oneDNN's primitives where cpu::conv_path() and the choice it
-// makes per layer say so (cpu/onednn/choice.hpp); the two agree within float rounding.
+// Convolutions on the CPU: im2col + one GEMM per chunk of samples, or, for float convolutions and
+// bf16 ones on a CPU with bf16 products in builds with oneDNN (REPLICA_ONEDNN), oneDNN's primitives
+// where cpu::conv_path() and the choice it makes per layer say so (cpu/onednn/choice.hpp); the two
+// agree within float rounding (in bf16: of the float sums, before the one rounding to bf16).
 // Weights are (cout, c, kh, kw) for a convolution and (c, cout, kh, kw) for a transposed one, as in
 // PyTorch. The batch is cut into chunks so that the im2col buffer stays below kChunkFloats. A null bias
 // b (and then a null bias gradient db) is a convolution without bias.
@@ -11,8 +12,10 @@
 // read T; the weights are copied to scratch), the same float GEMMs as for float run on them, and each
 // stored output is rounded once, after the bias, the ReLU and col2im's sums, which stay float. The
 // chunks are those of float, so a bf16/fp16 call gives round_through<T> of what the float call on the
-// im2col path (ConvPath::blas) gives on the same (T-valued) inputs, bit for bit; its scratch (the *_scratch_size<g, T>) is float's plus
-// the float weights and one chunk of the input-side tensor.
+// im2col path (ConvPath::blas) gives on the same (T-valued) inputs, bit for bit; its scratch (the
+// *_scratch_size<g, T>) is float's plus the float weights and one chunk of the input-side tensor.
+// oneDNN's bf16 convolutions keep the rule (bf16 operands, float sums, the one rounding after the
+// bias, the ReLU and an added dx's sum) in their own order of sums.
 
 #include <algorithm>
 #include <concepts>
@@ -129,8 +132,7 @@ void conv_forward(const Context& ctx, int cout, const T* w, const float* b, cons
 {
     auto run_blas = [&] { detail::blas_conv_forward<g>(cout, w, b, x, y, n, scratch, relu); };
 #if defined(REPLICA_ONEDNN)
-    if constexpr (std::same_as<T, float>)
-        if (onednn::conv_forward(ctx.onednn(), g, cout, w, b, x, y, n, relu, run_blas)) return;
+    if (onednn::conv_forward<T>(ctx.onednn(), g, cout, w, b, x, y, n, relu, run_blas)) return;
 #else
     (void)ctx;
 #endif
@@ -145,8 +147,7 @@ void conv_backward(const Context& ctx, int cout, const T* w, const T* x, const T
 {
     auto run_blas = [&] { detail::blas_conv_backward<g>(cout, w, x, dy, dx, dw, db, n, scratch, accumulate); };
 #if defined(REPLICA_ONEDNN)
-    if constexpr (std::same_as<T, float>)
-        if (onednn::conv_backward(ctx.onednn(), g, cout, w, x, dy, dx, dw, db, n, accumulate, run_blas)) return;
+    if (onednn::conv_backward<T>(ctx.onednn(), g, cout, w, x, dy, dx, dw, db, n, accumulate, run_blas)) return;
 #else
     (void)ctx;
 #endif

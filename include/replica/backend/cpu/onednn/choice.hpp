@@ -1,6 +1,8 @@
 #pragma once
-// Which code runs a float convolution's pass on the CPU (REPLICA_ONEDNN builds): cpu/conv.hpp calls
-// conv_forward / conv_backward here first, and runs its im2col + OpenBLAS code where they return false.
+// Which code runs a convolution's pass on the CPU (REPLICA_ONEDNN builds): cpu/conv.hpp calls
+// conv_forward / conv_backward here first for float and bf16 convolutions, and runs its im2col +
+// OpenBLAS code where they return false. bf16 runs on oneDNN only where the CPU has bf16 products
+// (native_bf16()): elsewhere oneDNN would emulate them, and the library's path is kept.
 //
 // ConvPath::onednn runs oneDNN wherever it has a primitive for the shape. ConvPath::automatic
 // chooses by rule_prefers_onednn: what runs, and with it every bit of the results, depends only on
@@ -21,20 +23,24 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/onednn/conv.hpp"
 #include "replica/backend/cpu/onednn/runtime.hpp"
 #include "replica/core/config.hpp"
+#include "replica/core/number.hpp"
 #include "replica/core/window.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cpu::onednn {
 
 // The rule: oneDNN for windows larger than one pixel with at least 16 output channels; 1x1 windows
 // and the few-filter layers of small networks (LeNet's first) stay with im2col, which is then as
-// fast or faster.
-inline bool rule_prefers_onednn(const ConvKey& k) { return k.kh * k.kw > 1 && k.cout >= 16; }
+// fast or faster in float. In bf16 oneDNN's products take half the bytes and, on a CPU with bf16
+// products, a fraction of the time, where im2col converts its operands to float first: every
+// convolution.
+inline bool rule_prefers_onednn(const ConvKey& k) { return k.bf16 || (k.kh * k.kw > 1 && k.cout >= 16); }
 
 namespace detail {
 struct ChoiceKey {
@@ -106,14 +112,23 @@ Plan* plan_for(Runtime& rt, const ConvKey& key)
 }
 } // namespace detail
 
-// Runs the forward pass of a float convolution (cpu/conv.hpp's conv_forward) through oneDNN where it
-// is chosen, and says whether it did; `run_blas` computes the same pass with im2col.
-template <class Blas>
-bool conv_forward(Runtime& rt, const core::Window& g, int cout, const float* w, const float* b, const float* x,
-                  float* y, std::size_t n, bool relu, Blas&& run_blas)
+// Whether oneDNN may run a convolution of T (float, or bf16 on a CPU with bf16 products).
+template <class T>
+bool takes()
 {
-    if (conv_path() == ConvPath::blas) return false;
-    const ConvKey key = conv_key(g, cout, n, b != nullptr, relu, false, blas_threads());
+    if constexpr (std::is_same_v<T, float>) return conv_path() != ConvPath::blas;
+    else if constexpr (std::is_same_v<T, core::bf16>) return conv_path() != ConvPath::blas && native_bf16();
+    else return false;
+}
+
+// Runs the forward pass of a float or bf16 convolution (cpu/conv.hpp's conv_forward) through oneDNN
+// where it is chosen, and says whether it did; `run_blas` computes the same pass with im2col.
+template <class T, class Blas>
+bool conv_forward(Runtime& rt, const core::Window& g, int cout, const T* w, const float* b, const T* x, T* y,
+                  std::size_t n, bool relu, Blas&& run_blas)
+{
+    if (!takes<T>()) return false;
+    const ConvKey key = conv_key(g, cout, n, b != nullptr, relu, false, blas_threads(), !std::is_same_v<T, float>);
     ConvForward* plan = detail::plan_for<ConvForward>(rt, key);
     if (plan == nullptr) return false;
     auto run_onednn = [&] { plan->run(rt.stream(), w, b, x, y); };
@@ -125,21 +140,21 @@ bool conv_forward(Runtime& rt, const core::Window& g, int cout, const float* w, 
 
 // The same for the backward pass (conv_backward): dw, db assigned; dx (may be null) assigned or, with
 // `accumulate`, added to.
-template <class Blas>
-bool conv_backward(Runtime& rt, const core::Window& g, int cout, const float* w, const float* x, const float* dy,
-                   float* dx, float* dw, float* db, std::size_t n, bool accumulate, Blas&& run_blas)
+template <class T, class Blas>
+bool conv_backward(Runtime& rt, const core::Window& g, int cout, const T* w, const T* x, const T* dy, T* dx, float* dw,
+                   float* db, std::size_t n, bool accumulate, Blas&& run_blas)
 {
-    if (conv_path() == ConvPath::blas) return false;
-    const ConvKey key = conv_key(g, cout, n, db != nullptr, false, dx != nullptr, blas_threads());
+    if (!takes<T>()) return false;
+    const ConvKey key = conv_key(g, cout, n, db != nullptr, false, dx != nullptr, blas_threads(), !std::is_same_v<T, float>);
     ConvBackward* plan = detail::plan_for<ConvBackward>(rt, key);
     if (plan == nullptr) return false;
     auto run_onednn = [&] { plan->run(rt.stream(), w, x, dy, dx, dw, db, accumulate); };
-    std::vector<float> dx_before;   // made only where a key is timed and dx is added to
+    std::vector<T> dx_before;   // made only where a key is timed and dx is added to
     const std::size_t dx_count = n * std::size_t(g.in_size());
     auto restore = [&] {
         if (!accumulate || dx == nullptr) return;
         if (dx_before.empty()) dx_before.assign(dx, dx + dx_count);
-        else std::memcpy(dx, dx_before.data(), dx_count * sizeof(float));
+        else std::memcpy(dx, dx_before.data(), dx_count * sizeof(T));
     };
     if (!detail::prefers_onednn(detail::choice_key(key, true), run_blas, run_onednn, restore)) return false;
     use_threads(key.threads);

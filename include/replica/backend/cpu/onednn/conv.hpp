@@ -4,13 +4,20 @@
 // memory objects bound to the caller's tensors, and the memory oneDNN's preferred layouts and
 // scratchpads need: made once per key in the context's Runtime, then run with no allocation.
 //
-// Tensors as cpu/conv.hpp has them, float: x (n, c, h, w), y and dy (n, cout, oh, ow), w and dw
-// (cout, c, kh, kw), b and db (cout). The direct algorithm, and the right padding that makes oneDNN's
-// output size the layer's (floor division), which may be smaller than the left.
+// Tensors as cpu/conv.hpp has them: x (n, c, h, w), y and dy (n, cout, oh, ow), w (cout, c, kh, kw)
+// of float, or of bf16 where the key says bf16; dw and b, db (cout) of float. The direct algorithm,
+// and the right padding that makes oneDNN's output size the layer's (floor division), which may be
+// smaller than the left.
+//
+// bf16 (the CPU's bf16 products, where it has them: native_bf16()): oneDNN multiplies the bf16
+// operands and sums in float; y is rounded to bf16 once, after the bias and the ReLU; dx is computed
+// in float and rounded once, after its sum with dx's values where it is added to them; dw and db stay
+// float. That is the library's rule for a bf16 convolution (cpu/conv.hpp), in oneDNN's order of sums.
 
 #include <compare>
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 
 #include "replica/backend/cpu/onednn/runtime.hpp"
@@ -26,12 +33,14 @@ struct ConvKey {
     std::size_t n;
     bool bias, relu, data;
     int threads;
+    bool bf16 = false;   // x, w, y, dy and dx of bf16
     auto operator<=>(const ConvKey&) const = default;
 };
 
-inline ConvKey conv_key(const core::Window& g, int cout, std::size_t n, bool bias, bool relu, bool data, int threads)
+inline ConvKey conv_key(const core::Window& g, int cout, std::size_t n, bool bias, bool relu, bool data, int threads,
+                        bool bf16 = false)
 {
-    return {g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, cout, n, bias, relu, data, threads};
+    return {g.c, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow, cout, n, bias, relu, data, threads, bf16};
 }
 
 namespace detail {
@@ -50,18 +59,33 @@ inline ConvDims conv_dims(const ConvKey& k)
             {k.ph, k.pw},
             {dim(k.oh - 1) * k.sh + k.kh - k.h - k.ph, dim(k.ow - 1) * k.sw + k.kw - k.w - k.pw}};
 }
+// The activations' and weights' type of a key.
+inline dnnl::memory::data_type values(const ConvKey& k)
+{
+    return k.bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
 inline dnnl::convolution_forward::primitive_desc conv_forward_pd(const dnnl::engine& e, const ConvKey& k,
                                                                    const dnnl::primitive_attr& attr)
 {
     const ConvDims d = conv_dims(k);
+    const auto t = values(k);
     const auto desc = k.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                               dnnl::algorithm::convolution_direct, any(d.x),
-                                                               any(d.w), plain(d.b), any(d.y), d.strides, d.left,
+                                                               dnnl::algorithm::convolution_direct, any(d.x, t),
+                                                               any(d.w, t), plain(d.b), any(d.y, t), d.strides, d.left,
                                                                d.right)
                              : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                               dnnl::algorithm::convolution_direct, any(d.x),
-                                                               any(d.w), any(d.y), d.strides, d.left, d.right);
+                                                               dnnl::algorithm::convolution_direct, any(d.x, t),
+                                                               any(d.w, t), any(d.y, t), d.strides, d.left, d.right);
     return {desc, attr, e};
+}
+// A bf16 plan runs on oneDNN's kernels for the CPU's bf16 products only: a reference implementation
+// (oneDNN's fallback for what its kernels do not take) is slower than the library's own path, so the
+// plan is refused (plan_for: no plan for the key).
+template <class Pd>
+void refuse_reference(const ConvKey& k, const Pd& pd)
+{
+    if (k.bf16 && std::string_view(pd.impl_info_str()).starts_with("ref"))
+        throw dnnl::error(dnnl_unimplemented, "a reference implementation of a bf16 convolution");
 }
 inline dnnl::primitive_attr user_scratchpad()
 {
@@ -84,10 +108,12 @@ public:
             attr.set_post_ops(ops);
         }
         const auto pd = detail::conv_forward_pd(e, k, attr);
+        detail::refuse_reference(k, pd);
+        const auto t = detail::values(k);
         prim_ = dnnl::convolution_forward(pd);
-        x_ = Operand(e, plain(d.x), pd.src_desc(), true, false);
-        w_ = Operand(e, plain(d.w), pd.weights_desc(), true, false);
-        y_ = Operand(e, plain(d.y), pd.dst_desc(), false, true);
+        x_ = Operand(e, plain(d.x, t), pd.src_desc(), true, false);
+        w_ = Operand(e, plain(d.w, t), pd.weights_desc(), true, false);
+        y_ = Operand(e, plain(d.y, t), pd.dst_desc(), false, true);
         b_ = dnnl::memory(plain(d.b), e, DNNL_MEMORY_NONE);
         scratch_ = dnnl::memory(pd.scratchpad_desc(), e);
         args_ = {{DNNL_ARG_SRC, x_.inner()}, {DNNL_ARG_WEIGHTS, w_.inner()}, {DNNL_ARG_DST, y_.inner()},
@@ -95,7 +121,8 @@ public:
         if (bias_) args_.emplace(DNNL_ARG_BIAS, b_);
     }
 
-    void run(dnnl::stream& s, const float* w, const float* b, const float* x, float* y)
+    // w, x, y: float, or bf16 where the key says bf16.
+    void run(dnnl::stream& s, const void* w, const float* b, const void* x, void* y)
     {
         x_.bind(x);
         w_.bind(w);
@@ -123,17 +150,19 @@ public:
     explicit ConvBackward(const dnnl::engine& e, const ConvKey& k) : bias_(k.bias), data_(k.data)
     {
         const detail::ConvDims d = detail::conv_dims(k);
+        const auto t = detail::values(k);   // dw and db are float whatever t is; dx is computed in float
         const dnnl::primitive_attr attr = detail::user_scratchpad();
         const auto hint = detail::conv_forward_pd(e, k, dnnl::primitive_attr());
         const auto wdesc =
-            bias_ ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(d.x), any(d.w),
-                                                             plain(d.b), any(d.y), d.strides, d.left, d.right)
-                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(d.x), any(d.w),
-                                                             any(d.y), d.strides, d.left, d.right);
+            bias_ ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(d.x, t), any(d.w),
+                                                             plain(d.b), any(d.y, t), d.strides, d.left, d.right)
+                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(d.x, t), any(d.w),
+                                                             any(d.y, t), d.strides, d.left, d.right);
         const dnnl::convolution_backward_weights::primitive_desc wpd(wdesc, attr, e, hint);
+        detail::refuse_reference(k, wpd);
         weights_ = dnnl::convolution_backward_weights(wpd);
-        x_ = Operand(e, plain(d.x), wpd.src_desc(), true, false);
-        dy_ = Operand(e, plain(d.y), wpd.diff_dst_desc(), true, false);
+        x_ = Operand(e, plain(d.x, t), wpd.src_desc(), true, false);
+        dy_ = Operand(e, plain(d.y, t), wpd.diff_dst_desc(), true, false);
         dw_ = Operand(e, plain(d.w), wpd.diff_weights_desc(), false, true);
         db_ = dnnl::memory(plain(d.b), e, DNNL_MEMORY_NONE);
         weights_scratch_ = dnnl::memory(wpd.scratchpad_desc(), e);
@@ -141,22 +170,24 @@ public:
                          {DNNL_ARG_DIFF_WEIGHTS, dw_.inner()}, {DNNL_ARG_SCRATCHPAD, weights_scratch_}};
         if (bias_) weights_args_.emplace(DNNL_ARG_DIFF_BIAS, db_);
         if (!data_) return;
-        const dnnl::convolution_backward_data::desc ddesc(dnnl::algorithm::convolution_direct, any(d.x), any(d.w),
-                                                          any(d.y), d.strides, d.left, d.right);
+        const dnnl::convolution_backward_data::desc ddesc(dnnl::algorithm::convolution_direct, any(d.x), any(d.w, t),
+                                                          any(d.y, t), d.strides, d.left, d.right);
         const dnnl::convolution_backward_data::primitive_desc dpd(ddesc, attr, e, hint);
+        detail::refuse_reference(k, dpd);
         data_prim_ = dnnl::convolution_backward_data(dpd);
-        w_ = Operand(e, plain(d.w), dpd.weights_desc(), true, false);
+        w_ = Operand(e, plain(d.w, t), dpd.weights_desc(), true, false);
         shared_dy_ = dpd.diff_dst_desc() == wpd.diff_dst_desc();
-        if (!shared_dy_) data_dy_ = Operand(e, plain(d.y), dpd.diff_dst_desc(), true, false);
-        dx_ = Operand(e, plain(d.x), dpd.diff_src_desc(), false, true, true);
+        if (!shared_dy_) data_dy_ = Operand(e, plain(d.y, t), dpd.diff_dst_desc(), true, false);
+        dx_ = Operand(e, plain(d.x, t), dpd.diff_src_desc(), false, true, true);
         data_scratch_ = dnnl::memory(dpd.scratchpad_desc(), e);
         data_args_ = {{DNNL_ARG_DIFF_DST, shared_dy_ ? dy_.inner() : data_dy_.inner()},
                       {DNNL_ARG_WEIGHTS, w_.inner()}, {DNNL_ARG_DIFF_SRC, dx_.inner()},
                       {DNNL_ARG_SCRATCHPAD, data_scratch_}};
     }
 
-    // dx null: no input gradient (a plan made with data computes none then).
-    void run(dnnl::stream& s, const float* w, const float* x, const float* dy, float* dx, float* dw, float* db,
+    // dx null: no input gradient (a plan made with data computes none then). w, x, dy, dx: float, or
+    // bf16 where the key says bf16.
+    void run(dnnl::stream& s, const void* w, const void* x, const void* dy, void* dx, float* dw, float* db,
              bool accumulate)
     {
         x_.bind(x);

@@ -12,7 +12,7 @@
 //
 // Layouts: the library's tensors stay in their plain layouts (NCHW activations, PyTorch's weights);
 // an Operand stands for one of them as a primitive wants it, reordered into memory of its own where
-// the primitive prefers another layout.
+// the primitive prefers another layout or type (a bf16 tensor the primitive reads or writes as float).
 
 #if !defined(REPLICA_ONEDNN)
 #error "replica/backend/cpu/onednn/ needs oneDNN: build with -DREPLICA_ONEDNN=1 and link -ldnnl (Meson: -Donednn=enabled)"
@@ -79,10 +79,10 @@ public:
 
     // Binds the plain tensor at p for the next call; `adding`: the primitive's result is to be added
     // to it (the Operand was made with `adds`), so the primitive writes memory of its own.
-    void bind(const float* p, bool adding = false)
+    void bind(const void* p, bool adding = false)
     {
-        user_.set_data_handle(const_cast<float*>(p));
-        if (!reordered_) inner_.set_data_handle(adding ? own_.get_data_handle() : const_cast<float*>(p));
+        user_.set_data_handle(const_cast<void*>(p));
+        if (!reordered_) inner_.set_data_handle(adding ? own_.get_data_handle() : const_cast<void*>(p));
         adding_ = adding;
     }
     // The plain tensor into the inner memory (before the primitive reads it).
@@ -104,18 +104,31 @@ private:
     bool reordered_ = false, adding_ = false;
 };
 
-// The plain layout of a tensor of float: rows of the last dimension, as the library stores them.
-inline dnnl::memory::desc plain(const dnnl::memory::dims& dims)
+// The plain layout of a tensor of `type` (float unless said): rows of the last dimension, as the
+// library stores them.
+inline dnnl::memory::desc plain(const dnnl::memory::dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32)
 {
     using tag = dnnl::memory::format_tag;
     const tag t = dims.size() == 1 ? tag::a : dims.size() == 2 ? tag::ab : dims.size() == 3 ? tag::abc
                   : tag::abcd;
-    return {dims, dnnl::memory::data_type::f32, t};
+    return {dims, type, t};
 }
 // Whatever layout the primitive prefers.
-inline dnnl::memory::desc any(const dnnl::memory::dims& dims)
+inline dnnl::memory::desc any(const dnnl::memory::dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32)
 {
-    return {dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any};
+    return {dims, type, dnnl::memory::format_tag::any};
+}
+
+// Whether the CPU computes bf16 products natively (AVX-512 BF16 or AMX, as oneDNN sees it): where it
+// does not, oneDNN's bf16 primitives emulate them and the library's own bf16 path is kept.
+inline bool native_bf16()
+{
+    static const bool yes = [] {
+        const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+        const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+        return (isa & bf16) == bf16;
+    }();
+    return yes;
 }
 
 // The engine, the stream and the plans made so far, by key: each Plan type has its own map (Key must
