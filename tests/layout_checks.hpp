@@ -98,6 +98,21 @@ void check_accumulated_clip_equals_plain(Make&& make, const Opt& opt, double cli
         const std::vector<float> want = six(plain, Accumulate{ClipGradNorm{opt, max_norm}, 2});
         const std::vector<float> got = six(layout, Accumulate{ClipGradNorm{opt, max_norm}, 2});
         CHECK(norm_relative(want, got) < tolerance);
+        // The optimizer state in the plain model's layout (an Accumulate's sums, then its optimizer's
+        // state: two planes, model/state_planes.hpp).
+        REQUIRE(layout.optimizer_state().size() == plain.optimizer_state().size());
+        CHECK(norm_relative(plain.optimizer_state(), layout.optimizer_state()) < tolerance);
+        // Resumed from the plain model's parameters and state, the layout goes on as the plain model does.
+        auto resumed = make();
+        resumed.set_parameters(parameters(plain));
+        resumed.set_optimizer_state(plain.optimizer_state());
+        CHECK(differences(resumed.optimizer_state(), plain.optimizer_state()) == "");   // kept until an update
+        auto two_more = [&](auto& model) {
+            Accumulate o{ClipGradNorm{opt, max_norm}, 2};
+            for (std::size_t s = 0; s < 2; ++s) train_step(model, o, data.batch(s * 10, 10, (s + 6) * 10));
+            return without(parameters(model), noise);
+        };
+        CHECK(norm_relative(two_more(plain), two_more(resumed)) < tolerance);
         if (max_norm < 1.0f) CHECK(norm_relative(want, alone) > clip_effect);
         else CHECK(differences(want, alone) == "");
     }

@@ -29,6 +29,7 @@
 #include "replica/core/config.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/sequential.hpp"
+#include "replica/model/state_planes.hpp"
 #include "replica/model/step_pipeline.hpp"
 #include "replica/parallel/dispatch.hpp"
 #include "replica/parallel/replica_set.hpp"
@@ -452,16 +453,18 @@ public:
 
     std::vector<float> parameters() const { return replicas_.front().parameters(); }
     std::vector<float> gradients() const { return replicas_.front().gradients(); }
-    // M's optimizer state; sharded, the replicas' shards one after the other, which is the same vector.
+    // M's optimizer state; sharded, the replicas' shards joined plane by plane (model/state_planes.hpp).
     std::vector<float> optimizer_state() const
     {
         if (!sharded()) return replicas_.front().optimizer_state();
-        std::vector<float> all;
-        for (const auto& m : replicas_) {
-            const auto part = m.optimizer_state();
+        if (!shard_state_.kept().empty()) return shard_state_.kept();
+        std::vector<float> all;   // parameter-major, where the shards follow one another
+        for (std::size_t r = 0; r < replicas_.size(); ++r) {
+            const auto part = shard_state_.parameter_major(replicas_[r].optimizer_state(),
+                                                           share(trainable_count, replicas_.size(), r).count);
             all.insert(all.end(), part.begin(), part.end());
         }
-        return all;
+        return shard_state_.plane_major(all, trainable_count);
     }
     // Replica 0's statistics: with BatchStats::global every replica's are the same.
     std::vector<float> statistics() const { return replicas_.front().statistics(); }
@@ -483,11 +486,8 @@ public:
         core::require(trainable_count > 0 ? s.size() % trainable_count == 0 : s.empty(),
                       "set_optimizer_state: " + std::to_string(s.size()) + " values is not a whole number for each of the " +
                           std::to_string(trainable_count) + " trainable parameters");
-        const std::size_t per = trainable_count ? s.size() / trainable_count : 0;
-        for (std::size_t r = 0; r < replicas_.size(); ++r) {
-            const Share part = share(trainable_count, replicas_.size(), r);
-            replicas_[r].set_shard_state(s.subspan(part.offset * per, part.count * per));
-        }
+        if (shard_state_.known()) hand_shards(s);
+        else shard_state_.keep(s);   // the first update says how it is laid out in planes
     }
     // Floats of optimizer state replica r holds (1/R of M's sharded; all of it otherwise).
     std::size_t optimizer_state_floats(std::size_t r) const { return replicas_[r].optimizer_state().size(); }
@@ -599,6 +599,17 @@ private:
                       "use Shard::none");
         return o;
     }
+    // M's optimizer state (its planes) to the replicas, each its shard in its own planes.
+    void hand_shards(std::span<const float> s)
+    {
+        const std::size_t per = trainable_count ? s.size() / trainable_count : 0;
+        const std::vector<float> by_parameter = shard_state_.parameter_major(s, trainable_count);
+        for (std::size_t r = 0; r < replicas_.size(); ++r) {
+            const Share part = share(trainable_count, replicas_.size(), r);
+            replicas_[r].set_shard_state(shard_state_.plane_major(
+                std::span<const float>(by_parameter).subspan(part.offset * per, part.count * per), part.count));
+        }
+    }
     // ZeRO-1: each replica updates its shard, then copies every other replica's updated range.
     template <class Opt>
     void update_sharded(const Opt& opt)
@@ -606,6 +617,7 @@ private:
         static_assert(!M::chain::spans_devices,
                       "DataParallelOptions::shard: a model holding a nested DataParallel cannot shard its optimizer state");
         const std::size_t R = replicas_.size();
+        if (shard_state_.adopt<Opt>()) hand_shards(shard_state_.take());
         shard_ranges_.resize(R);
         shard_done_.resize(R);
         set_.each([&](std::size_t r) {
@@ -698,6 +710,7 @@ private:
     std::vector<std::int64_t*> exact_ptrs_;   // reproducible mode: each replica's exact accumulator
     std::vector<double> shard_loss_;
     std::vector<std::pair<std::size_t, std::size_t>> shard_ranges_;   // ZeRO-1: each replica's updated range
+    model::SlicedState shard_state_;   // ZeRO-1: the optimizer state's planes; a state set before the first update
     std::vector<core::Event> shard_done_;                             // and the mark after its update
 };
 

@@ -55,6 +55,7 @@
 #include "replica/core/meta.hpp"
 #include "replica/model/concepts.hpp"
 #include "replica/model/sequential.hpp"
+#include "replica/model/state_planes.hpp"
 #include "replica/parallel/layout.hpp"
 #include "replica/parallel/scaling.hpp"
 #include "replica/parallel/worker_pool.hpp"
@@ -294,9 +295,16 @@ public:
     {
         return gather([](const auto& st) { return st.gradients(); });
     }
+    // M's layout (model/state_planes.hpp): the stages' planes joined plane by plane.
     std::vector<float> optimizer_state() const
     {
-        return gather([](const auto& st) { return st.optimizer_state(); });
+        if (!state_.kept().empty()) return state_.kept();
+        std::vector<float> all;   // parameter-major, where the stages' slices follow one another
+        core::static_for<P>([&](auto s) {
+            const auto part = state_.parameter_major(std::get<s>(stages_).optimizer_state(), trainable_of<s>);
+            all.insert(all.end(), part.begin(), part.end());
+        });
+        return state_.plane_major(all, trainable_count);
     }
     void set_parameters(std::span<const float> w)
     {
@@ -307,21 +315,16 @@ public:
             st.set_parameters(w.subspan(param_begin<s>, st.param_count));
         });
     }
-    // M's layout: state_per_param floats for each trainable parameter, in the parameters' order.
+    // M's layout, as optimizer_state() gives it. Before the first update, which says how the state is
+    // laid out in planes, it is kept whole and handed to the stages then.
     void set_optimizer_state(std::span<const float> state)
     {
         core::require(trainable_count > 0 ? state.size() % trainable_count == 0 : state.empty(),
                       "set_optimizer_state: " + std::to_string(state.size()) +
                           " values is not a whole number for each of the " + std::to_string(trainable_count) +
                           " trainable parameters");
-        const std::size_t per = trainable_count ? state.size() / trainable_count : 0;
-        std::size_t at = 0;
-        core::static_for<P>([&](auto s) {
-            auto& st = std::get<s>(stages_);
-            using plan = model::UpdatePlan<typename stage_type<s>::chain, param_rule, first_id<s>>;
-            st.template set_optimizer_state_with<param_rule, first_id<s>>(state.subspan(at, plan::trainable * per));
-            at += plan::trainable * per;
-        });
+        if (state_.known()) hand_state(state);
+        else state_.keep(state);
     }
     std::vector<float> statistics() const { return {}; }
     void set_statistics(std::span<const float> s)
@@ -360,6 +363,7 @@ public:
                       "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
                       "Pipeline yet: wrap the Accumulate in the LossScale, or train the plain model");
         if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            if (state_.adopt<Opt>()) hand_state(state_.take());
             Stages parts{*this};
             model::update_in_parts(opt, parts);
         }
@@ -455,6 +459,22 @@ private:
             static_assert(stage_type<s>::param_count == param_begin<s + 1> - param_begin<s>,
                           "a Pipeline stage's parameters are not M's between its cuts: a tied head (TiedHead) must "
                           "stay in the stage of its Embedding; cut elsewhere");
+        });
+    }
+    // Stage s's trainable parameters.
+    template <std::size_t S>
+    static constexpr std::size_t trainable_of = stage_plan<S>::trainable;
+    // M's optimizer state (its planes) to the stages, each its slice in its own planes.
+    void hand_state(std::span<const float> state)
+    {
+        const std::size_t per = trainable_count ? state.size() / trainable_count : 0;
+        const std::vector<float> by_parameter = state_.parameter_major(state, trainable_count);
+        std::size_t at = 0;
+        core::static_for<P>([&](auto s) {
+            const std::span<const float> mine(by_parameter.data() + at, trainable_of<s> * per);
+            std::get<s>(stages_).template set_optimizer_state_with<param_rule, first_id<s>>(
+                state_.plane_major(mine, trainable_of<s>));
+            at += trainable_of<s> * per;
         });
     }
     template <class F>
@@ -629,6 +649,7 @@ private:
     std::vector<Device> devices_;
     PipelineOptions options_;
     stages stages_;
+    model::SlicedState state_;   // the optimizer state's planes; a state set before the first update
     WorkerPool pool_;
     std::array<Channel, P - 1> forward_, backward_;   // boundary b: stage b to b + 1
     core::Buffer<core::LossSlot> losses_;              // page-locked: a micro-batch's loss each

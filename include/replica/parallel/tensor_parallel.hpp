@@ -54,6 +54,7 @@
 #include "replica/model/param_layout.hpp"
 #include "replica/model/residual.hpp"
 #include "replica/model/sequential.hpp"
+#include "replica/model/state_planes.hpp"
 #include "replica/parallel/layout.hpp"
 #include "replica/parallel/worker_pool.hpp"
 
@@ -230,31 +231,29 @@ public:
             ranks_[r].set_parameters(mine);
         }
     }
-    // M's layout: state_per_param floats for each trainable parameter, in the parameters' order.
+    // M's layout (model/state_planes.hpp): the ranks' slices of each parameter put back in place, in
+    // the parameter-major order, then M's planes.
     std::vector<float> optimizer_state() const
     {
+        if (!state_.kept().empty()) return state_.kept();
         std::vector<std::vector<float>> states;   // each rank's, read once
-        for (const auto& rank : ranks_) states.push_back(rank.optimizer_state());
         const std::size_t shard_trainable = shard_type::trainable_count;
+        for (const auto& rank : ranks_) states.push_back(state_.parameter_major(rank.optimizer_state(), shard_trainable));
         if (states.front().empty() || shard_trainable == 0) return {};
         const std::size_t per = states.front().size() / shard_trainable;
-        return gather(per * trainable_count, [&](std::size_t r) { return std::move(states[r]); }, per, true);
+        return state_.plane_major(gather(per * trainable_count, [&](std::size_t r) { return std::move(states[r]); }, per, true),
+                                  trainable_count);
     }
+    // M's layout, as optimizer_state() gives it. Before the first update, which says how the state is
+    // laid out in planes, it is kept whole and handed to the ranks then.
     void set_optimizer_state(std::span<const float> state)
     {
         core::require(trainable_count > 0 ? state.size() % trainable_count == 0 : state.empty(),
                       "set_optimizer_state: " + std::to_string(state.size()) +
                           " values is not a whole number for each of the " + std::to_string(trainable_count) +
                           " trainable parameters");
-        const std::size_t per = trainable_count ? state.size() / trainable_count : 0;
-        for (std::size_t r = 0; r < Ways; ++r) {
-            std::vector<float> mine(per * shard_type::trainable_count);
-            for (const Run& run : runs_[r])
-                if (run.trainable)
-                    std::copy_n(state.begin() + std::ptrdiff_t(run.whole_state * per), run.count * per,
-                                mine.begin() + std::ptrdiff_t(run.mine_state * per));
-            ranks_[r].set_optimizer_state(mine);
-        }
+        if (state_.known()) hand_state(state);
+        else state_.keep(state);
     }
     std::vector<float> statistics() const { return ranks_.front().statistics(); }
     void set_statistics(std::span<const float> s)
@@ -297,6 +296,7 @@ public:
                       "(update_in_parts: an Accumulate of a LossScale, an optimizer of your own) cannot update a "
                       "TensorParallel yet: wrap the Accumulate in the LossScale, or train the plain model");
         if constexpr (model::UpdatesInParts<Opt, backend::cpu::Context>) {
+            if (state_.adopt<Opt>()) hand_state(state_.take());
             Ranks parts{*this};
             model::update_in_parts(opt, parts);
         }
@@ -324,6 +324,20 @@ public:
     }
 
 private:
+    // M's optimizer state (its planes) to the ranks, each its slice in its own planes.
+    void hand_state(std::span<const float> state)
+    {
+        const std::size_t per = trainable_count ? state.size() / trainable_count : 0;
+        const std::vector<float> by_parameter = state_.parameter_major(state, trainable_count);
+        for (std::size_t r = 0; r < Ways; ++r) {
+            std::vector<float> mine(per * shard_type::trainable_count);
+            for (const Run& run : runs_[r])
+                if (run.trainable)
+                    std::copy_n(by_parameter.begin() + std::ptrdiff_t(run.whole_state * per), run.count * per,
+                                mine.begin() + std::ptrdiff_t(run.mine_state * per));
+            ranks_[r].set_optimizer_state(state_.plane_major(mine, shard_type::trainable_count));
+        }
+    }
     // The sum over the ranks that the split layers call: the communicator over the ranks' contexts.
     class Group final : public layers::TensorGroup {
     public:
@@ -502,6 +516,7 @@ private:
     std::unique_ptr<Group> group_;      // the ranks' split ops hold its address
     std::vector<shard_type> ranks_;
     std::vector<std::vector<Run>> runs_;   // rank r's parameters among M's
+    model::SlicedState state_;             // the optimizer state's planes; a state set before the first update
     // Where a rank's gradient_squares reads: rank 0 all of its gradient, the others their split blocks.
     std::vector<std::pair<std::size_t, std::size_t>> whole_{{0, shard_type::param_count}}, split_ = split_ranges();
     // The same in state indices, for an Accumulate's sums (Ranks::squares at GradientAt::state).

@@ -20,6 +20,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/state_planes.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -27,6 +28,7 @@ template <class Opt>
 class Accumulate {
 public:
     static constexpr std::size_t state_per_param = 1 + Opt::state_per_param;   // the sum, then Opt's
+    static constexpr auto state_planes = model::plane_before<1, Opt>();        // as planes (model/state_planes.hpp)
     static constexpr std::uint32_t checkpoint_id = 0;                          // names none (checkpoint.hpp)
 
 private:

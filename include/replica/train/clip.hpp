@@ -25,6 +25,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/state_planes.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -32,6 +33,7 @@ template <class Opt>
 class ClipGradNorm {
 public:
     static constexpr std::size_t state_per_param = Opt::state_per_param;
+    static constexpr auto state_planes = model::state_planes_of<Opt>();
 
     ClipGradNorm(Opt opt, float max_norm) : opt_(std::move(opt)), max_norm_(max_norm)
     {

@@ -48,6 +48,7 @@
 #include "replica/core/error.hpp"
 #include "replica/core/param_kind.hpp"
 #include "replica/model/concepts.hpp"
+#include "replica/model/state_planes.hpp"
 
 namespace REPLICA_NAMESPACE::train {
 
@@ -85,6 +86,7 @@ class LossScale {
 
 public:
     static constexpr std::size_t state_per_param = Wrapped::state_per_param;
+    static constexpr auto state_planes = model::state_planes_of<Wrapped>();
     // Checkpoints name the wrapped optimizer (none for an Accumulate).
     static constexpr std::uint32_t checkpoint_id = [] {
         if constexpr (requires { Wrapped::checkpoint_id; }) return Wrapped::checkpoint_id;
