@@ -11,13 +11,15 @@ beside it: on a shared machine the times are only indicative.
     python3 bench/pytorch_cpu_bench.py                                  # every network, 1 and 2 threads
     python3 bench/pytorch_cpu_bench.py --models resnet20,lenet --threads 2 --steps 10 --json out.json
     python3 bench/pytorch_cpu_bench.py --models resnet20 --precision bf16   # bf16 activations (autocast there)
+    python3 bench/pytorch_cpu_bench.py --baseline-isa     # ours also on SSE2 loops (REPLICA_CPU_ISA=baseline)
 
 Networks and batches (--models; --batch NAME=B overrides): resnet20 128, resnet18 16 (224x224),
 alexnet 128, googlenet 32, textcnn 128, fcn 16, lenet 64 (the defaults of train_bench, resnet18's cut
 to 16 for the CPU). --precision bf16 (the residual networks): ours with bf16 activations and fp32
 master parameters (oneDNN's bf16 convolutions where the CPU has bf16 products), PyTorch under
 torch.autocast to bfloat16 with channels_last. JSON (--json FILE, or - for standard output): {"machine": ..., "runs": [{"model",
-"batch", "threads", "ours": {config: median_ms}, "ours_ms", "pytorch_ms", "ratio", "load": [...]}]}.
+"batch", "threads", "ours": {config: median_ms}, "ours_ms", "pytorch_ms", "ratio", "load": [...]; with
+--baseline-isa also "ours_baseline", "baseline_ms", "baseline_ratio"}]}.
 """
 
 import argparse
@@ -58,11 +60,13 @@ def run_json(command, env=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def ours(s, model, batch, threads):
-    """train_bench's median step times: {configuration: ms}."""
+def ours(s, model, batch, threads, isa=None):
+    """train_bench's median step times: {configuration: ms}; isa: REPLICA_CPU_ISA for the run."""
     common = [s.train_bench, "--model", model, "--batch", str(batch), "--steps", str(s.steps), "--warmup",
               str(s.warmup), "--precision", s.precision, "--json"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if isa:
+        env["REPLICA_CPU_ISA"] = isa
     times = {}
     record = run_json(common + ["--devices", "cpu:0", "--blas-threads", str(threads)], env)
     times[f"1 replica x {threads} threads"] = record["median_ms"]
@@ -91,6 +95,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="the activations' type in both (default: fp32; bf16: the residual networks)")
+    p.add_argument("--baseline-isa", action="store_true",
+                   help="also run ours with the backend's own loops on the build's baseline instructions "
+                        "(REPLICA_CPU_ISA=baseline: SSE2 on plain x86-64), beside the default (the widest the CPU has)")
     p.add_argument("--json", metavar="FILE", help="write the JSON record there (- : standard output)")
     s = p.parse_args(argv)
     s.models = [m for m in s.models.split(",") if m]
@@ -113,7 +120,8 @@ def main(argv=None):
         os.environ["OPENBLAS_CORETYPE"] = blas_coretype()
     python = torch_python()
     runs = []
-    print(f"{'network':10} {'batch':>5} {'threads':>7} {'ours ms':>9} {'PyTorch ms':>10} {'ratio':>6}  load  (ours by configuration)")
+    extra = f" {'baseline':>9} {'ratio':>6}" if s.baseline_isa else ""
+    print(f"{'network':10} {'batch':>5} {'threads':>7} {'ours ms':>9} {'PyTorch ms':>10} {'ratio':>6}{extra}  load  (ours by configuration)")
     for model in s.models:
         batch = s.batches[model]
         for threads in s.threads:
@@ -123,9 +131,14 @@ def main(argv=None):
             best = min(mine.values())
             run = {"model": model, "batch": batch, "threads": threads, "ours": mine, "ours_ms": best,
                    "pytorch_ms": theirs, "ratio": best / theirs, "load": [load, os.getloadavg()[0]]}
+            columns = ""
+            if s.baseline_isa:
+                old = ours(s, model, batch, threads, isa="baseline")
+                run.update(ours_baseline=old, baseline_ms=min(old.values()), baseline_ratio=min(old.values()) / theirs)
+                columns = f" {run['baseline_ms']:9.1f} {run['baseline_ratio']:6.2f}"
             runs.append(run)
             detail = ", ".join(f"{k}: {v:.1f}" for k, v in mine.items())
-            print(f"{model:10} {batch:5} {threads:7} {best:9.1f} {theirs:10.1f} {run['ratio']:6.2f}  {load:4.1f}  ({detail})",
+            print(f"{model:10} {batch:5} {threads:7} {best:9.1f} {theirs:10.1f} {run['ratio']:6.2f}{columns}  {load:4.1f}  ({detail})",
                   flush=True)
     record = {"machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                           "train_bench": s.train_bench, "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),

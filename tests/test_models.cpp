@@ -2,6 +2,11 @@
 
 #include "catch.hpp"
 #include "models.hpp"
+#include "support.hpp"
+
+#include <bit>
+#include <cstdint>
+#include <vector>
 
 using namespace replica;
 using namespace replica::testing;
@@ -67,3 +72,72 @@ TEST_CASE("One training step lowers the loss on a repeated batch: AlexNet, featu
 TEST_CASE("One training step lowers the loss on a repeated batch: GoogLeNet", "[cpu][models]") { one_step_lowers_the_loss<GoogLeNet>(0.01f); }
 TEST_CASE("One training step lowers the loss on a repeated batch: TextCNN", "[cpu][models]") { one_step_lowers_the_loss<TextCNN>(0.01f); }
 TEST_CASE("One training step lowers the loss on a repeated batch: FCN", "[cpu][models]") { one_step_lowers_the_loss<FCN>(0.01f); }
+
+// The CPU backend's own loops run with AVX2 where the CPU has it (backend/cpu/vectorized.hpp), and
+// must give the baseline's bits: three steps of each network under each form, parameters and
+// statistics compared bit for bit. The networks hold every kind of loop the backend has (BatchNorm's
+// sums, the residual add, pooling, dropout, im2col and col2im, the transposed convolution, the loss
+// over pixels, LayerNorm, attention, embeddings, GELU, SGD and AdamW), in float and in bf16.
+namespace {
+class IsaScope {
+public:
+    explicit IsaScope(backend::cpu::Isa isa) : before_(backend::cpu::isa()) { backend::cpu::set_isa(isa); }
+    ~IsaScope() { backend::cpu::set_isa(before_); }
+    IsaScope(const IsaScope&) = delete;
+    IsaScope& operator=(const IsaScope&) = delete;
+
+private:
+    backend::cpu::Isa before_;
+};
+
+template <class M, class Opt, class Data>
+std::vector<float> after_three_steps(backend::cpu::Isa isa, Opt opt, const Data& data)
+{
+    const IsaScope scope(isa);
+    M net{Device::cpu()};
+    for (std::size_t s = 0; s < 3; ++s) train_step(net, opt, data.batch(0, data.size, s * data.size));
+    std::vector<float> state = net.parameters();
+    const std::vector<float> statistics = net.statistics();
+    state.insert(state.end(), statistics.begin(), statistics.end());
+    return state;
+}
+
+template <class M, class Opt, class Data>
+void same_bits_on_every_isa(Opt opt, const Data& data)
+{
+    const std::vector<float> baseline = after_three_steps<M>(backend::cpu::Isa::baseline, opt, data);
+    const std::vector<float> wide = after_three_steps<M>(backend::cpu::Isa::avx2, opt, data);
+    REQUIRE(baseline.size() == wide.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < baseline.size(); ++i) differ += std::bit_cast<std::uint32_t>(baseline[i]) != std::bit_cast<std::uint32_t>(wide[i]);
+    CAPTURE(baseline.size());
+    CHECK(differ == 0);
+}
+} // namespace
+
+TEST_CASE("The CPU's vectorized loops give the baseline's bits: CNNs with BatchNorm, pooling, dropout and "
+          "transposed convolutions on im2col, float and bf16; a GPT under AdamW",
+          "[cpu][models]")
+{
+    if (!backend::cpu::cpu_has(backend::cpu::Isa::avx2)) {
+        WARN("this CPU has no AVX2: only the baseline runs here");
+        return;
+    }
+    const ConvPathScope blas(backend::cpu::ConvPath::blas);   // im2col, col2im and their layout passes
+    SECTION("ResNet-like, float and bf16")
+    {
+        same_bits_on_every_isa<SmallResNet>(SGD{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f}}, RandomBatches<SmallResNet>(8, 3));
+        using Bf16 = model::with_precision<SmallResNet, core::bf16>;
+        same_bits_on_every_isa<Bf16>(SGD{{.lr = 0.05f, .momentum = 0.9f}}, RandomBatches<Bf16>(8, 3));
+    }
+    SECTION("AlexNet-like (max pooling, dropout) and an FCN (transposed convolution, loss over pixels)")
+    {
+        same_bits_on_every_isa<SmallAlexNetPlain>(SGD{{.lr = 0.01f, .momentum = 0.9f}}, RandomBatches<SmallAlexNetPlain>(4, 5));
+        same_bits_on_every_isa<SmallFCN>(SGD{{.lr = 0.01f}}, RandomBatches<SmallFCN>(2, 5));
+        same_bits_on_every_isa<ConcatDropoutNet>(SGD{{.lr = 0.01f}}, RandomBatches<ConcatDropoutNet>(4, 5));
+    }
+    SECTION("GPT under AdamW")
+    {
+        same_bits_on_every_isa<TinyGpt>(AdamW{{.lr = 1e-3f}}, TokenBatches<TinyGpt>(4, 9));
+    }
+}

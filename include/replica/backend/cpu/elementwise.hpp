@@ -14,6 +14,7 @@
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
 #include "replica/core/number.hpp"
@@ -26,12 +27,16 @@ namespace detail {
 template <core::Storage T, class F>
 void map1(const T* x, T* y, std::size_t count, F f)
 {
-    for (std::size_t i = 0; i < count; ++i) y[i] = core::from_float<T>(f(core::to_float(x[i])));
+    vectorized([&] {
+        for (std::size_t i = 0; i < count; ++i) y[i] = core::from_float<T>(f(core::to_float(x[i])));
+    });
 }
 template <core::Storage T, class F>
 void map2(const T* a, const T* dy, T* dx, std::size_t count, F f)
 {
-    for (std::size_t i = 0; i < count; ++i) dx[i] = core::from_float<T>(f(core::to_float(a[i]), core::to_float(dy[i])));
+    vectorized([&] {
+        for (std::size_t i = 0; i < count; ++i) dx[i] = core::from_float<T>(f(core::to_float(a[i]), core::to_float(dy[i])));
+    });
 }
 } // namespace detail
 
@@ -116,13 +121,15 @@ template <core::Storage T>
 void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
                    const T* x, T* y, std::size_t n, std::size_t size, std::size_t /*channels*/)
 {
-    const float scale = 1.0f / (1.0f - p);
-    for (std::size_t s = 0; s < n; ++s)
-        for (std::size_t e = 0; e < size; ++e) {
-            const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
-                                                 std::uint32_t(e));
-            y[s * size + e] = core::from_float<T>(u >= p ? core::to_float(x[s * size + e]) * scale : 0.0f);
-        }
+    vectorized([&] {
+        const float scale = 1.0f / (1.0f - p);
+        for (std::size_t s = 0; s < n; ++s)
+            for (std::size_t e = 0; e < size; ++e) {
+                const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
+                                                     std::uint32_t(e));
+                y[s * size + e] = core::from_float<T>(u >= p ? core::to_float(x[s * size + e]) * scale : 0.0f);
+            }
+    });
 }
 
 template <core::Storage T>
@@ -137,7 +144,9 @@ void convert(const Context& ctx, const S* src, D* dst, std::size_t count)
 {
     if constexpr (std::same_as<S, D>) copy(ctx, src, dst, count);
     else
-        for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<D>(core::to_float(src[i]));
+        vectorized([&] {
+            for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<D>(core::to_float(src[i]));
+        });
 }
 
 // Activations in the context's layout from n samples of (c, pixels) and back (the CUDA backend may keep
@@ -157,38 +166,47 @@ void from_activation_layout(const Context& ctx, const S* src, D* dst, std::size_
 template <core::Storage T>
 void fill(const Context&, T* dst, float value, std::size_t count)
 {
-    const T v = core::from_float<T>(value);
-    for (std::size_t i = 0; i < count; ++i) dst[i] = v;
+    vectorized([&] {
+        const T v = core::from_float<T>(value);
+        for (std::size_t i = 0; i < count; ++i) dst[i] = v;
+    });
 }
 
 // dst += src
 template <core::Storage T>
 void add(const Context&, const T* src, T* dst, std::size_t count)
 {
-    for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<T>(core::to_float(dst[i]) + core::to_float(src[i]));
+    vectorized([&] {
+        for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<T>(core::to_float(dst[i]) + core::to_float(src[i]));
+    });
 }
 
 // y = a + b, then max(y, 0) when relu (a residual block's merge).
 template <core::Storage T>
 void add_into(const Context&, const T* a, const T* b, T* y, std::size_t count, bool relu)
 {
-    for (std::size_t i = 0; i < count; ++i) {
-        const float v = core::to_float(a[i]) + core::to_float(b[i]);
-        y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
-    }
+    vectorized([&] {
+        for (std::size_t i = 0; i < count; ++i) {
+            const float v = core::to_float(a[i]) + core::to_float(b[i]);
+            y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
+        }
+    });
 }
 
 // The reproducible mode's exact sums (core/fixed_point.hpp). Out-of-range terms throw at once, so
 // there is nothing left for check_fixed to report.
-inline void add_fixed(const Context&, const float* g, std::int64_t* acc, std::size_t count) { core::add_fixed(g, acc, count); }
+inline void add_fixed(const Context&, const float* g, std::int64_t* acc, std::size_t count)
+{
+    vectorized([&] { core::add_fixed(g, acc, count); });
+}
 inline void add_fixed_rows(const Context&, const float* g, std::size_t rows, std::size_t stride, std::int64_t* acc,
                            std::size_t count)
 {
-    core::add_fixed_rows(g, rows, stride, acc, count);
+    vectorized([&] { core::add_fixed_rows(g, rows, stride, acc, count); });
 }
 inline void fixed_to_float(const Context&, const std::int64_t* acc, float* g, std::size_t count)
 {
-    core::fixed_to_float(acc, g, count);
+    vectorized([&] { core::fixed_to_float(acc, g, count); });
 }
 inline void zero_fixed(const Context&, std::int64_t* acc, std::size_t count) { std::memset(acc, 0, count * sizeof(std::int64_t)); }
 inline void check_fixed(const Context&) {}
@@ -200,8 +218,10 @@ template <core::Storage T>
 void copy_channels_in(const Context&, const T* src, std::size_t n, std::size_t c, std::size_t pixels, T* dst,
                       std::size_t channels, std::size_t offset)
 {
-    for (std::size_t s = 0; s < n; ++s)
-        std::memcpy(dst + (s * channels + offset) * pixels, src + s * c * pixels, sizeof(T) * c * pixels);
+    vectorized([&] {
+        for (std::size_t s = 0; s < n; ++s)
+            std::memcpy(dst + (s * channels + offset) * pixels, src + s * c * pixels, sizeof(T) * c * pixels);
+    });
 }
 
 // dst (n, c, pixels) = src[:, offset:offset+c]
@@ -209,8 +229,10 @@ template <core::Storage T>
 void copy_channels_out(const Context&, const T* src, std::size_t channels, std::size_t offset, std::size_t n,
                        std::size_t c, std::size_t pixels, T* dst)
 {
-    for (std::size_t s = 0; s < n; ++s)
-        std::memcpy(dst + s * c * pixels, src + (s * channels + offset) * pixels, sizeof(T) * c * pixels);
+    vectorized([&] {
+        for (std::size_t s = 0; s < n; ++s)
+            std::memcpy(dst + s * c * pixels, src + (s * channels + offset) * pixels, sizeof(T) * c * pixels);
+    });
 }
 
 } // namespace replica::backend::cpu

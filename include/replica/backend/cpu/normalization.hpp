@@ -18,6 +18,7 @@
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
 #include "replica/core/number.hpp"
@@ -140,23 +141,25 @@ template <core::Storage T>
 void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
                      float* sums, float*, StatisticsUpdate then = {})
 {
-    float buffer[detail::row_block];
-    detail::LaneSums* s = detail::channel_sums(c);   // [of x - shift (c) | of its square (c)]
-    for (std::size_t i = 0; i < n; ++i)
+    vectorized([&] {
+        float buffer[detail::row_block];
+        detail::LaneSums* s = detail::channel_sums(c);   // [of x - shift (c) | of its square (c)]
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t ch = 0; ch < c; ++ch) {
+                const T* p = x + (i * c + ch) * inner;
+                detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                    detail::add_centred(s[ch], s[c + ch], as_float(p + at, count, buffer), count, double(shift[ch]));
+                });
+            }
         for (std::size_t ch = 0; ch < c; ++ch) {
-            const T* p = x + (i * c + ch) * inner;
-            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
-                detail::add_centred(s[ch], s[c + ch], as_float(p + at, count, buffer), count, double(shift[ch]));
-            });
+            sums[ch] = float(s[ch].total());
+            sums[c + ch] = float(s[c + ch].total());
         }
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        sums[ch] = float(s[ch].total());
-        sums[c + ch] = float(s[c + ch].total());
-    }
-    sums[2 * c] = float(n * inner);
-    if (then)
-        batch_norm_statistics(ctx, sums, then.running_mean, then.running_var, then.momentum, then.eps, then.mean,
-                              then.invstd, c);
+        sums[2 * c] = float(n * inner);
+        if (then)
+            batch_norm_statistics(ctx, sums, then.running_mean, then.running_var, then.momentum, then.eps, then.mean,
+                                  then.invstd, c);
+    });
 }
 
 // The reproducible mode. A micro-shard's share of the step's sums: out = sums[0, 2c) * scale.
@@ -206,24 +209,26 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu,
                       const std::type_identity_t<T>* addend = nullptr)
 {
-    float xs[detail::row_block], as[detail::row_block];
-    for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t ch = 0; ch < c; ++ch) {
-            const detail::Normalization normalize(weight, bias, mean, invstd, ch);
-            const std::size_t row = (i * c + ch) * inner;
-            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
-                const float* v = as_float(x + row + at, count, xs);
-                const float* a = addend ? as_float(addend + row + at, count, as) : nullptr;
-                detail::write_floats(y + row + at, count, [&](float* out) {
-                    if (a != nullptr)
-                        for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]) + a[j];
-                    else
-                        for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]);
-                    if (relu)
-                        for (std::size_t j = 0; j < count; ++j) out[j] = out[j] < 0.0f ? 0.0f : out[j];
+    vectorized([&] {
+        float xs[detail::row_block], as[detail::row_block];
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t ch = 0; ch < c; ++ch) {
+                const detail::Normalization normalize(weight, bias, mean, invstd, ch);
+                const std::size_t row = (i * c + ch) * inner;
+                detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                    const float* v = as_float(x + row + at, count, xs);
+                    const float* a = addend ? as_float(addend + row + at, count, as) : nullptr;
+                    detail::write_floats(y + row + at, count, [&](float* out) {
+                        if (a != nullptr)
+                            for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]) + a[j];
+                        else
+                            for (std::size_t j = 0; j < count; ++j) out[j] = normalize(v[j]);
+                        if (relu)
+                            for (std::size_t j = 0; j < count; ++j) out[j] = out[j] < 0.0f ? 0.0f : out[j];
+                    });
                 });
-            });
-        }
+            }
+    });
 }
 
 namespace detail {
@@ -268,24 +273,26 @@ void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size
                               const float* mean, const float* invstd, float* dparams, float*,
                               ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
-    detail::LaneSums* s = detail::channel_sums(c);   // [of dy (c) | of dy * (x - mean) (c)]
-    for (std::size_t i = 0; i < n; ++i)
+    vectorized([&] {
+        float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+        detail::LaneSums* s = detail::channel_sums(c);   // [of dy (c) | of dy * (x - mean) (c)]
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t ch = 0; ch < c; ++ch) {
+                const auto mask = detail::relu_mask(relu, mean, invstd, ch);
+                const std::size_t row = (i * c + ch) * inner;
+                detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                    const std::size_t j = row + at;
+                    const float* v = as_float(x + j, count, xs);
+                    const float* d = detail::masked_dy(as_float(dy + j, count, ds), v, count, mask ? &*mask : nullptr,
+                                                       g, relu.y ? relu.y + j : nullptr, relu.dz ? relu.dz + j : nullptr);
+                    detail::add_products(s[ch], s[c + ch], d, v, count, double(mean[ch]));
+                });
+            }
         for (std::size_t ch = 0; ch < c; ++ch) {
-            const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-            const std::size_t row = (i * c + ch) * inner;
-            detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
-                const std::size_t j = row + at;
-                const float* v = as_float(x + j, count, xs);
-                const float* d = detail::masked_dy(as_float(dy + j, count, ds), v, count, mask ? &*mask : nullptr,
-                                                   g, relu.y ? relu.y + j : nullptr, relu.dz ? relu.dz + j : nullptr);
-                detail::add_products(s[ch], s[c + ch], d, v, count, double(mean[ch]));
-            });
+            dparams[ch] = float(s[c + ch].total() * invstd[ch]);
+            dparams[c + ch] = float(s[ch].total());
         }
-    for (std::size_t ch = 0; ch < c; ++ch) {
-        dparams[ch] = float(s[c + ch].total() * invstd[ch]);
-        dparams[c + ch] = float(s[ch].total());
-    }
+    });
 }
 
 // dx = weight * invstd * (dy - sum dy / N - xhat * sum(dy * xhat) / N), sums = [sum dy*xhat | sum dy]
@@ -296,29 +303,31 @@ void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, s
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
                                const float* sums, const float* count, ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
-                                  "the masked gradient they wrote as dy");
-    const float inv_count = 1.0f / *count;
-    float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
-    for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t ch = 0; ch < c; ++ch) {
-            const float k = weight[ch] * invstd[ch], m = mean[ch], s = invstd[ch];
-            const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
-            const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-            const std::size_t row = (i * c + ch) * inner;
-            detail::for_each_block(inner, [&](std::size_t at, std::size_t values) {
-                const std::size_t j0 = row + at;
-                const float* v = as_float(x + j0, values, xs);
-                const float* d =
-                    detail::masked_dy<T>(as_float(dy + j0, values, ds), v, values, mask ? &*mask : nullptr, g);
-                detail::write_floats(dx + j0, values, [&](float* out) {
-                    for (std::size_t j = 0; j < values; ++j) {
-                        const float xhat = (v[j] - m) * s;
-                        out[j] = k * (d[j] - mdy - xhat * mdyx);
-                    }
+    vectorized([&] {
+        core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
+                                      "the masked gradient they wrote as dy");
+        const float inv_count = 1.0f / *count;
+        float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t ch = 0; ch < c; ++ch) {
+                const float k = weight[ch] * invstd[ch], m = mean[ch], s = invstd[ch];
+                const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
+                const auto mask = detail::relu_mask(relu, mean, invstd, ch);
+                const std::size_t row = (i * c + ch) * inner;
+                detail::for_each_block(inner, [&](std::size_t at, std::size_t values) {
+                    const std::size_t j0 = row + at;
+                    const float* v = as_float(x + j0, values, xs);
+                    const float* d =
+                        detail::masked_dy<T>(as_float(dy + j0, values, ds), v, values, mask ? &*mask : nullptr, g);
+                    detail::write_floats(dx + j0, values, [&](float* out) {
+                        for (std::size_t j = 0; j < values; ++j) {
+                            const float xhat = (v[j] - m) * s;
+                            out[j] = k * (d[j] - mdy - xhat * mdyx);
+                        }
+                    });
                 });
-            });
-        }
+            }
+    });
 }
 
 } // namespace replica::backend::cpu

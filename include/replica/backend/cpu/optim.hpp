@@ -6,6 +6,7 @@
 #include <span>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/param_kind.hpp"
 
@@ -25,18 +26,20 @@ inline void sgd_update(const Context&, float* w, const float* grad, float* veloc
                        std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
                        float weight_decay, bool nesterov)
 {
-    for (const core::ParamSegment& s : segments) {
-        float* ws = w + s.begin;
-        const float* gs = grad + gradient_index(s, at);
-        float* v = velocity + s.state;
-        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
-        for (std::size_t i = 0; i < s.count; ++i) {
-            const float g = gs[i] + wd * ws[i];
-            const float vi = momentum * v[i] + g;
-            v[i] = vi;
-            ws[i] -= rate * (nesterov ? g + momentum * vi : vi);
+    vectorized([&] {
+        for (const core::ParamSegment& s : segments) {
+            float* ws = w + s.begin;
+            const float* gs = grad + gradient_index(s, at);
+            float* v = velocity + s.state;
+            const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
+            for (std::size_t i = 0; i < s.count; ++i) {
+                const float g = gs[i] + wd * ws[i];
+                const float vi = momentum * v[i] + g;
+                v[i] = vi;
+                ws[i] -= rate * (nesterov ? g + momentum * vi : vi);
+            }
         }
-    }
+    });
 }
 
 // Adam as PyTorch defines it (torch.optim.Adam and AdamW, amsgrad off), the bias corrections
@@ -52,23 +55,25 @@ inline void adam_update(const Context&, float* w, const float* grad, float* stat
                         std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float beta1,
                         float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
-    for (const core::ParamSegment& s : segments) {
-        float* ws = w + s.begin;
-        const float* gs = grad + gradient_index(s, at);
-        float* mv = state + 2 * s.state;
-        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale, step = step_size * s.lr_scale;
-        const float shrink = 1.0f - rate * wd;
-        for (std::size_t i = 0; i < s.count; ++i) {
-            float g = gs[i];
-            if (decoupled) ws[i] *= shrink;
-            else g += wd * ws[i];
-            float& m = mv[2 * i];
-            float& v = mv[2 * i + 1];
-            m = beta1 * m + (1.0f - beta1) * g;
-            v = beta2 * v + (1.0f - beta2) * g * g;
-            ws[i] -= step * m / (std::sqrt(v) / bias2_sqrt + eps);
+    vectorized([&] {
+        for (const core::ParamSegment& s : segments) {
+            float* ws = w + s.begin;
+            const float* gs = grad + gradient_index(s, at);
+            float* mv = state + 2 * s.state;
+            const float wd = weight_decay * s.decay, rate = lr * s.lr_scale, step = step_size * s.lr_scale;
+            const float shrink = 1.0f - rate * wd;
+            for (std::size_t i = 0; i < s.count; ++i) {
+                float g = gs[i];
+                if (decoupled) ws[i] *= shrink;
+                else g += wd * ws[i];
+                float& m = mv[2 * i];
+                float& v = mv[2 * i + 1];
+                m = beta1 * m + (1.0f - beta1) * g;
+                v = beta2 * v + (1.0f - beta2) * g * g;
+                ws[i] -= step * m / (std::sqrt(v) / bias2_sqrt + eps);
+            }
         }
-    }
+    });
 }
 
 // Gradient accumulation into a sum kept at the state indices: acc[state + j] += grad[begin + j];
@@ -76,28 +81,34 @@ inline void adam_update(const Context&, float* w, const float* grad, float* stat
 inline void accumulate_gradient(const Context&, const float* grad, float* acc, std::span<const core::ParamSegment> segments,
                                 bool last, float scale)
 {
-    for (const core::ParamSegment& s : segments) {
-        const float* g = grad + s.begin;
-        float* a = acc + s.state;
-        for (std::size_t i = 0; i < s.count; ++i) a[i] = last ? (a[i] + g[i]) * scale : a[i] + g[i];
-    }
+    vectorized([&] {
+        for (const core::ParamSegment& s : segments) {
+            const float* g = grad + s.begin;
+            float* a = acc + s.state;
+            for (std::size_t i = 0; i < s.count; ++i) a[i] = last ? (a[i] + g[i]) * scale : a[i] + g[i];
+        }
+    });
 }
 
 // *squares = the sum of g[i]^2 over g's count values, in double, in index order.
 inline void sum_of_squares(const Context&, const float* g, std::size_t count, double* squares)
 {
-    double s = 0.0;
-    for (std::size_t i = 0; i < count; ++i) s += double(g[i]) * double(g[i]);
-    *squares = s;
+    vectorized([&] {
+        double s = 0.0;
+        for (std::size_t i = 0; i < count; ++i) s += double(g[i]) * double(g[i]);
+        *squares = s;
+    });
 }
 
 // g *= max_norm / (norm + 1e-6) when norm = sqrt(*squares) exceeds max_norm.
 inline void clip_to_norm(const Context&, float* g, std::size_t count, const double* squares, float max_norm)
 {
-    const double norm = std::sqrt(*squares);
-    if (!(norm > double(max_norm))) return;
-    const float scale = float(double(max_norm) / (norm + 1e-6));
-    for (std::size_t i = 0; i < count; ++i) g[i] *= scale;
+    vectorized([&] {
+        const double norm = std::sqrt(*squares);
+        if (!(norm > double(max_norm))) return;
+        const float scale = float(double(max_norm) / (norm + 1e-6));
+        for (std::size_t i = 0; i < count; ++i) g[i] *= scale;
+    });
 }
 
 // g *= max_norm / (|g| + 1e-6) when the L2 norm |g| exceeds max_norm (clip_grad_norm); the norm in double.
