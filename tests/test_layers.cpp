@@ -458,9 +458,13 @@ TEST_CASE("Conv1d gradients match finite differences", "[cpu][layers][gradient]"
 
 TEST_CASE("ConvTranspose2d gradients match finite differences", "[cpu][layers][gradient]")
 {
-    check_gradients<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 4, 5>>(2);
-    check_gradients<ConvTranspose2d<2, 3, 1, 0>, Shape<3, 5, 4>>(3);
-    check_gradients<ConvTranspose2d<2, 3, 2, 1>, Shape<2, 3, 3>>(2);
+    for (const auto path : testing::conv_paths()) {   // im2col, and oneDNN's deconvolution where built
+        const testing::ConvPathScope scope(path);
+        INFO(testing::conv_path_name(path));
+        check_gradients<ConvTranspose2d<3, 4, 2, 1>, Shape<2, 4, 5>>(2);
+        check_gradients<ConvTranspose2d<2, 3, 1, 0>, Shape<3, 5, 4>>(3);
+        check_gradients<ConvTranspose2d<2, 3, 2, 1>, Shape<2, 3, 3>>(2);
+    }
 }
 
 TEST_CASE("Linear gradients match finite differences", "[cpu][layers][gradient]")
@@ -1120,7 +1124,66 @@ void onednn_matches_im2col(int cout, std::size_t n, std::mt19937_64& rng)
                                    scratch.data());
     CHECK(close(dw, run(ConvPath::blas, false, true, false).dw));
 }
+
+// The same for a transposed convolution (oneDNN's deconvolution): x (n, c, g.oh, g.ow), y (n, g.c,
+// g.h, g.w), w (c, g.c, kh, kw), with and without a bias and an input gradient.
+template <core::Window g>
+void onednn_transposed_matches_im2col(int c, std::size_t n, std::mt19937_64& rng)
+{
+    using backend::cpu::ConvPath;
+    Ctx ctx;
+    const std::size_t xs = n * std::size_t(c) * g.out_pixels(), ys = n * g.in_size(), ws = std::size_t(c) * g.col_rows();
+    const auto x = uniform(xs, -1.0f, 1.0f, rng), w = uniform(ws, -0.5f, 0.5f, rng), b = uniform(g.c, -0.5f, 0.5f, rng),
+               dy = uniform(ys, -1.0f, 1.0f, rng);
+    std::vector<float> scratch(backend::cpu::conv_transpose_scratch_size<g, float>(ctx, c, n));
+    struct Out {
+        std::vector<float> y, dx, dw, db;
+    };
+    auto run = [&](ConvPath path, bool bias, bool data) {
+        const testing::ConvPathScope scope(path);
+        Out o{std::vector<float>(ys, NAN), std::vector<float>(xs, NAN), std::vector<float>(ws, NAN),
+              std::vector<float>(g.c, NAN)};
+        backend::cpu::conv_transpose_forward<g>(ctx, c, w.data(), bias ? b.data() : nullptr, x.data(), o.y.data(), n,
+                                                scratch.data());
+        backend::cpu::conv_transpose_backward<g>(ctx, c, w.data(), x.data(), dy.data(), data ? o.dx.data() : nullptr,
+                                                 o.dw.data(), bias ? o.db.data() : nullptr, n, scratch.data());
+        return o;
+    };
+    auto close = [](const std::vector<float>& a, const std::vector<float>& e) {
+        double largest = 0, error = 0;
+        for (std::size_t i = 0; i < e.size(); ++i) {
+            largest = std::max(largest, double(std::abs(e[i])));
+            error = std::max(error, std::isfinite(a[i]) ? double(std::abs(a[i] - e[i])) : INFINITY);
+        }
+        return error <= 1e-5 * std::max(largest, 1.0);
+    };
+    for (const bool bias : {false, true})
+        for (const bool data : {true, false}) {
+            CAPTURE(bias, data);
+            const std::size_t made = ctx.onednn().plans_made();
+            const Out e = run(ConvPath::blas, bias, data), a = run(ConvPath::onednn, bias, data);
+            // oneDNN ran: a new plan for each pass (without dx, the forward one is the previous round's)
+            CHECK(ctx.onednn().plans_made() == made + (data ? 2 : 1));
+            CHECK(close(a.y, e.y));
+            CHECK(close(a.dw, e.dw));
+            if (data) CHECK(close(a.dx, e.dx));
+            if (bias) CHECK(close(a.db, e.db));
+        }
+}
 } // namespace
+
+TEST_CASE("oneDNN's transposed convolutions equal im2col's within float rounding: forward, input, weight and bias "
+          "gradients",
+          "[cpu][layers][onednn]")
+{
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    std::mt19937_64 rng(seed);
+    using core::Window;
+    onednn_transposed_matches_im2col<Window{5, 16, 16, 4, 4, 2, 2, 1, 1, 8, 8}>(6, 3, rng);   // FCN's kind, x2
+    onednn_transposed_matches_im2col<Window{3, 7, 9, 3, 3, 1, 1, 0, 0, 5, 7}>(4, 2, rng);     // stride 1, non-square
+    onednn_transposed_matches_im2col<Window{2, 5, 5, 3, 3, 2, 2, 1, 1, 3, 3}>(2, 2, rng);     // stride 2, padding 1
+}
 
 TEST_CASE("oneDNN's convolutions equal im2col's within float rounding: forward, input, weight and bias gradients",
       "[cpu][layers][onednn]")

@@ -182,9 +182,9 @@ std::size_t conv_transpose_scratch_size(const Context&, int c, std::size_t n)
     return m * per + detail::conversion_size<g, T>(m, std::size_t(c) * g.col_rows());
 }
 
+namespace detail {
 template <Window g, core::Storage T>
-void conv_transpose_forward(const Context&, int c, const T* w, const float* b, const T* x, T* y, std::size_t n,
-                            float* scratch)
+void blas_conv_transpose_forward(int c, const T* w, const float* b, const T* x, T* y, std::size_t n, float* scratch)
 {
     vectorized([&] {
         const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
@@ -231,8 +231,8 @@ void conv_transpose_forward(const Context&, int c, const T* w, const float* b, c
 }
 
 template <Window g, core::Storage T>
-void conv_transpose_backward(const Context&, int c, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
-                             float* dw, float* db, std::size_t n, float* scratch)
+void blas_conv_transpose_backward(int c, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db, std::size_t n,
+                                  float* scratch)
 {
     vectorized([&] {
         const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
@@ -258,6 +258,35 @@ void conv_transpose_backward(const Context&, int c, const T* w, const T* x, cons
             }
         }
     });
+}
+} // namespace detail
+
+// y = the transposed convolution of x (n, c, oh, ow) with w (c, g.c, kh, kw), plus b (g.c; null: no bias).
+template <Window g, core::Storage T>
+void conv_transpose_forward(const Context& ctx, int c, const T* w, const float* b, const T* x, T* y, std::size_t n,
+                            float* scratch)
+{
+    auto run_blas = [&] { detail::blas_conv_transpose_forward<g>(c, w, b, x, y, n, scratch); };
+#if defined(REPLICA_ONEDNN)
+    if (onednn::conv_forward<T>(ctx.onednn(), g, c, w, b, x, y, n, false, run_blas, true)) return;
+#else
+    (void)ctx;
+#endif
+    run_blas();
+}
+
+// dw, db (null without a bias) and dx (may be null) assigned.
+template <Window g, core::Storage T>
+void conv_transpose_backward(const Context& ctx, int c, const T* w, const T* x, const T* dy, std::type_identity_t<T>* dx,
+                             float* dw, float* db, std::size_t n, float* scratch)
+{
+    auto run_blas = [&] { detail::blas_conv_transpose_backward<g>(c, w, x, dy, dx, dw, db, n, scratch); };
+#if defined(REPLICA_ONEDNN)
+    if (onednn::conv_backward<T>(ctx.onednn(), g, c, w, x, dy, dx, dw, db, n, false, run_blas, true)) return;
+#else
+    (void)ctx;
+#endif
+    run_blas();
 }
 
 } // namespace replica::backend::cpu

@@ -35,9 +35,9 @@
 
 namespace REPLICA_NAMESPACE::backend::cpu::onednn {
 
-// The rule: oneDNN for windows larger than one pixel with at least 16 output channels; 1x1 windows
-// and the few-filter layers of small networks (LeNet's first) stay with im2col, which is then as
-// fast or faster in float. In bf16 oneDNN's products take half the bytes and, on a CPU with bf16
+// The rule: oneDNN for windows larger than one pixel with at least 16 output channels (a transposed
+// convolution's input channels: its key's cout); 1x1 windows and the few-filter layers of small
+// networks (LeNet's first) stay with im2col, which is then as fast or faster in float. In bf16 oneDNN's products take half the bytes and, on a CPU with bf16
 // products, a fraction of the time, where im2col converts its operands to float first: every
 // convolution.
 inline bool rule_prefers_onednn(const ConvKey& k) { return k.bf16 || (k.kh * k.kw > 1 && k.cout >= 16); }
@@ -123,12 +123,14 @@ bool takes()
 
 // Runs the forward pass of a float or bf16 convolution (cpu/conv.hpp's conv_forward) through oneDNN
 // where it is chosen, and says whether it did; `run_blas` computes the same pass with im2col.
+// `transposed`: conv_transpose_forward's pass (g and cout as it has them: cout its input channels).
 template <class T, class Blas>
 bool conv_forward(Runtime& rt, const core::Window& g, int cout, const T* w, const float* b, const T* x, T* y,
-                  std::size_t n, bool relu, Blas&& run_blas)
+                  std::size_t n, bool relu, Blas&& run_blas, bool transposed = false)
 {
     if (!takes<T>()) return false;
-    const ConvKey key = conv_key(g, cout, n, b != nullptr, relu, false, blas_threads(), !std::is_same_v<T, float>);
+    const ConvKey key =
+        conv_key(g, cout, n, b != nullptr, relu, false, blas_threads(), !std::is_same_v<T, float>, transposed);
     ConvForward* plan = detail::plan_for<ConvForward>(rt, key);
     if (plan == nullptr) return false;
     auto run_onednn = [&] { plan->run(rt.stream(), w, b, x, y); };
@@ -142,15 +144,16 @@ bool conv_forward(Runtime& rt, const core::Window& g, int cout, const T* w, cons
 // `accumulate`, added to.
 template <class T, class Blas>
 bool conv_backward(Runtime& rt, const core::Window& g, int cout, const T* w, const T* x, const T* dy, T* dx, float* dw,
-                   float* db, std::size_t n, bool accumulate, Blas&& run_blas)
+                   float* db, std::size_t n, bool accumulate, Blas&& run_blas, bool transposed = false)
 {
     if (!takes<T>()) return false;
-    const ConvKey key = conv_key(g, cout, n, db != nullptr, false, dx != nullptr, blas_threads(), !std::is_same_v<T, float>);
+    const ConvKey key = conv_key(g, cout, n, db != nullptr, false, dx != nullptr, blas_threads(),
+                                 !std::is_same_v<T, float>, transposed);
     ConvBackward* plan = detail::plan_for<ConvBackward>(rt, key);
     if (plan == nullptr) return false;
     auto run_onednn = [&] { plan->run(rt.stream(), w, x, dy, dx, dw, db, accumulate); };
     std::vector<T> dx_before;   // made only where a key is timed and dx is added to
-    const std::size_t dx_count = n * std::size_t(g.in_size());
+    const std::size_t dx_count = n * (transposed ? std::size_t(cout) * g.out_pixels() : std::size_t(g.in_size()));
     auto restore = [&] {
         if (!accumulate || dx == nullptr) return;
         if (dx_before.empty()) dx_before.assign(dx, dx + dx_count);
