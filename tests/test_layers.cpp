@@ -1059,6 +1059,17 @@ TEST_CASE("A convolution without bias initialises its weights within 1/sqrt(fan_
 
 #if defined(REPLICA_ONEDNN)
 namespace {
+// Float rounding in another order: a within 1e-5 of e, relative to e's largest value (at least 1).
+bool within_rounding(const std::vector<float>& a, const std::vector<float>& e)
+{
+    double largest = 0, error = 0;
+    for (std::size_t i = 0; i < e.size(); ++i) {
+        largest = std::max(largest, double(std::abs(e[i])));
+        error = std::max(error, std::isfinite(a[i]) ? double(std::abs(a[i] - e[i])) : INFINITY);
+    }
+    return error <= 1e-5 * std::max(largest, 1.0);
+}
+
 // The passes of one window and filter count, both ways, in every variant (ReLU, bias, accumulating
 // dx). Each must make oneDNN plans: a shape oneDNN refused would run im2col under ConvPath::onednn
 // too, and compare im2col with itself.
@@ -1086,15 +1097,6 @@ void onednn_matches_im2col(int cout, std::size_t n, std::mt19937_64& rng)
                                        bias ? o.db.data() : nullptr, n, scratch.data(), accumulate);
         return o;
     };
-    // Float rounding in another order: relative to the largest value of each result.
-    auto close = [](const std::vector<float>& a, const std::vector<float>& e) {
-        double largest = 0, error = 0;
-        for (std::size_t i = 0; i < e.size(); ++i) {
-            largest = std::max(largest, double(std::abs(e[i])));
-            error = std::max(error, std::isfinite(a[i]) ? double(std::abs(a[i] - e[i])) : INFINITY);
-        }
-        return error <= 1e-5 * std::max(largest, 1.0);
-    };
     for (const bool relu : {false, true})
         for (const bool bias : {false, true})
             for (const bool accumulate : {false, true}) {
@@ -1103,26 +1105,26 @@ void onednn_matches_im2col(int cout, std::size_t n, std::mt19937_64& rng)
                 const Out e = run(ConvPath::blas, relu, bias, accumulate), a = run(ConvPath::onednn, relu, bias, accumulate);
                 // oneDNN ran: new plans for both passes (the backward one's key has no ReLU: made with relu false)
                 if (!accumulate) CHECK(ctx.onednn().plans_made() == made + (relu ? 1 : 2));
-                CHECK(close(a.y, e.y));
-                CHECK(close(a.dx, e.dx));
-                CHECK(close(a.dw, e.dw));
-                if (bias) CHECK(close(a.db, e.db));
+                CHECK(within_rounding(a.y, e.y));
+                CHECK(within_rounding(a.dx, e.dx));
+                CHECK(within_rounding(a.dw, e.dw));
+                if (bias) CHECK(within_rounding(a.db, e.db));
                 if (relu) CHECK(std::none_of(a.y.begin(), a.y.end(), [](float v) { return v < 0.0f; }));
             }
     // Timed (ConvPath::timed): each candidate runs several times on the first call of a shape; what a
     // run changed that the pass reads (dx, added to) is put back, so the result is still one pass's.
     {
         const Out e = run(ConvPath::blas, true, true, true), t = run(ConvPath::timed, true, true, true);
-        CHECK(close(t.y, e.y));
-        CHECK(close(t.dx, e.dx));
-        CHECK(close(t.dw, e.dw));
+        CHECK(within_rounding(t.y, e.y));
+        CHECK(within_rounding(t.dx, e.dx));
+        CHECK(within_rounding(t.dw, e.dw));
     }
     // Without an input gradient (a first layer's): dw alone, the same.
     const testing::ConvPathScope scope(ConvPath::onednn);
     std::vector<float> dw(ws, NAN), db(cout, NAN);
     backend::cpu::conv_backward<g>(ctx, cout, w.data(), x.data(), dy.data(), nullptr, dw.data(), db.data(), n,
                                    scratch.data());
-    CHECK(close(dw, run(ConvPath::blas, false, true, false).dw));
+    CHECK(within_rounding(dw, run(ConvPath::blas, false, true, false).dw));
 }
 
 // The same for a transposed convolution (oneDNN's deconvolution): x (n, c, g.oh, g.ow), y (n, g.c,
@@ -1149,14 +1151,6 @@ void onednn_transposed_matches_im2col(int c, std::size_t n, std::mt19937_64& rng
                                                  o.dw.data(), bias ? o.db.data() : nullptr, n, scratch.data());
         return o;
     };
-    auto close = [](const std::vector<float>& a, const std::vector<float>& e) {
-        double largest = 0, error = 0;
-        for (std::size_t i = 0; i < e.size(); ++i) {
-            largest = std::max(largest, double(std::abs(e[i])));
-            error = std::max(error, std::isfinite(a[i]) ? double(std::abs(a[i] - e[i])) : INFINITY);
-        }
-        return error <= 1e-5 * std::max(largest, 1.0);
-    };
     for (const bool bias : {false, true})
         for (const bool data : {true, false}) {
             CAPTURE(bias, data);
@@ -1164,10 +1158,10 @@ void onednn_transposed_matches_im2col(int c, std::size_t n, std::mt19937_64& rng
             const Out e = run(ConvPath::blas, bias, data), a = run(ConvPath::onednn, bias, data);
             // oneDNN ran: a new plan for each pass (without dx, the forward one is the previous round's)
             CHECK(ctx.onednn().plans_made() == made + (data ? 2 : 1));
-            CHECK(close(a.y, e.y));
-            CHECK(close(a.dw, e.dw));
-            if (data) CHECK(close(a.dx, e.dx));
-            if (bias) CHECK(close(a.db, e.db));
+            CHECK(within_rounding(a.y, e.y));
+            CHECK(within_rounding(a.dw, e.dw));
+            if (data) CHECK(within_rounding(a.dx, e.dx));
+            if (bias) CHECK(within_rounding(a.db, e.db));
         }
 }
 } // namespace
