@@ -75,9 +75,9 @@ TEST_CASE("One training step lowers the loss on a repeated batch: FCN", "[cpu][m
 
 // The CPU backend's own loops run with AVX2 where the CPU has it (backend/cpu/vectorized.hpp), and
 // must give the baseline's bits: three steps of each network under each form, parameters and
-// statistics compared bit for bit. The networks hold every kind of loop the backend has (BatchNorm's
-// sums, the residual add, pooling, dropout, im2col and col2im, the transposed convolution, the loss
-// over pixels, LayerNorm, attention, embeddings, GELU, SGD and AdamW), in float and in bf16.
+// statistics compared bit for bit. The networks run every kind of wrapped loop (BatchNorm's sums, the
+// residual add, pooling, dropout, the layout passes around im2col's products, GELU and the other
+// maps, SGD and AdamW), in float and in bf16, beside the unwrapped ones.
 namespace {
 class IsaScope {
 public:
@@ -123,7 +123,7 @@ TEST_CASE("The CPU's vectorized loops give the baseline's bits: CNNs with BatchN
         WARN("this CPU has no AVX2: only the baseline runs here");
         return;
     }
-    const ConvPathScope blas(backend::cpu::ConvPath::blas);   // im2col, col2im and their layout passes
+    const ConvPathScope blas(backend::cpu::ConvPath::blas);   // im2col's layout passes
     SECTION("ResNet-like, float and bf16")
     {
         same_bits_on_every_isa<SmallResNet>(SGD{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f}}, RandomBatches<SmallResNet>(8, 3));

@@ -25,7 +25,6 @@
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/elementwise.hpp"
 #include "replica/backend/cpu/ops.hpp"
-#include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 
 #if defined(REPLICA_ONEDNN)
@@ -75,59 +74,55 @@ template <Window g, core::Storage T>
 void blas_conv_forward(int cout, const T* w, const float* b, const T* x, T* y, std::size_t n, float* scratch,
                        bool relu)
 {
-    vectorized([&] {
-        const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
-        const int p = g.out_pixels(), k = g.col_rows();
-        const float* wf = as_float(w, std::size_t(cout) * k, scratch + m * detail::conv_per_sample<g>(cout));
-        for (std::size_t s0 = 0; s0 < n; s0 += m) {
-            const int mm = int(std::min(m, n - s0));
-            float* col = scratch;                                   // (k, mm*p)
-            float* out = scratch + std::size_t(k) * mm * p;         // (cout, mm*p)
-            im2col<g>(x + s0 * g.in_size(), mm, col);
-            gemm(false, false, cout, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, out, mm * p);
-            if constexpr (std::same_as<T, float>) to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
-            else to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p, relu);
-        }
-        if constexpr (std::same_as<T, float>)
-            if (relu)   // the ReLU op's own rule, so that fusing changes no bit
-                for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
-    });
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
+    const int p = g.out_pixels(), k = g.col_rows();
+    const float* wf = as_float(w, std::size_t(cout) * k, scratch + m * detail::conv_per_sample<g>(cout));
+    for (std::size_t s0 = 0; s0 < n; s0 += m) {
+        const int mm = int(std::min(m, n - s0));
+        float* col = scratch;                                   // (k, mm*p)
+        float* out = scratch + std::size_t(k) * mm * p;         // (cout, mm*p)
+        im2col<g>(x + s0 * g.in_size(), mm, col);
+        gemm(false, false, cout, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, out, mm * p);
+        if constexpr (std::same_as<T, float>) to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p);
+        else to_sample_major(out, mm, cout, p, b, y + s0 * std::size_t(cout) * p, relu);
+    }
+    if constexpr (std::same_as<T, float>)
+        if (relu)   // the ReLU op's own rule, so that fusing changes no bit
+            for (std::size_t i = 0, count = n * std::size_t(cout) * p; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
 template <Window g, core::Storage T>
 void blas_conv_backward(int cout, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db, std::size_t n,
                         float* scratch, bool accumulate)
 {
-    vectorized([&] {
-        const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
-        const int p = g.out_pixels(), k = g.col_rows();
-        float* tail = scratch + m * detail::conv_per_sample<g>(cout);
-        const float* wf = dx ? as_float(w, std::size_t(cout) * k, tail) : nullptr;
-        if constexpr (std::same_as<T, float>)
-            if (dx && !accumulate) std::fill(dx, dx + n * g.in_size(), 0.0f);
-        for (std::size_t s0 = 0; s0 < n; s0 += m) {
-            const int mm = int(std::min(m, n - s0));
-            const float beta = s0 == 0 ? 0.0f : 1.0f;
-            float* col = scratch;
-            float* dyt = scratch + std::size_t(k) * mm * p;          // (cout, mm*p)
-            to_channel_major(dy + s0 * std::size_t(cout) * p, mm, cout, p, dyt);
-            im2col<g>(x + s0 * g.in_size(), mm, col);
-            gemm(false, true, cout, k, mm * p, 1.0f, dyt, mm * p, col, mm * p, beta, dw, k);
-            if (db) sum_cols(dyt, cout, mm * p, db, s0 != 0);
-            if (dx) {
-                gemm(true, false, k, mm * p, cout, 1.0f, wf, k, dyt, mm * p, 0.0f, col, mm * p);
-                if constexpr (std::same_as<T, float>) {
-                    col2im<g>(col, mm, dx + s0 * g.in_size());
-                } else {
-                    float* dxf = tail + std::size_t(cout) * k;       // (mm, c, h, w) summed in float
-                    if (accumulate) load_float(dx + s0 * g.in_size(), std::size_t(mm) * g.in_size(), dxf);
-                    else std::fill(dxf, dxf + std::size_t(mm) * g.in_size(), 0.0f);
-                    col2im<g>(col, mm, dxf);
-                    store_float(dxf, std::size_t(mm) * g.in_size(), dx + s0 * g.in_size());
-                }
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(cout));
+    const int p = g.out_pixels(), k = g.col_rows();
+    float* tail = scratch + m * detail::conv_per_sample<g>(cout);
+    const float* wf = dx ? as_float(w, std::size_t(cout) * k, tail) : nullptr;
+    if constexpr (std::same_as<T, float>)
+        if (dx && !accumulate) std::fill(dx, dx + n * g.in_size(), 0.0f);
+    for (std::size_t s0 = 0; s0 < n; s0 += m) {
+        const int mm = int(std::min(m, n - s0));
+        const float beta = s0 == 0 ? 0.0f : 1.0f;
+        float* col = scratch;
+        float* dyt = scratch + std::size_t(k) * mm * p;          // (cout, mm*p)
+        to_channel_major(dy + s0 * std::size_t(cout) * p, mm, cout, p, dyt);
+        im2col<g>(x + s0 * g.in_size(), mm, col);
+        gemm(false, true, cout, k, mm * p, 1.0f, dyt, mm * p, col, mm * p, beta, dw, k);
+        if (db) sum_cols(dyt, cout, mm * p, db, s0 != 0);
+        if (dx) {
+            gemm(true, false, k, mm * p, cout, 1.0f, wf, k, dyt, mm * p, 0.0f, col, mm * p);
+            if constexpr (std::same_as<T, float>) {
+                col2im<g>(col, mm, dx + s0 * g.in_size());
+            } else {
+                float* dxf = tail + std::size_t(cout) * k;       // (mm, c, h, w) summed in float
+                if (accumulate) load_float(dx + s0 * g.in_size(), std::size_t(mm) * g.in_size(), dxf);
+                else std::fill(dxf, dxf + std::size_t(mm) * g.in_size(), 0.0f);
+                col2im<g>(col, mm, dxf);
+                store_float(dxf, std::size_t(mm) * g.in_size(), dx + s0 * g.in_size());
             }
         }
-    });
+    }
 }
 } // namespace detail
 
@@ -186,78 +181,74 @@ namespace detail {
 template <Window g, core::Storage T>
 void blas_conv_transpose_forward(int c, const T* w, const float* b, const T* x, T* y, std::size_t n, float* scratch)
 {
-    vectorized([&] {
-        const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
-        const int p = g.out_pixels(), k = g.col_rows();        // p = h*w of x, k = cout*kh*kw
-        const int planes = g.h * g.w;
-        if constexpr (std::same_as<T, float>) {
-            std::fill(y, y + n * g.in_size(), 0.0f);
-            for (std::size_t s0 = 0; s0 < n; s0 += m) {
-                const int mm = int(std::min(m, n - s0));
-                float* col = scratch;                                 // (k, mm*p)
-                float* xt = scratch + std::size_t(k) * mm * p;        // (c, mm*p)
-                to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
-                gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
-                col2im<g>(col, mm, y + s0 * g.in_size());
-            }
-            if (!b) return;
-            for (std::size_t s = 0; s < n; ++s)
-                for (int co = 0; co < g.c; ++co) {
-                    float* d = y + (s * g.c + co) * planes;
-                    for (int i = 0; i < planes; ++i) d[i] += b[co];
-                }
-        } else {
-            float* tail = scratch + m * detail::conv_per_sample<g>(c);
-            const float* wf = as_float(w, std::size_t(c) * k, tail);
-            float* yf = tail + std::size_t(c) * k;                    // (mm, cout, oh, ow) in float
-            for (std::size_t s0 = 0; s0 < n; s0 += m) {
-                const int mm = int(std::min(m, n - s0));
-                float* col = scratch;
-                float* xt = scratch + std::size_t(k) * mm * p;
-                to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
-                gemm(true, false, k, mm * p, c, 1.0f, wf, k, xt, mm * p, 0.0f, col, mm * p);
-                std::fill(yf, yf + std::size_t(mm) * g.in_size(), 0.0f);
-                col2im<g>(col, mm, yf);
-                if (b)
-                    for (int s = 0; s < mm; ++s)
-                        for (int co = 0; co < g.c; ++co) {
-                            float* d = yf + (std::size_t(s) * g.c + co) * planes;
-                            for (int i = 0; i < planes; ++i) d[i] += b[co];
-                        }
-                store_float(yf, std::size_t(mm) * g.in_size(), y + s0 * g.in_size());
-            }
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
+    const int p = g.out_pixels(), k = g.col_rows();        // p = h*w of x, k = cout*kh*kw
+    const int planes = g.h * g.w;
+    if constexpr (std::same_as<T, float>) {
+        std::fill(y, y + n * g.in_size(), 0.0f);
+        for (std::size_t s0 = 0; s0 < n; s0 += m) {
+            const int mm = int(std::min(m, n - s0));
+            float* col = scratch;                                 // (k, mm*p)
+            float* xt = scratch + std::size_t(k) * mm * p;        // (c, mm*p)
+            to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
+            gemm(true, false, k, mm * p, c, 1.0f, w, k, xt, mm * p, 0.0f, col, mm * p);
+            col2im<g>(col, mm, y + s0 * g.in_size());
         }
-    });
+        if (!b) return;
+        for (std::size_t s = 0; s < n; ++s)
+            for (int co = 0; co < g.c; ++co) {
+                float* d = y + (s * g.c + co) * planes;
+                for (int i = 0; i < planes; ++i) d[i] += b[co];
+            }
+    } else {
+        float* tail = scratch + m * detail::conv_per_sample<g>(c);
+        const float* wf = as_float(w, std::size_t(c) * k, tail);
+        float* yf = tail + std::size_t(c) * k;                    // (mm, cout, oh, ow) in float
+        for (std::size_t s0 = 0; s0 < n; s0 += m) {
+            const int mm = int(std::min(m, n - s0));
+            float* col = scratch;
+            float* xt = scratch + std::size_t(k) * mm * p;
+            to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
+            gemm(true, false, k, mm * p, c, 1.0f, wf, k, xt, mm * p, 0.0f, col, mm * p);
+            std::fill(yf, yf + std::size_t(mm) * g.in_size(), 0.0f);
+            col2im<g>(col, mm, yf);
+            if (b)
+                for (int s = 0; s < mm; ++s)
+                    for (int co = 0; co < g.c; ++co) {
+                        float* d = yf + (std::size_t(s) * g.c + co) * planes;
+                        for (int i = 0; i < planes; ++i) d[i] += b[co];
+                    }
+            store_float(yf, std::size_t(mm) * g.in_size(), y + s0 * g.in_size());
+        }
+    }
 }
 
 template <Window g, core::Storage T>
 void blas_conv_transpose_backward(int c, const T* w, const T* x, const T* dy, T* dx, float* dw, float* db, std::size_t n,
                                   float* scratch)
 {
-    vectorized([&] {
-        const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
-        const int p = g.out_pixels(), k = g.col_rows();
-        const int planes = g.h * g.w;
-        const float* wf =
-            dx ? as_float(w, std::size_t(c) * k, scratch + m * detail::conv_per_sample<g>(c)) : nullptr;
-        if (db) {
-            std::fill(db, db + g.c, 0.0f);
-            for (std::size_t s = 0; s < n; ++s) sum_cols(dy + s * g.in_size(), g.c, planes, db, true);
+    const std::size_t m = detail::chunk(n, detail::conv_per_sample<g>(c));
+    const int p = g.out_pixels(), k = g.col_rows();
+    const int planes = g.h * g.w;
+    const float* wf =
+        dx ? as_float(w, std::size_t(c) * k, scratch + m * detail::conv_per_sample<g>(c)) : nullptr;
+    if (db) {
+        std::fill(db, db + g.c, 0.0f);
+        for (std::size_t s = 0; s < n; ++s) sum_cols(dy + s * g.in_size(), g.c, planes, db, true);
+    }
+    for (std::size_t s0 = 0; s0 < n; s0 += m) {
+        const int mm = int(std::min(m, n - s0));
+        const float beta = s0 == 0 ? 0.0f : 1.0f;
+        float* col = scratch;
+        float* xt = scratch + std::size_t(k) * mm * p;
+        im2col<g>(dy + s0 * g.in_size(), mm, col);                  // (k, mm*p)
+        to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
+        gemm(false, true, c, k, mm * p, 1.0f, xt, mm * p, col, mm * p, beta, dw, k);
+        if (dx) {
+            gemm(false, false, c, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, xt, mm * p);
+            to_sample_major(xt, mm, c, p, nullptr, dx + s0 * std::size_t(c) * p);
         }
-        for (std::size_t s0 = 0; s0 < n; s0 += m) {
-            const int mm = int(std::min(m, n - s0));
-            const float beta = s0 == 0 ? 0.0f : 1.0f;
-            float* col = scratch;
-            float* xt = scratch + std::size_t(k) * mm * p;
-            im2col<g>(dy + s0 * g.in_size(), mm, col);                  // (k, mm*p)
-            to_channel_major(x + s0 * std::size_t(c) * p, mm, c, p, xt);
-            gemm(false, true, c, k, mm * p, 1.0f, xt, mm * p, col, mm * p, beta, dw, k);
-            if (dx) {
-                gemm(false, false, c, mm * p, k, 1.0f, wf, k, col, mm * p, 0.0f, xt, mm * p);
-                to_sample_major(xt, mm, c, p, nullptr, dx + s0 * std::size_t(c) * p);
-            }
-        }
-    });
+    }
 }
 } // namespace detail
 

@@ -1,5 +1,5 @@
 #pragma once
-// The CPU backend's own loops (BatchNorm, the elementwise maps, pooling, im2col, the optimizers) on
+// The CPU backend's own loops (BatchNorm, the elementwise maps, pooling, the optimizers) on
 // the widest vector instructions that keep their bits, chosen when the program runs: a program built
 // for any x86-64 (SSE2, what compilers target unless told -march) runs them with AVX2 on CPUs that
 // have it, as PyTorch's CPU kernels are chosen at run time.
@@ -11,6 +11,9 @@
 // sums are written out (BatchNorm's lanes), never left to the compiler, which keeps them without
 // -ffast-math. So every form gives the same bits as the baseline on the same inputs: the results do
 // not depend on the CPU's vector width, and a test checks it (set_isa).
+//
+// Each wrapped kernel is compiled twice wherever it is instantiated: wrap only kernels whose wide form
+// makes a step measurably shorter (docs/design.md).
 
 #include <atomic>
 #include <cstdlib>
