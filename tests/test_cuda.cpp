@@ -968,8 +968,11 @@ TEST_CASE("ZeRO-1 on replicas sharing the GPU gives the unsharded bits, both pol
         for (std::size_t r = 0; r < replicas; ++r) CHECK(differences(sharded.replica(r).parameters(), want.first) == "");
         CHECK(sharded.optimizer_state_floats(0) < want.second.size());
         if constexpr (std::is_same_v<typename Model::replica_type, PipeGpt>) {   // the plain model, up to the sums' order
+            // Without the parameters whose gradient is zero in exact arithmetic (key biases, absent
+            // tokens): AdamW turns the float noise of their sums into steps of the learning rate's size.
+            const std::vector<bool> noise = zero_gradient<PipeGpt>(data, Device::cuda(0));
             PipeGpt plain{Device::cuda(0), 5};
-            CHECK(norm_relative(five_steps(plain).first, want.first) < 1e-5);
+            CHECK(norm_relative(without(five_steps(plain).first, noise), without(want.first, noise)) < 1e-5);
         }
     };
     check(std::type_identity<DataParallel<PipeGpt, Threaded>>{}, 2);

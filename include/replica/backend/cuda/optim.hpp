@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "replica/backend/cuda/context.hpp"
@@ -77,9 +78,11 @@ __global__ void sgd(const __grid_constant__ detail::SegmentBatch b, float* w, co
         w[s.begin + j] = wj - rate * (nesterov ? gj + momentum * vj : vj);
     }
 }
-template <int = 0>
+// (m, v) of parameter j are mv[2j], mv[2j + 1]: read and written as one float2 where mv is 8-byte
+// aligned (Paired), else as two floats (an Accumulate's plane of sums before them holds an odd count).
+template <bool Paired>
 __global__ void adam(const __grid_constant__ detail::SegmentBatch b, float* w, const float* grad, bool grad_at_state,
-                     float2* mv, float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                     float* mv, float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
                      float step_size, float bias2_sqrt)
 {
     std::size_t first;
@@ -94,10 +97,14 @@ __global__ void adam(const __grid_constant__ detail::SegmentBatch b, float* w, c
         float wj = w[s.begin + j];
         if (decoupled) wj *= shrink;
         else gj += wd * wj;
-        float2 m = mv[s.state + j];
+        float* at = mv + 2 * (s.state + j);
+        float2 m;
+        if constexpr (Paired) m = *reinterpret_cast<const float2*>(at);
+        else m = make_float2(at[0], at[1]);
         m.x = beta1 * m.x + (1.0f - beta1) * gj;
         m.y = beta2 * m.y + (1.0f - beta2) * gj * gj;
-        mv[s.state + j] = m;
+        if constexpr (Paired) *reinterpret_cast<float2*>(at) = m;
+        else at[0] = m.x, at[1] = m.y;
         w[s.begin + j] = wj - step * m.x / (sqrtf(m.y) / bias2_sqrt + eps);
     }
 }
@@ -129,15 +136,16 @@ inline void sgd_update(const Context& ctx, float* w, const float* grad, float* v
 }
 
 // The CPU backend's rule, PyTorch's Adam and AdamW: state holds (m, v) per trainable parameter,
-// interleaved (state is 8-byte aligned: the model's state buffer, at an even offset).
+// interleaved. It is 4-byte aligned only where an Accumulate's sums (one float a parameter) come first.
 inline void adam_update(const Context& ctx, float* w, const float* grad, float* state,
                         std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float beta1,
                         float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
+    const bool paired = reinterpret_cast<std::uintptr_t>(state) % alignof(float2) == 0;
     detail::for_segment_batches(segments, [&](const detail::SegmentBatch& b, unsigned blocks) {
-        kernels::adam<<<blocks, detail::kThreads, 0, ctx.stream()>>>(
-            b, w, grad, at == core::GradientAt::state, reinterpret_cast<float2*>(state), lr, beta1, beta2, eps,
-            weight_decay, decoupled, step_size, bias2_sqrt);
+        auto* kernel = paired ? kernels::adam<true> : kernels::adam<false>;
+        kernel<<<blocks, detail::kThreads, 0, ctx.stream()>>>(b, w, grad, at == core::GradientAt::state, state, lr, beta1,
+                                                              beta2, eps, weight_decay, decoupled, step_size, bias2_sqrt);
         detail::check_launch("adam");
     });
 }
