@@ -120,7 +120,7 @@ TEST_CASE("The CPU's vectorized loops give the baseline's bits: CNNs with BatchN
           "[cpu][models]")
 {
     if (!backend::cpu::cpu_has(backend::cpu::Isa::avx2)) {
-        WARN("this CPU has no AVX2: only the baseline runs here");
+        WARN("this CPU has no AVX2, or this build no AVX2 form (unoptimised): only the baseline runs here");
         return;
     }
     const ConvPathScope blas(backend::cpu::ConvPath::blas);   // im2col's layout passes

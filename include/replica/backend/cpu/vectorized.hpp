@@ -28,7 +28,9 @@ namespace REPLICA_NAMESPACE::backend::cpu {
 // The vector instructions vectorized() runs: the build's (baseline), or AVX2.
 enum class Isa { baseline, avx2 };
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Only in optimised builds: unoptimised code is not vectorised in either form, and the second form
+// would only add to the compile time (a debug build; the CUDA test programs where no GPU runs them).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__OPTIMIZE__)
 #define REPLICA_CPU_AVX2 1
 #endif
 
@@ -49,7 +51,7 @@ inline Isa isa_from_environment()
     if (s.empty()) return host_isa();
     if (s == "baseline") return Isa::baseline;
     core::require(s == "avx2", "REPLICA_CPU_ISA is '" + std::string(s) + "': say baseline or avx2");
-    core::require(host_isa() == Isa::avx2, "REPLICA_CPU_ISA=avx2, but this CPU (or this build's compiler) has no AVX2");
+    core::require(host_isa() == Isa::avx2, "REPLICA_CPU_ISA=avx2, but this CPU has no AVX2, or this build no AVX2 form (it needs GCC or Clang on x86-64, optimising)");
     return Isa::avx2;
 }
 inline std::atomic<Isa>& isa_setting()
@@ -74,7 +76,7 @@ inline bool cpu_has(Isa i) { return i == Isa::baseline || detail::host_isa() == 
 // Process-wide (tests compare the forms): throws where the CPU lacks `i`.
 inline void set_isa(Isa i)
 {
-    core::require(cpu_has(i), "set_isa: this CPU (or this build's compiler) has no AVX2");
+    core::require(cpu_has(i), "set_isa: this CPU has no AVX2, or this build no AVX2 form (it needs GCC or Clang on x86-64, optimising)");
     detail::isa_setting() = i;
 }
 
