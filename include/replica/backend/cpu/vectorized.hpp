@@ -44,6 +44,8 @@ inline Isa host_isa()
 #endif
     return Isa::baseline;
 }
+inline constexpr const char* no_avx2_form =
+    "this CPU has no AVX2, or this build no AVX2 form (it needs GCC or Clang on x86-64, optimising)";
 inline Isa isa_from_environment()
 {
     const char* v = std::getenv("REPLICA_CPU_ISA");
@@ -51,7 +53,7 @@ inline Isa isa_from_environment()
     if (s.empty()) return host_isa();
     if (s == "baseline") return Isa::baseline;
     core::require(s == "avx2", "REPLICA_CPU_ISA is '" + std::string(s) + "': say baseline or avx2");
-    core::require(host_isa() == Isa::avx2, "REPLICA_CPU_ISA=avx2, but this CPU has no AVX2, or this build no AVX2 form (it needs GCC or Clang on x86-64, optimising)");
+    core::require(host_isa() == Isa::avx2, std::string("REPLICA_CPU_ISA=avx2, but ") + no_avx2_form);
     return Isa::avx2;
 }
 inline std::atomic<Isa>& isa_setting()
@@ -76,7 +78,7 @@ inline bool cpu_has(Isa i) { return i == Isa::baseline || detail::host_isa() == 
 // Process-wide (tests compare the forms): throws where the CPU lacks `i`.
 inline void set_isa(Isa i)
 {
-    core::require(cpu_has(i), "set_isa: this CPU has no AVX2, or this build no AVX2 form (it needs GCC or Clang on x86-64, optimising)");
+    core::require(cpu_has(i), std::string("set_isa: ") + detail::no_avx2_form);
     detail::isa_setting() = i;
 }
 
