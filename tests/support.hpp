@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -18,6 +21,31 @@
 #include "replica/core/error.hpp"
 
 namespace replica::testing {
+
+// A file's bytes as Byte (char or unsigned char); none where it cannot be read.
+template <class Byte = unsigned char>
+std::vector<Byte> file_bytes(const std::filesystem::path& file)
+{
+    std::ifstream in(file, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Writes `bytes` to `file` (its folder made where missing), replacing it; throws where the write
+// fails (the test case then fails).
+template <class Byte>
+    requires(sizeof(Byte) == 1)
+void write_bytes(const std::filesystem::path& file, const std::vector<Byte>& bytes)
+{
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    if (!out.good()) throw std::runtime_error("could not write " + file.string());
+}
+// The same for a braced list of bytes ({0, 0, 8}, {'a', 'b'}).
+inline void write_bytes(const std::filesystem::path& file, const std::vector<unsigned char>& bytes)
+{
+    write_bytes<unsigned char>(file, bytes);
+}
 
 // A fresh folder under the system's temporary directory, removed with everything in it at the end.
 class TempDir {

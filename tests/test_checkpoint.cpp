@@ -18,10 +18,16 @@
 #include "replica/data/synthetic.hpp"
 #include "replica/train/checkpoint.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_checkpoint {
+
 using namespace replica;
 namespace fs = std::filesystem;
 
 using replica::testing::TempDir;
+using replica::testing::file_bytes;
+using replica::testing::write_bytes;
 
 namespace {
 
@@ -39,19 +45,6 @@ static_assert(train::Checkpointable<LeNet>);
 static_assert(train::Checkpointable<DataParallel<LeNet>>);
 static_assert(train::Checkpointable<AutoParallel<Tiny>>);
 static_assert(!train::Checkpointable<int>);
-
-std::vector<char> read_bytes(const fs::path& file)
-{
-    std::ifstream in(file, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& file, const std::vector<char>& bytes)
-{
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    REQUIRE(out.good());
-}
 
 // Runs f; requires that it throws replica::Error whose message contains every one of `parts`.
 template <class F>
@@ -204,7 +197,7 @@ TEST_CASE("a truncated checkpoint is refused and the model is untouched", "[cpu]
     Tiny saved{Device::cpu(), 1};
     train_once(saved);
     save_checkpoint(good, saved, sample_state());
-    const std::vector<char> bytes = read_bytes(good);
+    const std::vector<char> bytes = file_bytes<char>(good);
     REQUIRE(bytes.size() == 88 + 3 * 40 + 4 * 2 * Tiny::param_count + 4);
 
     Tiny model{Device::cpu(), 2};
@@ -228,7 +221,7 @@ TEST_CASE("a damaged checkpoint is refused as corrupt", "[cpu]")
     Tiny saved{Device::cpu(), 1};
     train_once(saved);
     save_checkpoint(good, saved, sample_state());
-    const std::vector<char> bytes = read_bytes(good);
+    const std::vector<char> bytes = file_bytes<char>(good);
 
     Tiny model{Device::cpu(), 2};
     const auto before = model.parameters();
@@ -356,14 +349,14 @@ TEST_CASE("a failed save leaves the previous checkpoint intact", "[cpu]")
     Tiny first{Device::cpu(), 1};
     train_once(first);
     save_checkpoint(file, first, sample_state());
-    const std::vector<char> before = read_bytes(file);
+    const std::vector<char> before = file_bytes<char>(file);
 
     // The temporary file cannot be created where a directory stands (root ignores permissions).
     fs::create_directories(dir / "model.ckpt.tmp");
     Tiny second{Device::cpu(), 2};
     require_error([&] { save_checkpoint(file, second, {.epoch = 9}); },
                   {"cannot write checkpoint " + file.string(), "model.ckpt.tmp", "Is a directory"});
-    REQUIRE(read_bytes(file) == before);
+    REQUIRE(file_bytes<char>(file) == before);
     REQUIRE(fs::is_directory(dir / "model.ckpt.tmp"));
 
     Tiny loaded{Device::cpu(), 3};
@@ -379,3 +372,5 @@ TEST_CASE("a failed save leaves the previous checkpoint intact", "[cpu]")
         REQUIRE(fs::is_directory(taken / "inside"));
     }
 }
+
+} // namespace test_checkpoint

@@ -6,6 +6,10 @@
 #include "catch.hpp"
 #include "replica/replica.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_core {
+
 using namespace replica;
 
 static_assert(Shape<1, 28, 28>::rank == 3 && Shape<1, 28, 28>::size == 784);
@@ -130,3 +134,5 @@ TEST_CASE("A failing replica releases the others from the all-reduce", "[cpu]")
                     }),
                     Error);
 }
+
+} // namespace test_core

@@ -25,11 +25,17 @@
 #include "replica/data/synthetic.hpp"
 #include "replica/data/token_file.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_data {
+
 namespace fs = std::filesystem;
 using namespace replica;
 
 
 using replica::testing::TempDir;
+using replica::testing::file_bytes;
+using replica::testing::write_bytes;
 
 using replica::testing::error_message;
 
@@ -44,18 +50,6 @@ using replica::testing::error_message;
 namespace {
 
 // A fresh directory under the system temp directory, removed with its files at scope exit.
-
-std::vector<std::uint8_t> file_bytes(const fs::path& file)
-{
-    std::ifstream in(file, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& file, const std::vector<std::uint8_t>& bytes)
-{
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-}
 
 void write_gz(const fs::path& file, const std::vector<std::uint8_t>& bytes)
 {
@@ -770,3 +764,5 @@ TEST_CASE("TokenFile's encode and decode round-trip every byte", "[cpu][data][to
     REQUIRE_ERROR(TokenFile::decode(std::vector<std::int32_t>{-1}), "id -1 at position 0");
     CHECK(TokenFile::printable("a\\b\n\tc\x01\xff~") == "a\\\\b\\n\\tc\\x01\\xFF~");
 }
+
+} // namespace test_data

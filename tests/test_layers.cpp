@@ -27,6 +27,10 @@
 #include "seeds.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_layers {
+
 namespace {
 
 using namespace replica;
@@ -1194,3 +1198,5 @@ TEST_CASE("oneDNN's convolutions equal im2col's within float rounding: forward, 
     onednn_matches_im2col<Window{4, 1, 20, 1, 5, 1, 2, 0, 2, 1, 10}>(6, 3, rng);    // 1-D, stride 2, padding 2
 }
 #endif
+
+} // namespace test_layers

@@ -17,6 +17,10 @@
 #include "models.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_layouts {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -711,3 +715,5 @@ TEST_CASE("An Accumulate of a ClipGradNorm over a TensorParallel, a Pipeline and
                                                      1e-6);
     }
 }
+
+} // namespace test_layouts

@@ -15,6 +15,10 @@
 #include "replica/train/trainer.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_loss_scale {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -380,3 +384,5 @@ TEST_CASE("LossScale refuses options out of range, saying the range", "[cpu][los
     train_step(b, off, data.batch(0));
     CHECK(differences(parameters(a), parameters(b)) == "");
 }
+
+} // namespace test_loss_scale

@@ -4,6 +4,10 @@
 #include "models.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_model {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -242,3 +246,5 @@ TEST_CASE("Staging copies a step's batch on the copy stream into the step's buff
     CHECK(same(xc, lc_d, c, lc));
     CHECK(dev.log == std::vector<std::string>{"stage", "stage"});
 }
+
+} // namespace test_model

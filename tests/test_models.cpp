@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <vector>
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_models {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -141,3 +145,5 @@ TEST_CASE("The CPU's vectorized loops give the baseline's bits: CNNs with BatchN
         same_bits_on_every_isa<TinyGpt>(AdamW{{.lr = 1e-3f}}, TokenBatches<TinyGpt>(4, 9));
     }
 }
+
+} // namespace test_models

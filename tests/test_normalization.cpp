@@ -19,6 +19,10 @@
 #include "seeds.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_normalization {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -685,3 +689,5 @@ TEST_CASE("BatchNorm's CPU kernels against float64 over long and short rows", "[
         }
     }
 }
+
+} // namespace test_normalization

@@ -22,6 +22,10 @@
 #include "replica/train/trainer.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_optim {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -206,11 +210,6 @@ struct StatsNet : TorchNet {
 };
 static_assert(train::HasStatistics<StatsNet> && train::statistics_count_of<TorchNet>() == 0);
 
-std::vector<unsigned char> file_bytes(const std::filesystem::path& p)
-{
-    std::ifstream in(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 // Writes bytes with their last four replaced by the right CRC-32: a file whose checksum holds.
 void write_sealed(const std::filesystem::path& p, std::vector<unsigned char> b)
 {
@@ -548,3 +547,5 @@ TEST_CASE("ClipGradNorm: a clipped gradient's global norm is the bound, an uncli
 
     CHECK(error_message([] { ClipGradNorm bad{SGD{}, 0.0f}; }).find("max_norm must be > 0") != std::string::npos);
 }
+
+} // namespace test_optim

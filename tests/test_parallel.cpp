@@ -8,6 +8,10 @@
 #include "models.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_parallel {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -282,8 +286,10 @@ TEST_CASE("Bad device lists are refused with a clear error", "[cpu][parallel]")
 // ---- auto_parallel: compile-time decisions ----
 
 using OptOutNet = Sequential<Input<4>, Linear<2>>;
+} // namespace test_parallel
 template <>
-inline constexpr bool replica::disable_auto_data_parallelism<OptOutNet> = true;
+inline constexpr bool replica::disable_auto_data_parallelism<test_parallel::OptOutNet> = true;
+namespace test_parallel {
 
 static_assert(std::same_as<decltype(auto_parallel(LeNet{Device::cpu()})), AutoParallel<LeNet>>);
 static_assert(std::same_as<decltype(auto_parallel(SmallAlexNet<Threaded>{Device::cpu()})), SmallAlexNet<Threaded>>,
@@ -504,3 +510,5 @@ TEST_CASE("The reproducible mode refuses a bf16 all-reduce, when the Trainer is 
           }).find("CPU replicas over MPI reduce in fp32") != std::string::npos);
     CHECK(parallel::make_communicator(contexts, 2, &processes) != nullptr);
 }
+
+} // namespace test_parallel

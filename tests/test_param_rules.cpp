@@ -16,6 +16,10 @@
 #include "seeds.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_param_rules {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -243,3 +247,5 @@ TEST_CASE("A rule spans a nested DataParallel: its replicas update their slice a
     CHECK(std::equal(b.begin(), b.begin() + 8 * 16 + 16, initial.begin()));
     CHECK(nested.optimizer_state().size() == 2 * Nested::trainable_count);
 }
+
+} // namespace test_param_rules

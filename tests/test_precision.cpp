@@ -30,6 +30,10 @@
 #include "seeds.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_precision {
+
 namespace {
 
 using namespace replica;
@@ -729,3 +733,5 @@ TEST_CASE("oneDNN's bf16 convolutions, on a CPU with bf16 products: the float su
     SECTION("5x5 over one channel (LeNet's first)") { check_onednn_bf16<core::Window{1, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>(6, 5, rng); }
 }
 #endif
+
+} // namespace test_precision

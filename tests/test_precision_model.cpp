@@ -11,6 +11,10 @@
 #include "replica/replica.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_precision_model {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -261,3 +265,5 @@ TEST_CASE("bf16 and fp16 keep the converted input in a gradient buffer where it 
     input_in_gradient_buffer<bf16>();
     input_in_gradient_buffer<fp16>();
 }
+
+} // namespace test_precision_model

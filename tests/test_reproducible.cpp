@@ -12,6 +12,10 @@
 #include "models.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_reproducible {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -356,3 +360,5 @@ TEST_CASE("Fixed-point sums: every path gives to_fixed's integers", "[cpu][repro
         CHECK_THROWS_AS(core::add_fixed(rows.data() + n, acc.data(), n), core::FixedRangeError);
     }
 }
+
+} // namespace test_reproducible

@@ -36,28 +36,21 @@
 #include "replica/train/checkpoint.hpp"
 #include "replica/train/trainer.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_robust {
+
 using namespace replica;
 namespace fs = std::filesystem;
 using replica::testing::error_message;
 using replica::testing::TempDir;
+using replica::testing::file_bytes;
+using replica::testing::write_bytes;
 
 namespace {
 
 using Small = Sequential<Input<6>, Linear<5>, ReLU, Linear<3>>;
 using OneFeature = Sequential<Input<1>, Linear<2>>;
-
-std::vector<unsigned char> read_bytes(const fs::path& file)
-{
-    std::ifstream in(file, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& file, const std::vector<unsigned char>& bytes)
-{
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    REQUIRE(out.good());
-}
 
 void put_u64(std::vector<unsigned char>& b, std::size_t at, std::uint64_t v)
 {
@@ -157,7 +150,7 @@ TEST_CASE("a diverging run stops with an error naming the step and the causes; i
         Trainer good{model, opt, quiet({.batch_size = 16, .epochs = 1, .checkpoint = ckpt})};
         good.fit(set);
     }
-    const auto saved = read_bytes(ckpt);
+    const auto saved = file_bytes(ckpt);
     const auto before = model.parameters();
     REQUIRE(all_finite(before));
 
@@ -167,7 +160,7 @@ TEST_CASE("a diverging run stops with an error naming the step and the causes; i
     require_message(message, {"training diverged: the loss of step ", "(epoch 2, batch ", "of 4) is ",
                               "a learning rate too high", "NaN or infinite values produced from the inputs",
                               "The last checkpoint, " + ckpt.string() + ", is unchanged", "--skip-nonfinite"});
-    REQUIRE(read_bytes(ckpt) == saved);   // the last good checkpoint, byte for byte
+    REQUIRE(file_bytes(ckpt) == saved);   // the last good checkpoint, byte for byte
     Small reloaded{Device::cpu(), 2};
     load_checkpoint(ckpt, reloaded);
     REQUIRE(reloaded.parameters() == before);
@@ -211,14 +204,14 @@ TEST_CASE("a checkpoint is never written with NaN or infinite values", "[cpu][ro
     const fs::path ckpt = dir / "m.ckpt";
     Small model{Device::cpu(), 1};
     save_checkpoint(ckpt, model, {});
-    const auto saved = read_bytes(ckpt);
+    const auto saved = file_bytes(ckpt);
     auto w = model.parameters();
     w[4] = std::nanf("");
     model.set_parameters(w);
     require_message(error_message([&] { save_checkpoint(ckpt, model, {.epoch = 1}); }),
                     {"not writing checkpoint " + ckpt.string(), "parameter 4 is nan", "training has diverged",
                      "previous checkpoint, if any, is unchanged"});
-    REQUIRE(read_bytes(ckpt) == saved);
+    REQUIRE(file_bytes(ckpt) == saved);
     REQUIRE(!fs::exists(dir / "m.ckpt.tmp"));
 }
 
@@ -235,7 +228,7 @@ TEST_CASE("a checkpoint reader never reads more than the header and the model al
     SECTION("a pipe that never ends, after a valid header") {
         const fs::path saved = dir / "m.ckpt", fifo = dir / "endless";
         save_checkpoint(saved, model, {});
-        const auto header = read_bytes(saved);
+        const auto header = file_bytes(saved);
         REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
         ::signal(SIGPIPE, SIG_IGN);   // the writer learns of the closed reader from write()
         std::thread writer([&] {
@@ -262,12 +255,12 @@ TEST_CASE("a checkpoint reader never reads more than the header and the model al
     SECTION("a header that claims more than any checkpoint holds") {
         const fs::path file = dir / "huge.ckpt";
         save_checkpoint(file, model, {});
-        auto bytes = read_bytes(file);
+        auto bytes = file_bytes(file);
         put_u64(bytes, 60, std::uint64_t{1} << 60);   // history records
         write_bytes(file, bytes);
         require_message(error_message([&] { load_checkpoint(file, model); }),
                         {"is corrupt (its header claims 1152921504606846976 history records"});
-        bytes = read_bytes(file);
+        bytes = file_bytes(file);
         put_u64(bytes, 60, 0);
         put_u64(bytes, 28, std::uint64_t{17} * Small::param_count);   // optimizer values
         write_bytes(file, bytes);
@@ -290,7 +283,7 @@ TEST_CASE("a checkpoint with a valid checksum but nonsense content is refused", 
     SGD opt{{.lr = 0.05f, .momentum = 0.9f}};
     Trainer first{trained, opt, quiet({.batch_size = 8, .epochs = 2, .checkpoint = good})};
     first.fit(set);
-    const auto bytes = read_bytes(good);
+    const auto bytes = file_bytes(good);
     const std::size_t records = 88, params = 88 + 2 * 40;   // offsets
     REQUIRE(bytes.size() == params + 4 * 2 * Small::param_count + 4);
 
@@ -415,9 +408,9 @@ TEST_CASE("the tuning cache keeps records for a later run, in a folder it makes,
 
     // The bytes round-trip whole.
     core::TuningRecords read;
-    REQUIRE(core::decode_tuning_records(read_bytes(folder / "tuning.bin"), read) == "");
+    REQUIRE(core::decode_tuning_records(file_bytes(folder / "tuning.bin"), read) == "");
     CHECK(read == core::TuningRecords{{tuning_key(1), tuning_value(1)}, {tuning_key(2), tuning_value(2)}});
-    CHECK(core::encode_tuning_records(read) == read_bytes(folder / "tuning.bin"));
+    CHECK(core::encode_tuning_records(read) == file_bytes(folder / "tuning.bin"));
 }
 
 TEST_CASE("the tuning cache's folder: the option, else REPLICA_CACHE_DIR, else XDG_CACHE_HOME, else HOME",
@@ -461,7 +454,7 @@ TEST_CASE("a tuning cache file that is not whole is ignored with one log line, n
         cache.record(tuning_key(1), tuning_value(1), quiet);
         REQUIRE(quiet.str().empty());
     }
-    const std::vector<unsigned char> good = read_bytes(file);
+    const std::vector<unsigned char> good = file_bytes(file);
     REQUIRE(good.size() > 100);
     auto resealed = [](std::vector<unsigned char> b) {   // a valid checksum over what the bytes now say
         put_u64(b, b.size() - 8, core::detail::fnv1a(std::span(b).first(b.size() - 8)));
@@ -611,7 +604,7 @@ TEST_CASE("two writers of one tuning cache: a reader sees a whole file, each wri
     reader.join();
     for (const auto& l : logs) CHECK(l.str().empty());
     core::TuningRecords records;
-    REQUIRE(core::decode_tuning_records(read_bytes(shared / "tuning.bin"), records) == "");
+    REQUIRE(core::decode_tuning_records(file_bytes(shared / "tuning.bin"), records) == "");
     CHECK(records.size() >= kEach);   // at least the last writer's, every one of them
     // How many records survive depends on the threads' order: one assertion each, whatever the count,
     // so that every run of the suite counts the same assertions.
@@ -622,3 +615,5 @@ TEST_CASE("two writers of one tuning cache: a reader sees a whole file, each wri
         others += entry.path().filename() == "tuning.bin" ? 0 : 1;
     CHECK(others == 0);
 }
+
+} // namespace test_robust

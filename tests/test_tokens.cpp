@@ -17,6 +17,10 @@
 #include "seeds.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_tokens {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -398,3 +402,5 @@ TEST_CASE("An fp16 GPT with dynamic loss scaling, accumulation and the mean clip
     CHECK(e < 1e-4);
     CHECK(norm_relative(parameters(whole), parameters(unclipped)) > 1e-3);
 }
+
+} // namespace test_tokens

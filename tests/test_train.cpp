@@ -7,6 +7,10 @@
 #include "replica/data/fashion_mnist.hpp"
 #include "replica/train/trainer.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_train {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -122,3 +126,5 @@ TEST_CASE("The Trainer refuses data that does not fit the model", "[cpu]")
         CHECK(std::string(e.what()).find("the model's Input needs 784") != std::string::npos);
     }
 }
+
+} // namespace test_train

@@ -17,6 +17,10 @@
 #include "models.hpp"
 #include "support.hpp"
 
+// The runner compiles the test files in groups (tests/meson.build): this file's names stay in its own
+// namespace.
+namespace test_transformer {
+
 using namespace replica;
 using namespace replica::testing;
 
@@ -468,3 +472,5 @@ TEST_CASE("generate refuses an empty prompt, ids outside the vocabulary, tempera
     CHECK_THROWS_WITH(decoder.push(64), Catch::Contains("token id 64"));
     CHECK_THROWS_AS(Decoder<TinyGpt>(std::vector<float>(10)), Error);
 }
+
+} // namespace test_transformer
