@@ -69,7 +69,7 @@ try {
     examples::count_option(app, "--steps", steps, "timed steps (gpt2: updates)", 1, 1000000);
     examples::count_option(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
     dev.add(app, "all (every GPU, or the CPU)", {"single", "threaded", "auto"});
-    examples::count_option(app, "--blas-threads", blas_threads, "OpenBLAS threads for CPU runs (0: leave as is)", 0, 1024);
+    examples::count_option(app, "--blas-threads", blas_threads, "threads of the CPU backend's calls (products, oneDNN, its own loops; 0: leave as is)", 0, 1024);
     repro.add(app);
     examples::count_option(app, "--bucket-floats", bucket_floats,
                            "gradient all-reduce buckets of at least this many floats (0: the default, 1 Mi)", 0,

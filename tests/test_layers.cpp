@@ -6,6 +6,7 @@
 // command that reruns it; REPLICA_TEST_SEED=<seed> runs them on another, scripts/soak on many.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -546,6 +547,97 @@ TEST_CASE("Max pooling: the first maximum in scan order wins, NaN never, a windo
         want[s * 16 + 10] = dy[s * 4 + 3];   // ties at 5
     }
     CHECK(dx == want);
+}
+
+// The backend's threads (backend/cpu/threads.hpp) split BatchNorm's sums by channel, its other passes,
+// pooling and dropout by rows and the elementwise maps by blocks of values: each value is computed as
+// on one thread, so 2 and 3 threads give one thread's bits. The tensors are large enough that every
+// loop is split three ways (backend::cpu::parallel_min_values).
+namespace {
+class ThreadsScope {
+public:
+    explicit ThreadsScope(int n) : before_(backend::cpu::blas_threads()) { backend::cpu::set_blas_threads(n); }
+    ~ThreadsScope() { backend::cpu::set_blas_threads(before_); }
+    ThreadsScope(const ThreadsScope&) = delete;
+    ThreadsScope& operator=(const ThreadsScope&) = delete;
+
+private:
+    int before_;
+};
+
+// Every threaded loop's outputs, one after another, on `threads` threads.
+std::vector<float> threaded_loops(int threads, std::uint64_t seed)
+{
+    const ThreadsScope scope(threads);
+    constexpr std::size_t n = 8, c = 16, inner = 28 * 28, count = n * c * inner;
+    static_assert(count >= 3 * backend::cpu::parallel_min_values, "every loop split three ways");
+    std::mt19937_64 rng(seed);
+    const std::vector<float> x = uniform(count, -2.0f, 2.0f, rng), dy = uniform(count, -1.0f, 1.0f, rng),
+                             addend = uniform(count, -1.0f, 1.0f, rng), weight = uniform(c, 0.5f, 1.5f, rng),
+                             bias = uniform(c, -0.5f, 0.5f, rng), shift = uniform(c, -0.1f, 0.1f, rng);
+    const Ctx ctx{Device::cpu()};
+    std::vector<float> out;
+    const auto keep = [&out](const std::vector<float>& v) { out.insert(out.end(), v.begin(), v.end()); };
+
+    std::vector<float> sums(2 * c + 1), mean(c), invstd(c), y(count), dparams(2 * c), dx(count);
+    backend::cpu::batch_norm_sums(ctx, x.data(), n, c, inner, shift.data(), sums.data(), nullptr);
+    for (std::size_t ch = 0; ch < c; ++ch) {
+        const double m = sums[ch] / double(n * inner);
+        mean[ch] = float(shift[ch] + m);
+        invstd[ch] = float(1.0 / std::sqrt(std::max(sums[c + ch] / double(n * inner) - m * m, 0.0) + 1e-5));
+    }
+    backend::cpu::batch_norm_apply(ctx, x.data(), y.data(), n, c, inner, weight.data(), bias.data(), mean.data(),
+                                   invstd.data(), true, addend.data());
+    const backend::ReluAfter<float> relu{weight.data(), bias.data()};
+    backend::cpu::batch_norm_backward_sums(ctx, x.data(), dy.data(), n, c, inner, mean.data(), invstd.data(),
+                                           dparams.data(), nullptr, relu);
+    const float values = float(n * inner);
+    backend::cpu::batch_norm_backward_input(ctx, x.data(), dy.data(), dx.data(), n, c, inner, weight.data(), mean.data(),
+                                            invstd.data(), dparams.data(), &values, relu);
+    keep(sums), keep(y), keep(dparams), keep(dx);
+
+    constexpr core::Window maxw{c, 28, 28, 3, 3, 2, 2, 1, 1, 14, 14}, avgw{c, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14};
+    std::vector<float> pooled(n * maxw.c * std::size_t(maxw.out_pixels()));
+    std::vector<core::pool_position_t<maxw>> arg(pooled.size());
+    backend::cpu::max_pool_forward<maxw>(ctx, x.data(), pooled.data(), arg.data(), n);
+    backend::cpu::max_pool_backward<maxw>(ctx, arg.data(), dy.data(), dx.data(), n);
+    keep(pooled), keep(dx);
+    out.insert(out.end(), arg.begin(), arg.end());
+    backend::cpu::avg_pool_forward<avgw>(ctx, x.data(), pooled.data(), n);
+    backend::cpu::avg_pool_backward<avgw>(ctx, dy.data(), dx.data(), n);
+    keep(pooled), keep(dx);
+
+    backend::cpu::gelu_forward(ctx, x.data(), y.data(), count);
+    backend::cpu::gelu_backward(ctx, x.data(), dy.data(), dx.data(), count);
+    keep(y), keep(dx);
+    backend::cpu::add_into(ctx, x.data(), addend.data(), y.data(), count, true);
+    backend::cpu::add(ctx, dy.data(), y.data(), count);
+    backend::cpu::dropout_apply(ctx, 0.3f, 5, 2, 40, x.data(), dx.data(), n, c * inner, c);
+    keep(y), keep(dx);
+    return out;
+}
+} // namespace
+
+TEST_CASE("The CPU's threaded loops give one thread's bits: BatchNorm with ReLU and an addend, pooling, maps, "
+          "dropout",
+          "[cpu][layers]")
+{
+    if (!backend::cpu::has_onednn) {
+        WARN("a build without oneDNN runs the backend's own loops on one thread: nothing to compare");
+        return;
+    }
+    const std::uint64_t seed = testing::test_seed();
+    INFO(testing::rerun(seed));
+    const std::vector<float> one = threaded_loops(1, seed);
+    for (int threads : {2, 3}) {
+        const std::vector<float> many = threaded_loops(threads, seed);
+        REQUIRE(many.size() == one.size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < one.size(); ++i)
+            differ += std::bit_cast<std::uint32_t>(one[i]) != std::bit_cast<std::uint32_t>(many[i]);
+        CAPTURE(threads, one.size());
+        CHECK(differ == 0);
+    }
 }
 
 TEST_CASE("Pooling gradients match finite differences", "[cpu][layers][gradient]")

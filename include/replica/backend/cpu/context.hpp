@@ -11,6 +11,7 @@
 #include <string>
 
 #include "replica/backend/contract.hpp"
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/device.hpp"
 #include "replica/core/event.hpp"
@@ -153,11 +154,5 @@ private:
 #endif
 };
 static_assert(backend::Context<Context>);
-
-// Threads OpenBLAS may use for one call, and oneDNN's primitives too (cpu/onednn/runtime.hpp). Global
-// to the process (OpenBLAS has no per-call setting): backend::SerialHostKernels sets it to 1 for a
-// scope (replicas on their own threads; the reproducible mode).
-inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
-inline int blas_threads() { return openblas_get_num_threads(); }
 
 } // namespace replica::backend::cpu

@@ -14,6 +14,7 @@
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/fixed_point.hpp"
@@ -27,15 +28,20 @@ namespace detail {
 template <core::Storage T, class F>
 void map1(const T* x, T* y, std::size_t count, F f)
 {
-    vectorized([&] {
-        for (std::size_t i = 0; i < count; ++i) y[i] = core::from_float<T>(f(core::to_float(x[i])));
+    parallel_values(count, [&](std::size_t begin, std::size_t end) {
+        vectorized([&] {
+            for (std::size_t i = begin; i < end; ++i) y[i] = core::from_float<T>(f(core::to_float(x[i])));
+        });
     });
 }
 template <core::Storage T, class F>
 void map2(const T* a, const T* dy, T* dx, std::size_t count, F f)
 {
-    vectorized([&] {
-        for (std::size_t i = 0; i < count; ++i) dx[i] = core::from_float<T>(f(core::to_float(a[i]), core::to_float(dy[i])));
+    parallel_values(count, [&](std::size_t begin, std::size_t end) {
+        vectorized([&] {
+            for (std::size_t i = begin; i < end; ++i)
+                dx[i] = core::from_float<T>(f(core::to_float(a[i]), core::to_float(dy[i])));
+        });
     });
 }
 } // namespace detail
@@ -121,14 +127,16 @@ template <core::Storage T>
 void dropout_apply(const Context&, float p, std::uint64_t seed, std::uint32_t layer, std::uint64_t first_sample,
                    const T* x, T* y, std::size_t n, std::size_t size, std::size_t /*channels*/)
 {
-    vectorized([&] {
-        const float scale = 1.0f / (1.0f - p);
-        for (std::size_t s = 0; s < n; ++s)
-            for (std::size_t e = 0; e < size; ++e) {
-                const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
-                                                     std::uint32_t(e));
-                y[s * size + e] = core::from_float<T>(u >= p ? core::to_float(x[s * size + e]) * scale : 0.0f);
-            }
+    const float scale = 1.0f / (1.0f - p);
+    parallel_rows(n, n * size, [&](std::size_t s0, std::size_t s1) {   // samples [s0, s1)
+        vectorized([&] {
+            for (std::size_t s = s0; s < s1; ++s)
+                for (std::size_t e = 0; e < size; ++e) {
+                    const float u = core::random_uniform(seed, core::Stream::dropout, layer, first_sample + s,
+                                                         std::uint32_t(e));
+                    y[s * size + e] = core::from_float<T>(u >= p ? core::to_float(x[s * size + e]) * scale : 0.0f);
+                }
+        });
     });
 }
 
@@ -176,8 +184,11 @@ void fill(const Context&, T* dst, float value, std::size_t count)
 template <core::Storage T>
 void add(const Context&, const T* src, T* dst, std::size_t count)
 {
-    vectorized([&] {
-        for (std::size_t i = 0; i < count; ++i) dst[i] = core::from_float<T>(core::to_float(dst[i]) + core::to_float(src[i]));
+    parallel_values(count, [&](std::size_t begin, std::size_t end) {
+        vectorized([&] {
+            for (std::size_t i = begin; i < end; ++i)
+                dst[i] = core::from_float<T>(core::to_float(dst[i]) + core::to_float(src[i]));
+        });
     });
 }
 
@@ -185,11 +196,13 @@ void add(const Context&, const T* src, T* dst, std::size_t count)
 template <core::Storage T>
 void add_into(const Context&, const T* a, const T* b, T* y, std::size_t count, bool relu)
 {
-    vectorized([&] {
-        for (std::size_t i = 0; i < count; ++i) {
-            const float v = core::to_float(a[i]) + core::to_float(b[i]);
-            y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
-        }
+    parallel_values(count, [&](std::size_t begin, std::size_t end) {
+        vectorized([&] {
+            for (std::size_t i = begin; i < end; ++i) {
+                const float v = core::to_float(a[i]) + core::to_float(b[i]);
+                y[i] = core::from_float<T>(relu && v < 0.0f ? 0.0f : v);
+            }
+        });
     });
 }
 

@@ -18,6 +18,7 @@
 #include "replica/backend/batch_norm_rules.hpp"
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/error.hpp"
@@ -141,25 +142,29 @@ template <core::Storage T>
 void batch_norm_sums(const Context& ctx, const T* x, std::size_t n, std::size_t c, std::size_t inner, const float* shift,
                      float* sums, float*, StatisticsUpdate then = {})
 {
-    vectorized([&] {
-        float buffer[detail::row_block];
-        detail::LaneSums* s = detail::channel_sums(c);   // [of x - shift (c) | of its square (c)]
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t ch = 0; ch < c; ++ch) {
-                const T* p = x + (i * c + ch) * inner;
-                detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
-                    detail::add_centred(s[ch], s[c + ch], as_float(p + at, count, buffer), count, double(shift[ch]));
-                });
+    parallel_rows(c, n * c * inner, [&](std::size_t c0, std::size_t c1) {   // channels [c0, c1) on a thread
+        vectorized([&] {
+            float buffer[detail::row_block];
+            const std::size_t cs = c1 - c0;
+            detail::LaneSums* s = detail::channel_sums(cs);   // [of x - shift (cs) | of its square (cs)]
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t ch = c0; ch < c1; ++ch) {
+                    const T* p = x + (i * c + ch) * inner;
+                    detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                        detail::add_centred(s[ch - c0], s[cs + ch - c0], as_float(p + at, count, buffer), count,
+                                            double(shift[ch]));
+                    });
+                }
+            for (std::size_t ch = c0; ch < c1; ++ch) {
+                sums[ch] = float(s[ch - c0].total());
+                sums[c + ch] = float(s[cs + ch - c0].total());
             }
-        for (std::size_t ch = 0; ch < c; ++ch) {
-            sums[ch] = float(s[ch].total());
-            sums[c + ch] = float(s[c + ch].total());
-        }
-        sums[2 * c] = float(n * inner);
-        if (then)
-            batch_norm_statistics(ctx, sums, then.running_mean, then.running_var, then.momentum, then.eps, then.mean,
-                                  then.invstd, c);
+        });
     });
+    sums[2 * c] = float(n * inner);
+    if (then)
+        batch_norm_statistics(ctx, sums, then.running_mean, then.running_var, then.momentum, then.eps, then.mean,
+                              then.invstd, c);
 }
 
 // The reproducible mode. A micro-shard's share of the step's sums: out = sums[0, 2c) * scale.
@@ -209,12 +214,13 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
                       const float* weight, const float* bias, const float* mean, const float* invstd, bool relu,
                       const std::type_identity_t<T>* addend = nullptr)
 {
-    vectorized([&] {
-        float xs[detail::row_block], as[detail::row_block];
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t ch = 0; ch < c; ++ch) {
+    parallel_rows(n * c, n * c * inner, [&](std::size_t r0, std::size_t r1) {   // rows (sample, channel)
+        vectorized([&] {
+            float xs[detail::row_block], as[detail::row_block];
+            for (std::size_t r = r0; r < r1; ++r) {
+                const std::size_t ch = r % c;
                 const detail::Normalization normalize(weight, bias, mean, invstd, ch);
-                const std::size_t row = (i * c + ch) * inner;
+                const std::size_t row = r * inner;
                 detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
                     const float* v = as_float(x + row + at, count, xs);
                     const float* a = addend ? as_float(addend + row + at, count, as) : nullptr;
@@ -228,6 +234,7 @@ void batch_norm_apply(const Context&, const T* x, T* y, std::size_t n, std::size
                     });
                 });
             }
+        });
     });
 }
 
@@ -273,25 +280,28 @@ void batch_norm_backward_sums(const Context&, const T* x, const T* dy, std::size
                               const float* mean, const float* invstd, float* dparams, float*,
                               ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    vectorized([&] {
-        float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
-        detail::LaneSums* s = detail::channel_sums(c);   // [of dy (c) | of dy * (x - mean) (c)]
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t ch = 0; ch < c; ++ch) {
-                const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-                const std::size_t row = (i * c + ch) * inner;
-                detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
-                    const std::size_t j = row + at;
-                    const float* v = as_float(x + j, count, xs);
-                    const float* d = detail::masked_dy(as_float(dy + j, count, ds), v, count, mask ? &*mask : nullptr,
-                                                       g, relu.y ? relu.y + j : nullptr, relu.dz ? relu.dz + j : nullptr);
-                    detail::add_products(s[ch], s[c + ch], d, v, count, double(mean[ch]));
-                });
+    parallel_rows(c, n * c * inner, [&](std::size_t c0, std::size_t c1) {   // channels [c0, c1) on a thread
+        vectorized([&] {
+            float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+            const std::size_t cs = c1 - c0;
+            detail::LaneSums* s = detail::channel_sums(cs);   // [of dy (cs) | of dy * (x - mean) (cs)]
+            for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t ch = c0; ch < c1; ++ch) {
+                    const auto mask = detail::relu_mask(relu, mean, invstd, ch);
+                    const std::size_t row = (i * c + ch) * inner;
+                    detail::for_each_block(inner, [&](std::size_t at, std::size_t count) {
+                        const std::size_t j = row + at;
+                        const float* v = as_float(x + j, count, xs);
+                        const float* d = detail::masked_dy(as_float(dy + j, count, ds), v, count, mask ? &*mask : nullptr,
+                                                           g, relu.y ? relu.y + j : nullptr, relu.dz ? relu.dz + j : nullptr);
+                        detail::add_products(s[ch - c0], s[cs + ch - c0], d, v, count, double(mean[ch]));
+                    });
+                }
+            for (std::size_t ch = c0; ch < c1; ++ch) {
+                dparams[ch] = float(s[cs + ch - c0].total() * invstd[ch]);
+                dparams[c + ch] = float(s[ch - c0].total());
             }
-        for (std::size_t ch = 0; ch < c; ++ch) {
-            dparams[ch] = float(s[c + ch].total() * invstd[ch]);
-            dparams[c + ch] = float(s[ch].total());
-        }
+        });
     });
 }
 
@@ -303,17 +313,18 @@ void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, s
                                std::size_t inner, const float* weight, const float* mean, const float* invstd,
                                const float* sums, const float* count, ReluAfter<std::type_identity_t<T>> relu = {})
 {
-    vectorized([&] {
-        core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
-                                      "the masked gradient they wrote as dy");
-        const float inv_count = 1.0f / *count;
-        float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t ch = 0; ch < c; ++ch) {
+    core::require(!relu.from_y(), "batch_norm_backward_input: a ReLU read from its output is the sums' to apply; pass "
+                                  "the masked gradient they wrote as dy");
+    const float inv_count = 1.0f / *count;
+    parallel_rows(n * c, n * c * inner, [&](std::size_t r0, std::size_t r1) {   // rows (sample, channel)
+        vectorized([&] {
+            float xs[detail::row_block], ds[detail::row_block], g[detail::row_block];
+            for (std::size_t r = r0; r < r1; ++r) {
+                const std::size_t ch = r % c;
                 const float k = weight[ch] * invstd[ch], m = mean[ch], s = invstd[ch];
                 const float mdy = sums[c + ch] * inv_count, mdyx = sums[ch] * inv_count;
                 const auto mask = detail::relu_mask(relu, mean, invstd, ch);
-                const std::size_t row = (i * c + ch) * inner;
+                const std::size_t row = r * inner;
                 detail::for_each_block(inner, [&](std::size_t at, std::size_t values) {
                     const std::size_t j0 = row + at;
                     const float* v = as_float(x + j0, values, xs);
@@ -327,6 +338,7 @@ void batch_norm_backward_input(const Context&, const T* x, const T* dy, T* dx, s
                     });
                 });
             }
+        });
     });
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/number.hpp"
 #include "replica/core/window.hpp"
@@ -22,11 +23,26 @@
 namespace REPLICA_NAMESPACE::backend::cpu {
 
 // C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, row-major, leading dims as stored.
+// On several threads (threads.hpp) the larger of C's dimensions is split into parts, in multiples of
+// 16, each part one OpenBLAS call on its thread.
 inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc)
 {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m,
-                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const auto call = [&](int rows, int cols, const float* pa, const float* pb, float* pc) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows,
+                    cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+    };
+    constexpr int part = 16;
+    const bool by_rows = m >= n;
+    const int split = by_rows ? m : n;
+    const auto parts = std::size_t((split + part - 1) / part);
+    parallel_rows(parts, std::size_t(m) * std::size_t(n) * std::size_t(k) / 16, [&](std::size_t p0, std::size_t p1) {
+        const int begin = int(p0) * part, count = std::min(int(p1) * part, split) - begin;
+        if (by_rows)   // rows [begin, begin + count) of op(A) and C
+            call(count, n, trans_a ? a + begin : a + std::size_t(begin) * lda, b, c + std::size_t(begin) * ldc);
+        else           // columns [begin, begin + count) of op(B) and C
+            call(m, count, a, trans_b ? b + std::size_t(begin) * ldb : b + begin, c + begin);
+    });
 }
 
 using core::Window;

@@ -15,6 +15,7 @@
 
 #include "replica/backend/cpu/context.hpp"
 #include "replica/backend/cpu/ops.hpp"
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 
@@ -42,15 +43,21 @@ void backward_planes(const Context& ctx, T* dx, std::size_t n, F&& route)
 {
     const std::size_t planes = n * g.c, size = std::size_t(g.h) * g.w;
     if constexpr (std::same_as<T, float>) {
-        std::fill(dx, dx + n * g.in_size(), 0.0f);
-        for (std::size_t plane = 0; plane < planes; ++plane) route(plane, dx + plane * size);
-    } else {
-        float* buffer = ctx.workspace(size);
-        for (std::size_t plane = 0; plane < planes; ++plane) {
-            std::fill(buffer, buffer + size, 0.0f);
-            route(plane, buffer);
-            store_float(buffer, size, dx + plane * size);
-        }
+        parallel_rows(planes, planes * size, [&](std::size_t p0, std::size_t p1) {
+            vectorized([&] {
+                std::fill(dx + p0 * size, dx + p1 * size, 0.0f);
+                for (std::size_t plane = p0; plane < p1; ++plane) route(plane, dx + plane * size);
+            });
+        });
+    } else {   // one thread: the float plane is the context's
+        vectorized([&] {
+            float* buffer = ctx.workspace(size);
+            for (std::size_t plane = 0; plane < planes; ++plane) {
+                std::fill(buffer, buffer + size, 0.0f);
+                route(plane, buffer);
+                store_float(buffer, size, dx + plane * size);
+            }
+        });
     }
 }
 } // namespace detail
@@ -61,26 +68,28 @@ void backward_planes(const Context& ctx, T* dx, std::size_t n, F&& route)
 template <Window g, core::Storage T>
 void max_pool_forward(const Context&, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
-    vectorized([&] {
-        for (std::size_t plane = 0; plane < n * g.c; ++plane) {
-            const T* xp = x + plane * g.h * g.w;
-            T* yp = y + plane * g.out_pixels();
-            core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
-            detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
-                float best = -std::numeric_limits<float>::infinity();
-                int at_y = ya, at_x = xa;
-                for (int iy = ya; iy < yb; ++iy)
-                    for (int ix = xa; ix < xb; ++ix)
-                        if (core::to_float(xp[iy * g.w + ix]) > best) {
-                            best = core::to_float(xp[iy * g.w + ix]);
-                            at_y = iy;
-                            at_x = ix;
-                        }
-                yp[o] = core::from_float<T>(best);
-                const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
-                ap[o] = core::pool_position_t<g>((at_y - y0) * g.kw + at_x - x0);
-            });
-        }
+    parallel_rows(n * g.c, n * g.in_size(), [&](std::size_t p0, std::size_t p1) {   // planes [p0, p1)
+        vectorized([&] {
+            for (std::size_t plane = p0; plane < p1; ++plane) {
+                const T* xp = x + plane * g.h * g.w;
+                T* yp = y + plane * g.out_pixels();
+                core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
+                detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
+                    float best = -std::numeric_limits<float>::infinity();
+                    int at_y = ya, at_x = xa;
+                    for (int iy = ya; iy < yb; ++iy)
+                        for (int ix = xa; ix < xb; ++ix)
+                            if (core::to_float(xp[iy * g.w + ix]) > best) {
+                                best = core::to_float(xp[iy * g.w + ix]);
+                                at_y = iy;
+                                at_x = ix;
+                            }
+                    yp[o] = core::from_float<T>(best);
+                    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
+                    ap[o] = core::pool_position_t<g>((at_y - y0) * g.kw + at_x - x0);
+                });
+            }
+        });
     });
 }
 
@@ -88,13 +97,11 @@ void max_pool_forward(const Context&, const T* x, T* y, core::pool_position_t<g>
 template <Window g, core::Storage T>
 void max_pool_backward(const Context& ctx, const core::pool_position_t<g>* arg, const T* dy, T* dx, std::size_t n)
 {
-    vectorized([&] {
-        detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
-            const core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
-            const T* dyp = dy + plane * g.out_pixels();
-            for (int o = 0; o < g.out_pixels(); ++o)
-                dxp[core::pool_input_offset(g, o / g.ow, o % g.ow, ap[o])] += core::to_float(dyp[o]);
-        });
+    detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
+        const core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
+        const T* dyp = dy + plane * g.out_pixels();
+        for (int o = 0; o < g.out_pixels(); ++o)
+            dxp[core::pool_input_offset(g, o / g.ow, o % g.ow, ap[o])] += core::to_float(dyp[o]);
     });
 }
 
@@ -102,32 +109,32 @@ void max_pool_backward(const Context& ctx, const core::pool_position_t<g>* arg, 
 template <Window g, core::Storage T>
 void avg_pool_forward(const Context&, const T* x, T* y, std::size_t n)
 {
-    vectorized([&] {
-        const float scale = 1.0f / float(g.kh * g.kw);
-        for (std::size_t plane = 0; plane < n * g.c; ++plane) {
-            const T* xp = x + plane * g.h * g.w;
-            T* yp = y + plane * g.out_pixels();
-            detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
-                float s = 0.0f;
-                for (int iy = ya; iy < yb; ++iy)
-                    for (int ix = xa; ix < xb; ++ix) s += core::to_float(xp[iy * g.w + ix]);
-                yp[o] = core::from_float<T>(s * scale);
-            });
-        }
+    const float scale = 1.0f / float(g.kh * g.kw);
+    parallel_rows(n * g.c, n * g.in_size(), [&](std::size_t p0, std::size_t p1) {   // planes [p0, p1)
+        vectorized([&] {
+            for (std::size_t plane = p0; plane < p1; ++plane) {
+                const T* xp = x + plane * g.h * g.w;
+                T* yp = y + plane * g.out_pixels();
+                detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
+                    float s = 0.0f;
+                    for (int iy = ya; iy < yb; ++iy)
+                        for (int ix = xa; ix < xb; ++ix) s += core::to_float(xp[iy * g.w + ix]);
+                    yp[o] = core::from_float<T>(s * scale);
+                });
+            }
+        });
     });
 }
 
 template <Window g, core::Storage T>
 void avg_pool_backward(const Context& ctx, const T* dy, T* dx, std::size_t n)
 {
-    vectorized([&] {
-        const float scale = 1.0f / float(g.kh * g.kw);
-        detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
-            const T* dyp = dy + plane * g.out_pixels();
-            detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
-                for (int iy = ya; iy < yb; ++iy)
-                    for (int ix = xa; ix < xb; ++ix) dxp[iy * g.w + ix] += core::to_float(dyp[o]) * scale;
-            });
+    const float scale = 1.0f / float(g.kh * g.kw);
+    detail::backward_planes<g>(ctx, dx, n, [&](std::size_t plane, float* dxp) {
+        const T* dyp = dy + plane * g.out_pixels();
+        detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
+            for (int iy = ya; iy < yb; ++iy)
+                for (int ix = xa; ix < xb; ++ix) dxp[iy * g.w + ix] += core::to_float(dyp[o]) * scale;
         });
     });
 }

@@ -20,23 +20,13 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-// OpenMP's thread count, set per call below. Debian's oneDNN runs on libgomp, linked with it; a compiler
-// without OpenMP's header (Clang without libomp-dev) gets the two functions declared as libgomp has them.
-#if __has_include(<omp.h>)
-#include <omp.h>
-#else
-extern "C" {
-void omp_set_num_threads(int) noexcept;
-int omp_get_max_threads() noexcept;
-}
-#endif
-
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <unordered_map>
 #include <utility>
 
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/core/config.hpp"
 
 namespace REPLICA_NAMESPACE::backend::cpu::onednn {
