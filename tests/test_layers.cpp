@@ -550,9 +550,9 @@ TEST_CASE("Max pooling: the first maximum in scan order wins, NaN never, a windo
 }
 
 // The backend's threads (backend/cpu/threads.hpp) split BatchNorm's sums by channel, its other passes,
-// pooling and dropout by rows and the elementwise maps by blocks of values: each value is computed as
-// on one thread, so 2 and 3 threads give one thread's bits. The tensors are large enough that every
-// loop is split three ways (backend::cpu::parallel_min_values).
+// pooling and dropout by rows, the elementwise maps and the optimizers by blocks of values: each value
+// is computed as on one thread, so 2 and 3 threads give one thread's bits. The tensors are large
+// enough that every loop is split three ways (backend::cpu::parallel_min_values).
 namespace {
 class ThreadsScope {
 public:
@@ -614,12 +614,27 @@ std::vector<float> threaded_loops(int threads, std::uint64_t seed)
     backend::cpu::add(ctx, dy.data(), y.data(), count);
     backend::cpu::dropout_apply(ctx, 0.3f, 5, 2, 40, x.data(), dx.data(), n, c * inner, c);
     keep(y), keep(dx);
+
+    // The optimizers: parameters x then dy, gradients dy then x, two segments (the second undecayed, at
+    // half the rate) of `count` each.
+    const core::ParamSegment segments[] = {{0, count, 0, 1.0f, 1.0f}, {count, count, count, 0.0f, 0.5f}};
+    std::vector<float> w = x, g = dy, velocity(2 * count, 0.0f), state(4 * count, 0.0f), sum(2 * count, 0.0f);
+    w.insert(w.end(), dy.begin(), dy.end());
+    g.insert(g.end(), x.begin(), x.end());
+    for (int step = 0; step < 2; ++step) {
+        backend::cpu::sgd_update(ctx, w.data(), g.data(), velocity.data(), segments, core::GradientAt::params, 0.1f, 0.9f,
+                                 1e-3f, step == 1);
+        backend::cpu::adam_update(ctx, w.data(), g.data(), state.data(), segments, core::GradientAt::params, 1e-2f, 0.9f,
+                                  0.999f, 1e-8f, 1e-2f, true, 0.1f, 0.05f);
+        backend::cpu::accumulate_gradient(ctx, g.data(), sum.data(), segments, step == 1, 0.5f);
+    }
+    keep(w), keep(velocity), keep(state), keep(sum);
     return out;
 }
 } // namespace
 
 TEST_CASE("The CPU's threaded loops give one thread's bits: BatchNorm with ReLU and an addend, pooling, maps, "
-          "dropout",
+          "dropout, the optimizers",
           "[cpu][layers]")
 {
     if (!backend::cpu::has_onednn) {

@@ -1,11 +1,13 @@
 #pragma once
-// Optimizer updates on the CPU, one pass over parameters, gradients and state.
+// Optimizer updates on the CPU, one pass over parameters, gradients and state, each value updated
+// alone (on the backend's threads, threads.hpp, with one thread's bits).
 
 #include <cmath>
 #include <cstddef>
 #include <span>
 
 #include "replica/backend/cpu/context.hpp"
+#include "replica/backend/cpu/threads.hpp"
 #include "replica/backend/cpu/vectorized.hpp"
 #include "replica/core/config.hpp"
 #include "replica/core/param_kind.hpp"
@@ -26,20 +28,22 @@ inline void sgd_update(const Context&, float* w, const float* grad, float* veloc
                        std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float momentum,
                        float weight_decay, bool nesterov)
 {
-    vectorized([&] {
-        for (const core::ParamSegment& s : segments) {
-            float* ws = w + s.begin;
-            const float* gs = grad + gradient_index(s, at);
-            float* v = velocity + s.state;
-            const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
-            for (std::size_t i = 0; i < s.count; ++i) {
-                const float g = gs[i] + wd * ws[i];
-                const float vi = momentum * v[i] + g;
-                v[i] = vi;
-                ws[i] -= rate * (nesterov ? g + momentum * vi : vi);
-            }
-        }
-    });
+    for (const core::ParamSegment& s : segments) {
+        float* ws = w + s.begin;
+        const float* gs = grad + gradient_index(s, at);
+        float* v = velocity + s.state;
+        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale;
+        parallel_values(s.count, [&](std::size_t begin, std::size_t end) {
+            vectorized([&] {
+                for (std::size_t i = begin; i < end; ++i) {
+                    const float g = gs[i] + wd * ws[i];
+                    const float vi = momentum * v[i] + g;
+                    v[i] = vi;
+                    ws[i] -= rate * (nesterov ? g + momentum * vi : vi);
+                }
+            });
+        });
+    }
 }
 
 // Adam as PyTorch defines it (torch.optim.Adam and AdamW, amsgrad off), the bias corrections
@@ -55,25 +59,27 @@ inline void adam_update(const Context&, float* w, const float* grad, float* stat
                         std::span<const core::ParamSegment> segments, core::GradientAt at, float lr, float beta1,
                         float beta2, float eps, float weight_decay, bool decoupled, float step_size, float bias2_sqrt)
 {
-    vectorized([&] {
-        for (const core::ParamSegment& s : segments) {
-            float* ws = w + s.begin;
-            const float* gs = grad + gradient_index(s, at);
-            float* mv = state + 2 * s.state;
-            const float wd = weight_decay * s.decay, rate = lr * s.lr_scale, step = step_size * s.lr_scale;
-            const float shrink = 1.0f - rate * wd;
-            for (std::size_t i = 0; i < s.count; ++i) {
-                float g = gs[i];
-                if (decoupled) ws[i] *= shrink;
-                else g += wd * ws[i];
-                float& m = mv[2 * i];
-                float& v = mv[2 * i + 1];
-                m = beta1 * m + (1.0f - beta1) * g;
-                v = beta2 * v + (1.0f - beta2) * g * g;
-                ws[i] -= step * m / (std::sqrt(v) / bias2_sqrt + eps);
-            }
-        }
-    });
+    for (const core::ParamSegment& s : segments) {
+        float* ws = w + s.begin;
+        const float* gs = grad + gradient_index(s, at);
+        float* mv = state + 2 * s.state;
+        const float wd = weight_decay * s.decay, rate = lr * s.lr_scale, step = step_size * s.lr_scale;
+        const float shrink = 1.0f - rate * wd;
+        parallel_values(s.count, [&](std::size_t begin, std::size_t end) {
+            vectorized([&] {
+                for (std::size_t i = begin; i < end; ++i) {
+                    float g = gs[i];
+                    if (decoupled) ws[i] *= shrink;
+                    else g += wd * ws[i];
+                    float& m = mv[2 * i];
+                    float& v = mv[2 * i + 1];
+                    m = beta1 * m + (1.0f - beta1) * g;
+                    v = beta2 * v + (1.0f - beta2) * g * g;
+                    ws[i] -= step * m / (std::sqrt(v) / bias2_sqrt + eps);
+                }
+            });
+        });
+    }
 }
 
 // Gradient accumulation into a sum kept at the state indices: acc[state + j] += grad[begin + j];
@@ -81,13 +87,15 @@ inline void adam_update(const Context&, float* w, const float* grad, float* stat
 inline void accumulate_gradient(const Context&, const float* grad, float* acc, std::span<const core::ParamSegment> segments,
                                 bool last, float scale)
 {
-    vectorized([&] {
-        for (const core::ParamSegment& s : segments) {
-            const float* g = grad + s.begin;
-            float* a = acc + s.state;
-            for (std::size_t i = 0; i < s.count; ++i) a[i] = last ? (a[i] + g[i]) * scale : a[i] + g[i];
-        }
-    });
+    for (const core::ParamSegment& s : segments) {
+        const float* g = grad + s.begin;
+        float* a = acc + s.state;
+        parallel_values(s.count, [&](std::size_t begin, std::size_t end) {
+            vectorized([&] {
+                for (std::size_t i = begin; i < end; ++i) a[i] = last ? (a[i] + g[i]) * scale : a[i] + g[i];
+            });
+        });
+    }
 }
 
 // *squares = the sum of g[i]^2 over g's count values, in double, in index order.
