@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <type_traits>
 
 #include "replica/core/config.hpp"
 
@@ -90,7 +91,7 @@ void parallel_rows(std::size_t rows, std::size_t values, F&& f)
     const auto threads = static_cast<unsigned>(std::min({std::size_t(blas_threads()), rows, by_size}));
     if (threads > 1) {
         struct Work {
-            F* f;
+            std::remove_reference_t<F>* f;
             std::size_t rows;
         } work{&f, rows};
         GOMP_parallel(
