@@ -32,6 +32,8 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows,
                     cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
     };
+    // The work counted for parallel_rows as m n k / 16 values: a thread per half a million
+    // multiply-adds at least, where a part is long enough to outweigh waking the team.
     constexpr int part = 16;
     const bool by_rows = m >= n;
     const int split = by_rows ? m : n;

@@ -4,9 +4,9 @@
 // In builds with oneDNN (REPLICA_ONEDNN) every thread the backend runs is one of OpenMP's team
 // (libgomp, which oneDNN runs on): oneDNN's primitives, the products (gemm in ops.hpp: OpenBLAS on one
 // thread per part, the parts split over the team) and the backend's own loops (BatchNorm, pooling, the
-// elementwise maps). OpenBLAS's own threads are never started there: between its calls they wait
-// spinning for a while, and on a machine with as many threads as cores they would take the cores
-// from the team. The runtime is called as `#pragma omp parallel` compiles to (GOMP_parallel), so that
+// elementwise maps). OpenBLAS is kept on one thread there, so its own threads (started when it loads)
+// get no work: after a call of theirs they wait spinning for a while, and on a machine with as many
+// threads as cores they would take the cores from the team. The runtime is called as `#pragma omp parallel` compiles to (GOMP_parallel), so that
 // no translation unit needs -fopenmp. Without oneDNN, OpenBLAS threads its products itself and the
 // own loops run on the calling thread.
 //
