@@ -6,6 +6,7 @@
 // command that reruns it; REPLICA_TEST_SEED=<seed> runs them on another, scripts/soak on many.
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -547,6 +548,55 @@ TEST_CASE("Max pooling: the first maximum in scan order wins, NaN never, a windo
         want[s * 16 + 10] = dy[s * 4 + 3];   // ties at 5
     }
     CHECK(dx == want);
+}
+
+// Max pooling takes the windows wholly inside the input a row at a time, tap by tap: on planes full of
+// ties, NaN and -inf, every window's maximum and position equal a plain scan's (windows clipped by
+// padding and by the last partial row or column included).
+template <core::Window g>
+void max_pool_as_scan(std::mt19937_64& rng)
+{
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    constexpr std::size_t n = 3;
+    std::vector<float> x(n * g.in_size());
+    std::uniform_int_distribution<int> pick(0, 9);
+    for (auto& v : x) {
+        const int k = pick(rng);
+        v = k == 0 ? nan : k == 1 ? -inf : float(k % 4);
+    }
+    std::vector<float> y(n * g.c * g.out_pixels());
+    std::vector<core::pool_position_t<g>> arg(y.size());
+    Ctx ctx{Device::cpu()};
+    backend::cpu::max_pool_forward<g>(ctx, x.data(), y.data(), arg.data(), n);
+    std::size_t wrong = 0;
+    for (std::size_t plane = 0; plane < n * g.c; ++plane)
+        for (int oy = 0; oy < g.oh; ++oy)
+            for (int ox = 0; ox < g.ow; ++ox) {
+                const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+                float best = -inf;
+                int at = (std::max(y0, 0) - y0) * g.kw + std::max(x0, 0) - x0;
+                for (int ky = 0; ky < g.kh; ++ky)
+                    for (int kx = 0; kx < g.kw; ++kx) {
+                        const int iy = y0 + ky, ix = x0 + kx;
+                        if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                        const float v = x[plane * g.h * g.w + std::size_t(iy * g.w + ix)];
+                        if (v > best) best = v, at = ky * g.kw + kx;
+                    }
+                const std::size_t o = plane * g.out_pixels() + std::size_t(oy * g.ow + ox);
+                wrong += y[o] != best || int(arg[o]) != at;
+            }
+    CHECK(wrong == 0);
+}
+
+TEST_CASE("Max pooling's rows of inner windows equal a plain scan", "[cpu][layers][pool]")
+{
+    std::mt19937_64 rng(11);
+    using core::Window;
+    max_pool_as_scan<Window{2, 24, 24, 2, 2, 2, 2, 0, 0, 12, 12}>(rng);   // LeNet's
+    max_pool_as_scan<Window{3, 13, 13, 3, 3, 2, 2, 0, 0, 6, 6}>(rng);     // AlexNet's
+    max_pool_as_scan<Window{4, 9, 9, 3, 3, 1, 1, 1, 1, 9, 9}>(rng);       // GoogLeNet's, padding 1
+    max_pool_as_scan<Window{2, 13, 11, 5, 5, 4, 4, 2, 2, 4, 3}>(rng);     // stride 4, padding 2
+    max_pool_as_scan<Window{2, 7, 5, 2, 2, 2, 2, 0, 0, 4, 3}>(rng);       // the last row and column partial
 }
 
 // The backend's threads (backend/cpu/threads.hpp) split BatchNorm's sums by channel, its other passes,
@@ -1303,6 +1353,43 @@ TEST_CASE("oneDNN's convolutions equal im2col's within float rounding: forward, 
     onednn_matches_im2col<Window{3, 7, 7, 2, 2, 2, 2, 0, 0, 3, 3}>(4, 2, rng);      // the last row and column unread
     onednn_matches_im2col<Window{1, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>(6, 4, rng);    // one input channel (LeNet's first)
     onednn_matches_im2col<Window{4, 1, 20, 1, 5, 1, 2, 0, 2, 1, 10}>(6, 3, rng);    // 1-D, stride 2, padding 2
+}
+
+// Which code the automatic path runs for the forward pass and the gradients of one layer, told by the
+// bits: each pass equals, bit for bit, the run forced onto the code the rule names (and the two codes
+// differ in bits there, or the check could not tell them apart).
+template <core::Window g>
+void automatic_runs(int cout, bool forward_onednn, bool backward_onednn)
+{
+    using backend::cpu::ConvPath;
+    Ctx ctx;
+    std::mt19937_64 rng(5);
+    const std::size_t n = 4, xs = n * g.in_size(), ys = n * std::size_t(cout) * g.out_pixels(),
+                      ws = std::size_t(cout) * g.col_rows();
+    const auto x = uniform(xs, -1.0f, 1.0f, rng), w = uniform(ws, -0.5f, 0.5f, rng), dy = uniform(ys, -1.0f, 1.0f, rng);
+    std::vector<float> scratch(backend::cpu::conv_scratch_size<g, float>(ctx, cout, n));
+    auto run = [&](ConvPath path) {
+        const testing::ConvPathScope scope(path);
+        std::vector<float> y(ys), dx(xs), dw(ws);
+        backend::cpu::conv_forward<g>(ctx, cout, w.data(), nullptr, x.data(), y.data(), n, scratch.data(), false);
+        backend::cpu::conv_backward<g>(ctx, cout, w.data(), x.data(), dy.data(), dx.data(), dw.data(), nullptr, n,
+                                       scratch.data());
+        return std::array{y, dw};
+    };
+    const auto blas = run(ConvPath::blas), onednn = run(ConvPath::onednn), automatic = run(ConvPath::automatic);
+    REQUIRE(blas[0] != onednn[0]);
+    REQUIRE(blas[1] != onednn[1]);
+    CHECK(automatic[0] == (forward_onednn ? onednn : blas)[0]);
+    CHECK(automatic[1] == (backward_onednn ? onednn : blas)[1]);
+}
+
+TEST_CASE("The automatic conv path: LeNet's gradients on im2col, the rest on oneDNN", "[cpu][layers][onednn]")
+{
+    using core::Window;
+    automatic_runs<Window{1, 28, 28, 5, 5, 1, 1, 0, 0, 24, 24}>(20, true, false);     // LeNet's first
+    automatic_runs<Window{20, 12, 12, 5, 5, 1, 1, 0, 0, 8, 8}>(50, true, false);      // LeNet's second
+    automatic_runs<Window{16, 14, 14, 3, 3, 1, 1, 1, 1, 14, 14}>(16, true, true);     // a ResNet-20 layer
+    automatic_runs<Window{3, 64, 64, 3, 3, 1, 1, 1, 1, 64, 64}>(16, true, true);      // RGB on a large image
 }
 #endif
 

@@ -64,17 +64,26 @@ void backward_planes(const Context& ctx, T* dx, std::size_t n, F&& route)
 
 // y = the maximum of each window; arg = its position within the window (core::pool_position_t: the
 // first maximum in scan order; the window's first element inside the input when no element exceeds
-// -inf, NaN never does), n * g.c * g.oh * g.ow positions.
+// -inf, NaN never does), n * g.c * g.oh * g.ow positions. The windows wholly inside the input are
+// taken a row of them at a time, tap by tap, so that the loop over their columns vectorises; the
+// comparisons are the scan's, in its order.
 template <Window g, core::Storage T>
 void max_pool_forward(const Context&, const T* x, T* y, core::pool_position_t<g>* arg, std::size_t n)
 {
+    using Position = core::pool_position_t<g>;
+    // Columns [lo, hi) of output windows wholly inside the input's columns.
+    constexpr int lo = std::min((g.pw + g.sw - 1) / g.sw, g.ow);
+    constexpr int hi = g.w - g.kw + g.pw < 0 ? lo : std::clamp((g.w - g.kw + g.pw) / g.sw + 1, lo, g.ow);
     parallel_rows(n * g.c, n * g.in_size(), [&](std::size_t p0, std::size_t p1) {   // planes [p0, p1)
         vectorized([&] {
             for (std::size_t plane = p0; plane < p1; ++plane) {
                 const T* xp = x + plane * g.h * g.w;
                 T* yp = y + plane * g.out_pixels();
-                core::pool_position_t<g>* ap = arg + plane * g.out_pixels();
-                detail::for_each_window<g>([&](int o, int ya, int yb, int xa, int xb) {
+                Position* ap = arg + plane * g.out_pixels();
+                auto scan = [&](int oy, int ox) {
+                    const int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+                    const int ya = std::max(y0, 0), yb = std::min(y0 + g.kh, g.h);
+                    const int xa = std::max(x0, 0), xb = std::min(x0 + g.kw, g.w);
                     float best = -std::numeric_limits<float>::infinity();
                     int at_y = ya, at_x = xa;
                     for (int iy = ya; iy < yb; ++iy)
@@ -84,10 +93,38 @@ void max_pool_forward(const Context&, const T* x, T* y, core::pool_position_t<g>
                                 at_y = iy;
                                 at_x = ix;
                             }
+                    const int o = oy * g.ow + ox;
                     yp[o] = core::from_float<T>(best);
-                    const int y0 = o / g.ow * g.sh - g.ph, x0 = o % g.ow * g.sw - g.pw;
-                    ap[o] = core::pool_position_t<g>((at_y - y0) * g.kw + at_x - x0);
-                });
+                    ap[o] = Position((at_y - y0) * g.kw + at_x - x0);
+                };
+                for (int oy = 0; oy < g.oh; ++oy) {
+                    const int y0 = oy * g.sh - g.ph;
+                    if (y0 < 0 || y0 + g.kh > g.h || lo >= hi) {
+                        for (int ox = 0; ox < g.ow; ++ox) scan(oy, ox);
+                        continue;
+                    }
+                    for (int ox = 0; ox < lo; ++ox) scan(oy, ox);
+                    float best[std::max(hi - lo, 1)];
+                    Position at[std::max(hi - lo, 1)];
+                    std::fill(best, best + (hi - lo), -std::numeric_limits<float>::infinity());
+                    std::fill(at, at + (hi - lo), Position(0));
+                    for (int ky = 0; ky < g.kh; ++ky)
+                        for (int kx = 0; kx < g.kw; ++kx) {
+                            const T* src = xp + (y0 + ky) * g.w + lo * g.sw - g.pw + kx;
+                            const Position tap = Position(ky * g.kw + kx);
+                            for (int i = 0; i < hi - lo; ++i) {
+                                const float v = core::to_float(src[i * g.sw]);
+                                const bool more = v > best[i];
+                                best[i] = more ? v : best[i];
+                                at[i] = more ? tap : at[i];
+                            }
+                        }
+                    for (int i = 0; i < hi - lo; ++i) {
+                        yp[oy * g.ow + lo + i] = core::from_float<T>(best[i]);
+                        ap[oy * g.ow + lo + i] = at[i];
+                    }
+                    for (int ox = hi; ox < g.ow; ++ox) scan(oy, ox);
+                }
             }
         });
     });

@@ -36,11 +36,18 @@
 namespace REPLICA_NAMESPACE::backend::cpu::onednn {
 
 // The rule: oneDNN for windows larger than one pixel with at least 16 output channels (a transposed
-// convolution's input channels: its key's cout); 1x1 windows and the few-filter layers of small
-// networks (LeNet's first) stay with im2col, which is then as fast or faster in float. In bf16 oneDNN's products take half the bytes and, on a CPU with bf16
-// products, a fraction of the time, where im2col converts its operands to float first: every
+// convolution's input channels: its key's cout), except for the gradients of a layer whose input
+// channels fill no whole block of 8 (oneDNN's unit) on an image under 64 x 64 (LeNet's two layers,
+// ResNet-20's first): 1x1 windows, few-filter layers and those gradients stay with im2col, which is
+// as fast or faster there in float. In bf16 oneDNN's products take half the bytes and, on a CPU with
+// bf16 products, a fraction of the time, where im2col converts its operands to float first: every
 // convolution.
-inline bool rule_prefers_onednn(const ConvKey& k) { return k.bf16 || (k.kh * k.kw > 1 && k.cout >= 16); }
+inline bool rule_prefers_onednn(const ConvKey& k, bool backward)
+{
+    if (k.bf16) return true;
+    if (k.kh * k.kw == 1 || k.cout < 16) return false;
+    return !(backward && k.c % 8 != 0 && k.h * k.w < 64 * 64);
+}
 
 namespace detail {
 struct ChoiceKey {
@@ -78,7 +85,7 @@ bool prefers_onednn(const ChoiceKey& key, Blas&& run_blas, Onednn&& run_onednn, 
 {
     const ConvPath path = conv_path();
     if (path == ConvPath::onednn) return true;
-    if (path == ConvPath::automatic || cpu::detail::serial_scopes() > 0) return rule_prefers_onednn(key.conv);
+    if (path == ConvPath::automatic || cpu::detail::serial_scopes() > 0) return rule_prefers_onednn(key.conv, key.backward);
     Choices& c = choices();
     {
         const std::lock_guard lock(c.mutex);
