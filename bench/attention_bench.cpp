@@ -5,13 +5,18 @@
 // backward's five), and the tensor-core results' difference from the float-sum ones in norm (o, lse,
 // dqkv) and whether two tensor-core runs give the same bits.
 //
+// --dump FILE writes the tensor-core results' bits (o, lse, then dqkv, as stored) for comparing two
+// builds' kernels bit for bit.
+//
 //   build/bench/attention_bench_cuda [--n 16] [--t 1024] [--heads 12] [--head 64] [--type bf16] [--steps 20]
+//                                    [--dump FILE]
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,7 +49,7 @@ std::vector<float> widened(const std::vector<T>& v)
 }
 
 template <class T>
-int run(std::size_t n, std::size_t t, std::size_t heads, std::size_t hd, std::size_t steps)
+int run(std::size_t n, std::size_t t, std::size_t heads, std::size_t hd, std::size_t steps, const std::string& dump)
 {
     const std::size_t d = heads * hd;
     cuda::Context ctx{Device::cuda(0)};
@@ -96,6 +101,17 @@ int run(std::size_t n, std::size_t t, std::size_t heads, std::size_t hd, std::si
         return r;
     };
     const Result simt = results(false), tc = results(true), again = results(true);
+    if (!dump.empty()) {
+        std::vector<T> o(tc.o.size()), dqkv(tc.dqkv.size());
+        for (std::size_t i = 0; i < o.size(); ++i) o[i] = core::from_float<T>(tc.o[i]);   // exact: widened from T
+        for (std::size_t i = 0; i < dqkv.size(); ++i) dqkv[i] = core::from_float<T>(tc.dqkv[i]);
+        FILE* f = std::fopen(dump.c_str(), "wb");
+        if (f == nullptr) throw std::runtime_error("cannot write " + dump);
+        const bool written = std::fwrite(o.data(), sizeof(T), o.size(), f) == o.size() &&
+                             std::fwrite(tc.lse.data(), sizeof(float), tc.lse.size(), f) == tc.lse.size() &&
+                             std::fwrite(dqkv.data(), sizeof(T), dqkv.size(), f) == dqkv.size();
+        if (std::fclose(f) != 0 || !written) throw std::runtime_error("cannot write " + dump);
+    }
     const bool same_bits = std::memcmp(tc.o.data(), again.o.data(), tc.o.size() * sizeof(float)) == 0 &&
                            std::memcmp(tc.lse.data(), again.lse.data(), tc.lse.size() * sizeof(float)) == 0 &&
                            std::memcmp(tc.dqkv.data(), again.dqkv.data(), tc.dqkv.size() * sizeof(float)) == 0;
@@ -140,17 +156,18 @@ int main(int argc, char** argv)
 {
     CLI::App app{"causal attention on one GPU: the tensor-core kernels against the float-sum ones", "attention_bench"};
     std::size_t n = 16, t = 1024, heads = 12, head = 64, steps = 20;
-    std::string type = "bf16";
+    std::string type = "bf16", dump;
     replica::examples::count_option(app, "--n", n, "samples", 1, 4096);
     replica::examples::count_option(app, "--t", t, "positions", 1, 65536);
     replica::examples::count_option(app, "--heads", heads, "heads", 1, 256);
     replica::examples::count_option(app, "--head", head, "features a head (at most 64 for the tensor-core kernels)", 1, 64);
     replica::examples::count_option(app, "--steps", steps, "timed launches of each pass", 1, 10000);
     app.add_option("--type", type, "activations")->check(CLI::IsMember({"bf16", "fp16"}));
+    app.add_option("--dump", dump, "write the tensor-core results' bits to this file");
     if (int code = replica::examples::parse(app, argc, argv)) return code - 1;
     try {
-        return type == "bf16" ? run<replica::core::bf16>(n, t, heads, head, steps)
-                              : run<replica::core::fp16>(n, t, heads, head, steps);
+        return type == "bf16" ? run<replica::core::bf16>(n, t, heads, head, steps, dump)
+                              : run<replica::core::fp16>(n, t, heads, head, steps, dump);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "attention_bench: %s\n", e.what());
         return 1;
