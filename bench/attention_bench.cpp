@@ -5,8 +5,8 @@
 // backward's five), and the tensor-core results' difference from the float-sum ones in norm (o, lse,
 // dqkv) and whether two tensor-core runs give the same bits.
 //
-// --dump FILE writes the tensor-core results' bits (o, lse, then dqkv, as stored) for comparing two
-// builds' kernels bit for bit.
+// --dump FILE writes the tensor-core passes' results (o, lse, then dqkv, as stored; dqkv from a delta
+// computed on the host in double) for comparing two builds' kernels bit for bit: bench/attention_ab.sh.
 //
 //   build/bench/attention_bench_cuda [--n 16] [--t 1024] [--heads 12] [--head 64] [--type bf16] [--steps 20]
 //                                    [--dump FILE]
@@ -101,14 +101,28 @@ int run(std::size_t n, std::size_t t, std::size_t heads, std::size_t hd, std::si
         return r;
     };
     const Result simt = results(false), tc = results(true), again = results(true);
-    if (!dump.empty()) {
-        std::vector<T> o(tc.o.size()), dqkv(tc.dqkv.size());
-        for (std::size_t i = 0; i < o.size(); ++i) o[i] = core::from_float<T>(tc.o[i]);   // exact: widened from T
-        for (std::size_t i = 0; i < dqkv.size(); ++i) dqkv[i] = core::from_float<T>(tc.dqkv[i]);
+    if (!dump.empty()) {   // the tensor-core passes alone: delta from the host, in double
+        forward(true);
+        std::vector<T> o(n * t * d), dqkv(n * t * 3 * d);
+        std::vector<float> lse(n * heads * t), delta(n * heads * t);
+        ctx.download(o.data(), o_d.data(), o.size());
+        ctx.download(lse.data(), lse_d.data(), lse.size());
+        ctx.synchronize();
+        for (std::size_t r = 0; r < delta.size(); ++r) {
+            const std::size_t sh = r / t, at = ((sh / heads) * t + r % t) * d + (sh % heads) * hd;
+            double v = 0;
+            for (std::size_t c = 0; c < hd; ++c) v += double(core::to_float(d_o[at + c])) * core::to_float(o[at + c]);
+            delta[r] = float(v);
+        }
+        ctx.upload(delta_d.data(), delta.data(), delta.size());
+        cuda::detail::attention_backward_tc<T>(ctx, qkv_p, lse_d.data(), d_o_p, delta_d.data(), dqkv_d.data(), n, t, d,
+                                               heads);
+        ctx.download(dqkv.data(), dqkv_d.data(), dqkv.size());
+        ctx.synchronize();
         FILE* f = std::fopen(dump.c_str(), "wb");
         if (f == nullptr) throw std::runtime_error("cannot write " + dump);
         const bool written = std::fwrite(o.data(), sizeof(T), o.size(), f) == o.size() &&
-                             std::fwrite(tc.lse.data(), sizeof(float), tc.lse.size(), f) == tc.lse.size() &&
+                             std::fwrite(lse.data(), sizeof(float), lse.size(), f) == lse.size() &&
                              std::fwrite(dqkv.data(), sizeof(T), dqkv.size(), f) == dqkv.size();
         if (std::fclose(f) != 0 || !written) throw std::runtime_error("cannot write " + dump);
     }
