@@ -600,9 +600,10 @@ TEST_CASE("Max pooling's rows of inner windows equal a plain scan", "[cpu][layer
 }
 
 // The backend's threads (backend/cpu/threads.hpp) split BatchNorm's sums by channel, its other passes,
-// pooling and dropout by rows, the elementwise maps and the optimizers by blocks of values: each value
-// is computed as on one thread, so 2 and 3 threads give one thread's bits. The tensors are large
-// enough that every loop is split three ways (backend::cpu::parallel_min_values).
+// pooling and dropout by rows, im2col, col2im and their layout changes by samples, the elementwise maps
+// and the optimizers by blocks of values: each value is computed as on one thread, so 2 and 3 threads
+// give one thread's bits. The tensors are large enough that every loop is split three ways
+// (backend::cpu::parallel_min_values).
 namespace {
 class ThreadsScope {
 public:
@@ -657,6 +658,15 @@ std::vector<float> threaded_loops(int threads, std::uint64_t seed)
     backend::cpu::avg_pool_backward<avgw>(ctx, dy.data(), dx.data(), n);
     keep(pooled), keep(dx);
 
+    // im2col's layout changes and col2im, split by samples (3x3 windows, stride 2, padding 1).
+    std::vector<float> col(std::size_t(maxw.col_rows()) * n * maxw.out_pixels()), back(count, 0.0f),
+        major(count), sample_major(count);
+    backend::cpu::im2col<maxw>(x.data(), int(n), col.data());
+    backend::cpu::col2im<maxw>(col.data(), int(n), back.data());
+    backend::cpu::to_channel_major(dy.data(), int(n), int(c), int(inner), major.data());
+    backend::cpu::to_sample_major(major.data(), int(n), int(c), int(inner), bias.data(), sample_major.data(), true);
+    keep(col), keep(back), keep(major), keep(sample_major);
+
     backend::cpu::gelu_forward(ctx, x.data(), y.data(), count);
     backend::cpu::gelu_backward(ctx, x.data(), dy.data(), dx.data(), count);
     keep(y), keep(dx);
@@ -683,9 +693,7 @@ std::vector<float> threaded_loops(int threads, std::uint64_t seed)
 }
 } // namespace
 
-TEST_CASE("The CPU's threaded loops give one thread's bits: BatchNorm with ReLU and an addend, pooling, maps, "
-          "dropout, the optimizers",
-          "[cpu][layers]")
+TEST_CASE("The CPU's threaded loops give one thread's bits", "[cpu][layers]")
 {
     if (!backend::cpu::has_onednn) {
         WARN("a build without oneDNN runs the backend's own loops on one thread: nothing to compare");

@@ -114,44 +114,48 @@ void store_float(const float* src, std::size_t count, T* dst)
 }
 
 // col (c*kh*kw, m*oh*ow) <- patches of samples x[0..m) (m, c, h, w), as float. Row r = (ci, ki, kj),
-// column s*oh*ow + p holds input pixel under kernel tap r for output pixel p of sample s.
+// column s*oh*ow + p holds input pixel under kernel tap r for output pixel p of sample s. This, col2im
+// and the layout changes below split the samples over the backend's threads (threads.hpp): each
+// sample's values are computed as on one thread.
 template <Window g, core::Storage T>
 void im2col(const T* x, int m, float* col)
 {
     const int pixels = g.out_pixels();
     const std::size_t ld = std::size_t(m) * pixels;
-    for (int s = 0; s < m; ++s) {
-        const T* xs = x + std::size_t(s) * g.in_size();
-        for (int ci = 0; ci < g.c; ++ci)
-            for (int ki = 0; ki < g.kh; ++ki)
-                for (int kj = 0; kj < g.kw; ++kj) {
-                    const int row = (ci * g.kh + ki) * g.kw + kj;
-                    float* dst = col + row * ld + std::size_t(s) * pixels;
-                    const T* plane = xs + std::size_t(ci) * g.h * g.w;
-                    for (int oy = 0; oy < g.oh; ++oy) {
-                        const int iy = oy * g.sh - g.ph + ki;
-                        float* d = dst + oy * g.ow;
-                        if (iy < 0 || iy >= g.h) {
-                            std::fill(d, d + g.ow, 0.0f);
-                            continue;
-                        }
-                        const T* src = plane + iy * g.w;
-                        if (g.sw == 1) {
-                            // ix = ox - pw + kj is in range for ox in [lo, hi)
-                            const int lo = std::clamp(g.pw - kj, 0, g.ow);
-                            const int hi = std::clamp(g.w + g.pw - kj, lo, g.ow);
-                            std::fill(d, d + lo, 0.0f);
-                            load_float(src + lo - g.pw + kj, std::size_t(hi - lo), d + lo);
-                            std::fill(d + hi, d + g.ow, 0.0f);
-                        } else {
-                            for (int ox = 0; ox < g.ow; ++ox) {
-                                const int ix = ox * g.sw - g.pw + kj;
-                                d[ox] = (ix >= 0 && ix < g.w) ? core::to_float(src[ix]) : 0.0f;
+    parallel_rows(std::size_t(m), std::size_t(m) * g.col_rows() * pixels, [&](std::size_t s0, std::size_t s1) {
+        for (int s = int(s0); s < int(s1); ++s) {
+            const T* xs = x + std::size_t(s) * g.in_size();
+            for (int ci = 0; ci < g.c; ++ci)
+                for (int ki = 0; ki < g.kh; ++ki)
+                    for (int kj = 0; kj < g.kw; ++kj) {
+                        const int row = (ci * g.kh + ki) * g.kw + kj;
+                        float* dst = col + row * ld + std::size_t(s) * pixels;
+                        const T* plane = xs + std::size_t(ci) * g.h * g.w;
+                        for (int oy = 0; oy < g.oh; ++oy) {
+                            const int iy = oy * g.sh - g.ph + ki;
+                            float* d = dst + oy * g.ow;
+                            if (iy < 0 || iy >= g.h) {
+                                std::fill(d, d + g.ow, 0.0f);
+                                continue;
+                            }
+                            const T* src = plane + iy * g.w;
+                            if (g.sw == 1) {
+                                // ix = ox - pw + kj is in range for ox in [lo, hi)
+                                const int lo = std::clamp(g.pw - kj, 0, g.ow);
+                                const int hi = std::clamp(g.w + g.pw - kj, lo, g.ow);
+                                std::fill(d, d + lo, 0.0f);
+                                load_float(src + lo - g.pw + kj, std::size_t(hi - lo), d + lo);
+                                std::fill(d + hi, d + g.ow, 0.0f);
+                            } else {
+                                for (int ox = 0; ox < g.ow; ++ox) {
+                                    const int ix = ox * g.sw - g.pw + kj;
+                                    d[ox] = (ix >= 0 && ix < g.w) ? core::to_float(src[ix]) : 0.0f;
+                                }
                             }
                         }
                     }
-                }
-    }
+        }
+    });
 }
 
 // dx[0..m) += the patches in col: the adjoint of im2col. dx must be zeroed (or hold what to add to).
@@ -160,26 +164,28 @@ void col2im(const float* col, int m, float* dx)
 {
     const int pixels = g.out_pixels();
     const std::size_t ld = std::size_t(m) * pixels;
-    for (int s = 0; s < m; ++s) {
-        float* xs = dx + std::size_t(s) * g.in_size();
-        for (int ci = 0; ci < g.c; ++ci)
-            for (int ki = 0; ki < g.kh; ++ki)
-                for (int kj = 0; kj < g.kw; ++kj) {
-                    const int row = (ci * g.kh + ki) * g.kw + kj;
-                    const float* srcrow = col + row * ld + std::size_t(s) * pixels;
-                    float* plane = xs + std::size_t(ci) * g.h * g.w;
-                    for (int oy = 0; oy < g.oh; ++oy) {
-                        const int iy = oy * g.sh - g.ph + ki;
-                        if (iy < 0 || iy >= g.h) continue;
-                        const float* s_ = srcrow + oy * g.ow;
-                        float* d = plane + iy * g.w;
-                        for (int ox = 0; ox < g.ow; ++ox) {
-                            const int ix = ox * g.sw - g.pw + kj;
-                            if (ix >= 0 && ix < g.w) d[ix] += s_[ox];
+    parallel_rows(std::size_t(m), std::size_t(m) * g.col_rows() * pixels, [&](std::size_t s0, std::size_t s1) {
+        for (int s = int(s0); s < int(s1); ++s) {
+            float* xs = dx + std::size_t(s) * g.in_size();
+            for (int ci = 0; ci < g.c; ++ci)
+                for (int ki = 0; ki < g.kh; ++ki)
+                    for (int kj = 0; kj < g.kw; ++kj) {
+                        const int row = (ci * g.kh + ki) * g.kw + kj;
+                        const float* srcrow = col + row * ld + std::size_t(s) * pixels;
+                        float* plane = xs + std::size_t(ci) * g.h * g.w;
+                        for (int oy = 0; oy < g.oh; ++oy) {
+                            const int iy = oy * g.sh - g.ph + ki;
+                            if (iy < 0 || iy >= g.h) continue;
+                            const float* s_ = srcrow + oy * g.ow;
+                            float* d = plane + iy * g.w;
+                            for (int ox = 0; ox < g.ow; ++ox) {
+                                const int ix = ox * g.sw - g.pw + kj;
+                                if (ix >= 0 && ix < g.w) d[ix] += s_[ox];
+                            }
                         }
                     }
-                }
-    }
+        }
+    });
 }
 
 // (m, c, p) sample-major -> (c, m*p) channel-major, and back. For batched GEMMs over samples.
@@ -188,28 +194,32 @@ void col2im(const float* col, int m, float* dx)
 template <core::Storage T>
 void to_channel_major(const T* src, int m, int c, int p, float* dst)
 {
-    for (int s = 0; s < m; ++s)
-        for (int ci = 0; ci < c; ++ci)
-            load_float(src + (std::size_t(s) * c + ci) * p, std::size_t(p), dst + (std::size_t(ci) * m + s) * p);
+    parallel_rows(std::size_t(m), std::size_t(m) * c * p, [&](std::size_t s0, std::size_t s1) {
+        for (std::size_t s = s0; s < s1; ++s)
+            for (int ci = 0; ci < c; ++ci)
+                load_float(src + (s * c + ci) * p, std::size_t(p), dst + (std::size_t(ci) * m + s) * p);
+    });
 }
 
 // dst (m, c, p) = src (c, m*p) + bias[c] (bias may be null), then max(., 0) when relu.
 template <core::Storage T>
 void to_sample_major(const float* src, int m, int c, int p, const float* bias, T* dst, bool relu = false)
 {
-    for (int s = 0; s < m; ++s)
-        for (int ci = 0; ci < c; ++ci) {
-            const float* a = src + (std::size_t(ci) * m + s) * p;
-            T* d = dst + (std::size_t(s) * c + ci) * p;
-            const float b = bias ? bias[ci] : 0.0f;
-            if (relu)
-                for (int i = 0; i < p; ++i) {
-                    const float v = a[i] + b;
-                    d[i] = core::from_float<T>(v > 0.0f ? v : 0.0f);
-                }
-            else
-                for (int i = 0; i < p; ++i) d[i] = core::from_float<T>(a[i] + b);
-        }
+    parallel_rows(std::size_t(m), std::size_t(m) * c * p, [&](std::size_t s0, std::size_t s1) {
+        for (std::size_t s = s0; s < s1; ++s)
+            for (int ci = 0; ci < c; ++ci) {
+                const float* a = src + (std::size_t(ci) * m + s) * p;
+                T* d = dst + (std::size_t(s) * c + ci) * p;
+                const float b = bias ? bias[ci] : 0.0f;
+                if (relu)
+                    for (int i = 0; i < p; ++i) {
+                        const float v = a[i] + b;
+                        d[i] = core::from_float<T>(v > 0.0f ? v : 0.0f);
+                    }
+                else
+                    for (int i = 0; i < p; ++i) d[i] = core::from_float<T>(a[i] + b);
+            }
+    });
 }
 
 // out[j] (+)= sum over rows of a (rows, cols).
