@@ -435,8 +435,8 @@ void attention_tc_launch(void (*kernel)(Params...), const char* name, unsigned b
 }
 
 // The tensor-core passes; Keys, Queries, QueryKeys: the rows a round of the forward, the keys-and-values
-// backward and the queries backward reads (multiples of 16; the defaults are the fastest measured on
-// an H100 by bench/attention_bench, which times the others).
+// backward and the queries backward reads (multiples of 16). The defaults are the largest of 16, 32 and
+// 64 rows whose accumulators fit a thread's 255 registers without spilling (ptxas, sm_90), heads of 64.
 template <core::Storage T, int Keys = 64>
 void attention_forward_tc(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t,
                           std::size_t d, std::size_t heads)
