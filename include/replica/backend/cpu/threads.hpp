@@ -6,9 +6,9 @@
 // thread per part, the parts split over the team) and the backend's own loops (BatchNorm, pooling, the
 // elementwise maps). OpenBLAS is kept on one thread there, so its own threads (started when it loads)
 // get no work: after a call of theirs they wait spinning for a while, and on a machine with as many
-// threads as cores they would take the cores from the team. The runtime is called as `#pragma omp parallel` compiles to (GOMP_parallel), so that
-// no translation unit needs -fopenmp. Without oneDNN, OpenBLAS threads its products itself and the
-// own loops run on the calling thread.
+// threads as cores they would take the cores from the team. The runtime is called as `#pragma omp
+// parallel` compiles to (GOMP_parallel), so that no translation unit needs -fopenmp. Without oneDNN,
+// OpenBLAS threads its products itself and the own loops run on the calling thread.
 //
 // Each loop is split into ranges of whole rows, each row computed as on one thread, sums included, so
 // that the own loops' results never depend on the thread count.

@@ -368,15 +368,15 @@ void with_head_tile(std::size_t hd, F&& f)
     else f(std::integral_constant<int, 128>{});
 }
 
-// Launches kernel on blocks x 256 threads with `bytes` of dynamic shared memory, raising the kernel's
+// Launches kernel on blocks x Threads with `bytes` of dynamic shared memory, raising the kernel's
 // limit where bytes pass the default 48 KiB.
-template <class... Params, class... Args>
+template <unsigned Threads = kernels::kAttentionThreads, class... Params, class... Args>
 void attention_launch(void (*kernel)(Params...), const char* name, unsigned blocks, std::size_t bytes,
                       cudaStream_t stream, Args... args)
 {
     if (bytes > 48 * 1024)
         REPLICA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    kernel<<<blocks, kernels::kAttentionThreads, bytes, stream>>>(args...);
+    kernel<<<blocks, Threads, bytes, stream>>>(args...);
     check_launch(name);
 }
 } // namespace detail
@@ -415,23 +415,11 @@ void with_tc_head_tile(std::size_t hd, F&& f)
     else f(std::integral_constant<int, 64>{});
 }
 
-// Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
-// the tensors 16-byte aligned (offsets are then multiples of 8 values too).
-inline bool attention_wide(std::size_t hd, const void* a, const void* b)
+// Whether every row a kernel loads is whole 16-byte chunks of `values` values each (8 of 16 bits, 4
+// floats): hd a multiple of `values` and the tensors 16-byte aligned (offsets are then multiples too).
+inline bool attention_wide(std::size_t hd, const void* a, const void* b, std::size_t values = 8)
 {
-    return hd % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
-}
-
-// Launches a tensor-core kernel on blocks x kThreads with `bytes` of dynamic shared memory, raising
-// the kernel's limit where bytes pass the default 48 KiB.
-template <class... Params, class... Args>
-void attention_tc_launch(void (*kernel)(Params...), const char* name, unsigned blocks, std::size_t bytes,
-                         cudaStream_t stream, Args... args)
-{
-    if (bytes > 48 * 1024)
-        REPLICA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    kernel<<<blocks, kernels::tc::kThreads, bytes, stream>>>(args...);
-    check_launch(name);
+    return hd % values == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
 }
 
 // The tensor-core passes; Keys, Queries, QueryKeys: the rows a round of the forward, the keys-and-values
@@ -447,9 +435,10 @@ void attention_forward_tc(const Context& ctx, const T* qkv, T* o, float* lse, st
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
         const unsigned blocks = unsigned((t + tc::kBlockRows - 1) / tc::kBlockRows * n * heads);
-        attention_tc_launch(&tc::attention_forward<T, HD, Keys>, "attention_forward (tensor cores)", blocks,
-                            tc::shared_bytes<HD>(tc::kBlockRows + 4 * Keys, 0), ctx.stream(), qkv, o, lse, unsigned(t),
-                            unsigned(d), unsigned(heads), unsigned(hd), 1.0f / std::sqrt(float(hd)), wide);
+        attention_launch<tc::kThreads>(&tc::attention_forward<T, HD, Keys>, "attention_forward (tensor cores)", blocks,
+                                       tc::shared_bytes<HD>(tc::kBlockRows + 4 * Keys, 0), ctx.stream(), qkv, o, lse,
+                                       unsigned(t), unsigned(d), unsigned(heads), unsigned(hd),
+                                       1.0f / std::sqrt(float(hd)), wide);
     });
 }
 
@@ -474,8 +463,7 @@ void attention_delta(const Context& ctx, const T* o, const T* d_o, float* delta,
                      std::size_t d, std::size_t heads)
 {
     const std::size_t rows = n * heads * t, hd = d / heads, chunk = 16 / sizeof(T);
-    const bool wide = hd % chunk == 0 && reinterpret_cast<std::uintptr_t>(o) % 16 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(d_o) % 16 == 0;
+    const bool wide = attention_wide(hd, o, d_o, chunk);
     const unsigned lanes = std::min(32u, std::bit_ceil(unsigned((hd + chunk - 1) / chunk)));
     const std::size_t rows_a_block = kernels::kAttentionThreads / lanes;
     attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + rows_a_block - 1) / rows_a_block), 0,
@@ -494,12 +482,16 @@ void attention_backward_tc(const Context& ctx, const T* qkv, const float* lse, c
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
         const unsigned blocks = unsigned((t + tc::kBlockRows - 1) / tc::kBlockRows * n * heads);
-        attention_tc_launch(&tc::attention_backward_key<T, HD, Queries>, "attention_backward_key (tensor cores)", blocks,
-                            tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * Queries, 4 * Queries), ctx.stream(), qkv, d_o,
-                            lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
-        attention_tc_launch(&tc::attention_backward_query<T, HD, QueryKeys>, "attention_backward_query (tensor cores)",
-                            blocks, tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * QueryKeys, 0), ctx.stream(), qkv, d_o,
-                            lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
+        attention_launch<tc::kThreads>(&tc::attention_backward_key<T, HD, Queries>,
+                                       "attention_backward_key (tensor cores)", blocks,
+                                       tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * Queries, 4 * Queries), ctx.stream(),
+                                       qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd),
+                                       scale, wide);
+        attention_launch<tc::kThreads>(&tc::attention_backward_query<T, HD, QueryKeys>,
+                                       "attention_backward_query (tensor cores)", blocks,
+                                       tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * QueryKeys, 0), ctx.stream(), qkv, d_o,
+                                       lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale,
+                                       wide);
     });
 }
 
