@@ -6,7 +6,7 @@
 //   forward   block: B queries of one (sample, head), over the key tiles at or before its own (online
 //             softmax: a running maximum and sum a row, the output rescaled when the maximum grows);
 //             writes o and lse.
-//   backward  delta_i = do_i . o_i into scratch (16 bytes a lane); then one kernel for dk and dv (block: B
+//   backward  delta_i = do_i . o_i into scratch (a warp a row); then one kernel for dk and dv (block: B
 //             keys, over the query tiles at or after its own) and one for dq (block: B queries, over
 //             the key tiles at or before its own), each recomputing the weights p_ij = exp(s_ij - lse_i)
 //             and ds_ij = p_ij (do_i . v_j - delta_i) scale.
@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -161,39 +160,20 @@ __global__ void __launch_bounds__(kAttentionThreads)
     }
 }
 
-// delta (n, heads, t): do_i . o_i of each head. `lanes` threads a row (a power of two at most 32),
-// lane l summing chunks l, l + lanes, ... of 16 bytes each in order, then the row's lanes added in a
-// butterfly. wide: hd a multiple of a chunk's values and o, do 16-byte aligned, each chunk one load.
+// delta (n, heads, t): do_i . o_i of each head, a warp a row, 8 rows a block.
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_delta(const T* o, const T* d_o, float* delta, unsigned t, unsigned d, unsigned heads, unsigned hd,
-                    std::size_t rows, unsigned lanes, bool wide)
+                    std::size_t rows)
 {
-    constexpr unsigned V = 16 / sizeof(T);   // a chunk's values
-    const std::size_t r = (blockIdx.x * std::size_t(kAttentionThreads) + threadIdx.x) / lanes;
-    const unsigned lane = threadIdx.x % lanes;
+    const std::size_t r = blockIdx.x * std::size_t(kAttentionThreads / 32) + threadIdx.x / 32;
+    if (r >= rows) return;   // the whole warp
+    const unsigned lane = threadIdx.x % 32, i = unsigned(r % t);
+    const std::size_t sh = r / t, at = ((sh / heads) * t + i) * d + (sh % heads) * hd;
     float v = 0.0f;
-    if (r < rows) {   // rows past the end still take part in the butterfly
-        const unsigned i = unsigned(r % t);
-        const std::size_t sh = r / t, at = ((sh / heads) * t + i) * d + (sh % heads) * hd;
-        for (unsigned c = V * lane; c < hd; c += V * lanes) {
-            alignas(16) T a[V], b[V];
-            if (wide) {
-                *reinterpret_cast<uint4*>(a) = *reinterpret_cast<const uint4*>(o + at + c);
-                *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(d_o + at + c);
-            } else {
-#pragma unroll
-                for (unsigned k = 0; k < V; ++k) {
-                    a[k] = c + k < hd ? o[at + c + k] : T{};
-                    b[k] = c + k < hd ? d_o[at + c + k] : T{};
-                }
-            }
-#pragma unroll
-            for (unsigned k = 0; k < V; ++k) v += core::to_float(b[k]) * core::to_float(a[k]);
-        }
-    }
-    for (unsigned half = lanes / 2; half > 0; half /= 2) v += __shfl_xor_sync(0xffffffffu, v, half);
-    if (r < rows && lane == 0) delta[r] = v;
+    for (unsigned c = lane; c < hd; c += 32) v += core::to_float(d_o[at + c]) * core::to_float(o[at + c]);
+    for (int half = 16; half > 0; half /= 2) v += __shfl_xor_sync(0xffffffffu, v, half);
+    if (lane == 0) delta[r] = v;
 }
 
 // dk_j = scale sum_{i >= j} ds_ij q_i, dv_j = sum_{i >= j} p_ij do_i, in query order. Block: key tile
@@ -368,15 +348,15 @@ void with_head_tile(std::size_t hd, F&& f)
     else f(std::integral_constant<int, 128>{});
 }
 
-// Launches kernel on blocks x Threads with `bytes` of dynamic shared memory, raising the kernel's
+// Launches kernel on blocks x 256 threads with `bytes` of dynamic shared memory, raising the kernel's
 // limit where bytes pass the default 48 KiB.
-template <unsigned Threads = kernels::kAttentionThreads, class... Params, class... Args>
+template <class... Params, class... Args>
 void attention_launch(void (*kernel)(Params...), const char* name, unsigned blocks, std::size_t bytes,
                       cudaStream_t stream, Args... args)
 {
     if (bytes > 48 * 1024)
         REPLICA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    kernel<<<blocks, Threads, bytes, stream>>>(args...);
+    kernel<<<blocks, kernels::kAttentionThreads, bytes, stream>>>(args...);
     check_launch(name);
 }
 } // namespace detail
@@ -399,7 +379,7 @@ inline bool attention_on_tensor_cores(const Context& ctx)
     if (answer.load() == 0) {
         ctx.activate();
         cudaFuncAttributes attributes{};
-        const bool yes = cudaFuncGetAttributes(&attributes, &kernels::tc::attention_forward<core::bf16, 64, 64>) == cudaSuccess &&
+        const bool yes = cudaFuncGetAttributes(&attributes, &kernels::tc::attention_forward<core::bf16, 64>) == cudaSuccess &&
                          attributes.ptxVersion >= 80;
         cudaGetLastError();   // a device without such an image: not an error of later calls
         answer.store(yes ? 1 : 2);
@@ -415,30 +395,26 @@ void with_tc_head_tile(std::size_t hd, F&& f)
     else f(std::integral_constant<int, 64>{});
 }
 
-// Whether every row a kernel loads is whole 16-byte chunks of `values` values each (8 of 16 bits, 4
-// floats): hd a multiple of `values` and the tensors 16-byte aligned (offsets are then multiples too).
-inline bool attention_wide(std::size_t hd, const void* a, const void* b, std::size_t values = 8)
+// Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
+// the tensors 16-byte aligned (offsets are then multiples of 8 values too).
+inline bool attention_wide(std::size_t hd, const void* a, const void* b)
 {
-    return hd % values == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
+    return hd % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
 }
 
-// The tensor-core passes; Keys, Queries, QueryKeys: the rows a round of the forward, the keys-and-values
-// backward and the queries backward reads (multiples of 16). The defaults are the largest of 16, 32 and
-// 64 rows whose accumulators fit a thread's 255 registers without spilling (ptxas, sm_90), heads of 64.
-template <core::Storage T, int Keys = 64>
+template <core::Storage T>
 void attention_forward_tc(const Context& ctx, const T* qkv, T* o, float* lse, std::size_t n, std::size_t t,
                           std::size_t d, std::size_t heads)
 {
-    namespace tc = kernels::tc;
     const std::size_t hd = d / heads;
     const bool wide = attention_wide(hd, qkv, o);
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
-        const unsigned blocks = unsigned((t + tc::kBlockRows - 1) / tc::kBlockRows * n * heads);
-        attention_launch<tc::kThreads>(&tc::attention_forward<T, HD, Keys>, "attention_forward (tensor cores)", blocks,
-                                       tc::shared_bytes<HD>(tc::kBlockRows + 4 * Keys, 0), ctx.stream(), qkv, o, lse,
-                                       unsigned(t), unsigned(d), unsigned(heads), unsigned(hd),
-                                       1.0f / std::sqrt(float(hd)), wide);
+        const unsigned blocks = unsigned((t + kernels::tc::kRows - 1) / kernels::tc::kRows * n * heads);
+        kernels::tc::attention_forward<T, HD><<<blocks, kernels::tc::kThreads, kernels::tc::shared_bytes<HD>(4, 0),
+                                                ctx.stream()>>>(qkv, o, lse, unsigned(t), unsigned(d), unsigned(heads),
+                                                                unsigned(hd), 1.0f / std::sqrt(float(hd)), wide);
+        check_launch("attention_forward (tensor cores)");
     });
 }
 
@@ -462,36 +438,29 @@ template <core::Storage T>
 void attention_delta(const Context& ctx, const T* o, const T* d_o, float* delta, std::size_t n, std::size_t t,
                      std::size_t d, std::size_t heads)
 {
-    const std::size_t rows = n * heads * t, hd = d / heads, chunk = 16 / sizeof(T);
-    const bool wide = attention_wide(hd, o, d_o, chunk);
-    const unsigned lanes = std::min(32u, std::bit_ceil(unsigned((hd + chunk - 1) / chunk)));
-    const std::size_t rows_a_block = kernels::kAttentionThreads / lanes;
-    attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + rows_a_block - 1) / rows_a_block), 0,
-                     ctx.stream(), o, d_o, delta, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), rows, lanes,
-                     wide);
+    const std::size_t rows = n * heads * t;
+    constexpr unsigned warps = kernels::kAttentionThreads / 32;
+    attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + warps - 1) / warps), 0, ctx.stream(),
+                     o, d_o, delta, unsigned(t), unsigned(d), unsigned(heads), unsigned(d / heads), rows);
 }
 
-template <core::Storage T, int Queries = 16, int QueryKeys = 32>
+template <core::Storage T>
 void attention_backward_tc(const Context& ctx, const T* qkv, const float* lse, const T* d_o, const float* delta,
                            T* dqkv, std::size_t n, std::size_t t, std::size_t d, std::size_t heads)
 {
-    namespace tc = kernels::tc;
     const std::size_t hd = d / heads;
     const float scale = 1.0f / std::sqrt(float(hd));
     const bool wide = attention_wide(hd, qkv, d_o);
     with_tc_head_tile(hd, [&](auto tile) {
         constexpr int HD = decltype(tile)::value;
-        const unsigned blocks = unsigned((t + tc::kBlockRows - 1) / tc::kBlockRows * n * heads);
-        attention_launch<tc::kThreads>(&tc::attention_backward_key<T, HD, Queries>,
-                                       "attention_backward_key (tensor cores)", blocks,
-                                       tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * Queries, 4 * Queries), ctx.stream(),
-                                       qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd),
-                                       scale, wide);
-        attention_launch<tc::kThreads>(&tc::attention_backward_query<T, HD, QueryKeys>,
-                                       "attention_backward_query (tensor cores)", blocks,
-                                       tc::shared_bytes<HD>(2 * tc::kBlockRows + 4 * QueryKeys, 0), ctx.stream(), qkv, d_o,
-                                       lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale,
-                                       wide);
+        namespace tc = kernels::tc;
+        const unsigned blocks = unsigned((t + tc::kRows - 1) / tc::kRows * n * heads);
+        tc::attention_backward_key<T, HD><<<blocks, tc::kThreads, tc::shared_bytes<HD>(4, 4 * tc::kRows), ctx.stream()>>>(
+            qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
+        check_launch("attention_backward_key (tensor cores)");
+        tc::attention_backward_query<T, HD><<<blocks, tc::kThreads, tc::shared_bytes<HD>(4, 0), ctx.stream()>>>(
+            qkv, d_o, lse, delta, dqkv, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), scale, wide);
+        check_launch("attention_backward_query (tensor cores)");
     });
 }
 
