@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -160,20 +161,40 @@ __global__ void __launch_bounds__(kAttentionThreads)
     }
 }
 
-// delta (n, heads, t): do_i . o_i of each head, a warp a row, 8 rows a block.
+// delta (n, heads, t): do_i . o_i of each head. `lanes` threads a row (a power of two at most 32),
+// lane l summing chunks l, l + lanes, ... of 16 bytes each in order, then the row's lanes added in a
+// butterfly. wide: hd a multiple of a chunk's values and o, do 16-byte aligned, each chunk one load;
+// otherwise value by value, the same sums in the same order.
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_delta(const T* o, const T* d_o, float* delta, unsigned t, unsigned d, unsigned heads, unsigned hd,
-                    std::size_t rows)
+                    std::size_t rows, unsigned lanes, bool wide)
 {
-    const std::size_t r = blockIdx.x * std::size_t(kAttentionThreads / 32) + threadIdx.x / 32;
-    if (r >= rows) return;   // the whole warp
-    const unsigned lane = threadIdx.x % 32, i = unsigned(r % t);
-    const std::size_t sh = r / t, at = ((sh / heads) * t + i) * d + (sh % heads) * hd;
+    constexpr unsigned V = 16 / sizeof(T);   // a chunk's values
+    const std::size_t r = (blockIdx.x * std::size_t(kAttentionThreads) + threadIdx.x) / lanes;
+    const unsigned lane = threadIdx.x % lanes;
     float v = 0.0f;
-    for (unsigned c = lane; c < hd; c += 32) v += core::to_float(d_o[at + c]) * core::to_float(o[at + c]);
-    for (int half = 16; half > 0; half /= 2) v += __shfl_xor_sync(0xffffffffu, v, half);
-    if (lane == 0) delta[r] = v;
+    if (r < rows) {   // rows past the end still take part in the butterfly
+        const unsigned i = unsigned(r % t);
+        const std::size_t sh = r / t, at = ((sh / heads) * t + i) * d + (sh % heads) * hd;
+        for (unsigned c = V * lane; c < hd; c += V * lanes) {
+            alignas(16) T a[V], b[V];
+            if (wide) {
+                *reinterpret_cast<uint4*>(a) = *reinterpret_cast<const uint4*>(o + at + c);
+                *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(d_o + at + c);
+            } else {
+#pragma unroll
+                for (unsigned k = 0; k < V; ++k) {
+                    a[k] = c + k < hd ? o[at + c + k] : T{};
+                    b[k] = c + k < hd ? d_o[at + c + k] : T{};
+                }
+            }
+#pragma unroll
+            for (unsigned k = 0; k < V; ++k) v += core::to_float(b[k]) * core::to_float(a[k]);
+        }
+    }
+    for (unsigned half = lanes / 2; half > 0; half /= 2) v += __shfl_xor_sync(0xffffffffu, v, half);
+    if (r < rows && lane == 0) delta[r] = v;
 }
 
 // dk_j = scale sum_{i >= j} ds_ij q_i, dv_j = sum_{i >= j} p_ij do_i, in query order. Block: key tile
@@ -397,9 +418,9 @@ void with_tc_head_tile(std::size_t hd, F&& f)
 
 // Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
 // the tensors 16-byte aligned (offsets are then multiples of 8 values too).
-inline bool attention_wide(std::size_t hd, const void* a, const void* b)
+inline bool attention_wide(std::size_t hd, const void* a, const void* b, std::size_t values = 8)
 {
-    return hd % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
+    return hd % values == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
 }
 
 template <core::Storage T>
@@ -438,10 +459,13 @@ template <core::Storage T>
 void attention_delta(const Context& ctx, const T* o, const T* d_o, float* delta, std::size_t n, std::size_t t,
                      std::size_t d, std::size_t heads)
 {
-    const std::size_t rows = n * heads * t;
-    constexpr unsigned warps = kernels::kAttentionThreads / 32;
-    attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + warps - 1) / warps), 0, ctx.stream(),
-                     o, d_o, delta, unsigned(t), unsigned(d), unsigned(heads), unsigned(d / heads), rows);
+    const std::size_t rows = n * heads * t, hd = d / heads, chunk = 16 / sizeof(T);
+    const bool wide = attention_wide(hd, o, d_o, chunk);
+    const unsigned lanes = std::min(32u, std::bit_ceil(unsigned((hd + chunk - 1) / chunk)));
+    const std::size_t rows_a_block = kernels::kAttentionThreads / lanes;
+    attention_launch(&kernels::attention_delta<T>, "attention_delta", unsigned((rows + rows_a_block - 1) / rows_a_block), 0,
+                     ctx.stream(), o, d_o, delta, unsigned(t), unsigned(d), unsigned(heads), unsigned(hd), rows, lanes,
+                     wide);
 }
 
 template <core::Storage T>
