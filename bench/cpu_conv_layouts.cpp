@@ -42,7 +42,7 @@ void fill(dnnl::memory& m)
 // One layer's passes in one layout: forward, data gradient, weight gradient; plain runs the reorders.
 class Layer {
 public:
-    Layer(const dnnl::engine& e, const Shape& s, Kept kept) : e_(e), kept_(kept)
+    Layer(const dnnl::engine& e, const Shape& s, Kept kept) : kept_(kept)
     {
         const long oh = (s.h + 2 * (s.kh / 2) - s.kh) / s.stride + 1, ow = (s.w + 2 * (s.kh / 2) - s.kh) / s.stride + 1;
         const dnnl::memory::dims x{s.n, s.c, s.h, s.w}, w{s.k, s.c, s.kh, s.kh}, y{s.n, s.k, oh, ow};
@@ -72,21 +72,26 @@ public:
             fill(plain_x_), fill(plain_dy_);
         }
         fill(x_), fill(dy_), fill(plain_w_);
+        // The reorders, made once as the backend's plans make theirs.
+        w_in_ = Reorder(plain_w_, w_), wd_in_ = Reorder(plain_w_, wd_), dw_out_ = Reorder(dw_, plain_dw_);
+        if (kept == Kept::plain) {
+            x_in_ = Reorder(plain_x_, x_), y_out_ = Reorder(y_, plain_y_);
+            dy_in_ = Reorder(plain_dy_, dy_), dx_out_ = Reorder(dx_, plain_dx_);
+        }
     }
 
     void step(dnnl::stream& s)
     {
-        const bool plain = kept_ == Kept::plain;
-        if (plain) reorder(s, plain_x_, x_);
-        reorder(s, plain_w_, w_);
+        x_in_.run(s);
+        w_in_.run(s);
         forward_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
-        if (plain) reorder(s, y_, plain_y_);
-        if (plain) reorder(s, plain_x_, x_), reorder(s, plain_dy_, dy_);
+        y_out_.run(s);
+        x_in_.run(s), dy_in_.run(s);
         weights_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_WEIGHTS, dw_}});
-        reorder(s, dw_, plain_dw_);
-        reorder(s, plain_w_, wd_);
+        dw_out_.run(s);
+        wd_in_.run(s);
         data_.execute(s, {{DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_WEIGHTS, wd_}, {DNNL_ARG_DIFF_SRC, dx_}});
-        if (plain) reorder(s, dx_, plain_dx_);
+        dx_out_.run(s);
         s.wait();
     }
 
@@ -98,17 +103,30 @@ public:
     }
 
 private:
-    void reorder(dnnl::stream& s, dnnl::memory& from, dnnl::memory& to)
-    {
-        if (from.get_desc() == to.get_desc()) return;   // already in the kernel's layout
-        dnnl::reorder(from, to).execute(s, from, to);
-    }
+    // from -> to, or nothing where the layouts agree (or for a layout that keeps its activations).
+    class Reorder {
+    public:
+        Reorder() = default;
+        Reorder(dnnl::memory& from, dnnl::memory& to) : from_(from), to_(to), needed_(from.get_desc() != to.get_desc())
+        {
+            if (needed_) prim_ = dnnl::reorder(from, to);
+        }
+        void run(dnnl::stream& s)
+        {
+            if (needed_) prim_.execute(s, from_, to_);
+        }
 
-    dnnl::engine e_;
+    private:
+        dnnl::memory from_, to_;
+        dnnl::reorder prim_;
+        bool needed_ = false;
+    };
+
     Kept kept_;
     dnnl::primitive forward_, data_, weights_;
     std::string impl_;
     dnnl::memory x_, y_, dy_, dx_, w_, wd_, dw_, plain_w_, plain_dw_, plain_x_, plain_y_, plain_dy_, plain_dx_;
+    Reorder x_in_, y_out_, dy_in_, dx_out_, w_in_, wd_in_, dw_out_;
 };
 
 double median(std::vector<double> v)

@@ -25,8 +25,8 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -416,8 +416,9 @@ void with_tc_head_tile(std::size_t hd, F&& f)
     else f(std::integral_constant<int, 64>{});
 }
 
-// Whether every row a tensor-core kernel loads is whole 16-byte chunks: hd a multiple of 8 values and
-// the tensors 16-byte aligned (offsets are then multiples of 8 values too).
+// Whether every row a kernel loads is whole 16-byte chunks: hd a multiple of `values` (a chunk's: 8
+// for the tensor-core kernels' 16-bit values) and the tensors 16-byte aligned (offsets are then
+// multiples of a chunk too).
 inline bool attention_wide(std::size_t hd, const void* a, const void* b, std::size_t values = 8)
 {
     return hd % values == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
